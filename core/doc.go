@@ -1,0 +1,63 @@
+// Package core is the pure-Go heart of flash-decode: it validates a decode
+// attention problem, plans its launch, and holds a CPU reference of the
+// algorithm the CUDA kernels run. It uses no cgo and no GPU; package
+// core/cuda launches the kernels, and the C library (capi) and the Python
+// package reach the same planner through it.
+//
+// # The problem
+//
+// Decoding attends a few new query tokens (SeqlenQ, 1 to 16) of each
+// sequence to that sequence's whole K/V cache. Every cached key and value is
+// read once and used by only the HeadsQ/HeadsKV query heads that share it,
+// so the work is a stream over the cache: it is memory-bound, and its speed
+// is bytes of cache read per second.
+//
+// # Two stages
+//
+// Stage 1 (kernels/split_kv.cuh) runs one block per (split, K/V head and
+// tile of packed query rows, sequence). A block packs the query heads of one
+// K/V head times the SeqlenQ tokens into one tile, so K and V stream from
+// memory once for all of them, and keeps an online softmax in fp32 over its
+// part of the keys. Unsplit, the grid has only Batch x HeadsKV blocks; at
+// batch 1 with 8 K/V heads that is 8 blocks on a 132-SM GPU, and 124 SMs
+// would idle while 8 read the cache. Splitting each sequence's keys n ways
+// gives every SM a part of the cache; each split writes its partial output,
+// normalized by its own softmax sum, and its log-sum-exp (LSE) to a
+// workspace.
+//
+// Stage 2 (kernels/combine.cuh) merges the splits of every output row: with
+// M the largest split LSE, split s weighs exp(lse_s - M), the output is the
+// weighted mean of the partials and the row's LSE is M + log(sum of weights).
+// A split that saw no key has LSE -inf and weight 0; a row that saw no key
+// at all (length 0, or masked by the causal mask) gets out = 0 and
+// LSE = -inf. With one split, stage 1 writes the output itself and no
+// combine runs. ReferenceDecode does exactly this on the CPU and the tests
+// check it against NaiveAttention.
+//
+// # How num_splits = 0 picks
+//
+// MakePlan chooses the kernel variant, then the split count from the grid's
+// blocks without splitting, the SM count, the blocks each SM holds at once
+// (occupancy) and the number of key tiles of the length the shape promises
+// (Seqlen, or SeqlenCache when per-sequence lengths live on the device).
+// It never splits when the unsplit grid already keeps 80% of the GPU's
+// block slots busy, never makes a split shorter than 512 keys (the partials
+// and the combine would cost more than the split saves) or more than
+// MaxSplits, and otherwise takes the count that streams the cache in the
+// fewest, fullest waves. See autoSplits in plan.go for the model and a
+// worked example: batch 1, 32/8 heads, head dim 128, 32768 keys on 132 SMs
+// gives 32 splits. A requested num_splits n > 0 is clamped to
+// [1, min(MaxSplits, key tiles)].
+//
+// Launch shapes depend on shapes only, never on device data, so a Plan can
+// be computed once per shape and reused for every layer, and a captured CUDA
+// graph stays right when the lengths in cache_seqlens change: each block
+// splits its own sequence's true length on the device.
+//
+// # Errors
+//
+// Every function returns an *Error naming the operation and the argument as
+// Python users know it (q, k_cache, nheads_q, headdim, num_splits, ...) and
+// wrapping ErrInvalid (ValueError in Python) or ErrUnsupported
+// (NotImplementedError). Nothing in the package panics or exits.
+package core

@@ -1,0 +1,92 @@
+package core_test
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/flash-decode/flash-decode/core"
+)
+
+// Plan batch 1 with 32 query heads over 8 K/V heads, head dim 128, a
+// 32768-token cache, on an H200 (132 SMs), occupancy estimated without a GPU.
+func ExampleMakePlan() {
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
+		SeqlenCache: 32768, Seqlen: -1}
+	p, err := core.MakePlan(s, 132, core.DefaultOccupancy)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("kernel:", p.Variant.Kernel)
+	fmt.Println("num_splits:", p.NumSplits, "grid:", p.Grid)
+	fmt.Println("workspace bytes:", p.WorkspaceBytes)
+	// Output:
+	// kernel: fd_split_kv_f16_d128_r16
+	// num_splits: 32 grid: [32 8 1]
+	// workspace bytes: 528384
+}
+
+// Plan a variant of one's choosing, here on a GPU that holds 2 of its blocks
+// per SM: the worked example of the split heuristic.
+func ExamplePlanVariant() {
+	v := core.Variant{Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: core.Float16,
+		HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 98304,
+		CombineThreads: 128, CombineRows: 4}
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
+		SeqlenCache: 32768, Seqlen: -1}
+	for _, n := range []int{0, 1, 1000} {
+		s.NumSplits = n
+		p, err := core.PlanVariant(s, v, 132, 2)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("num_splits=%d: %v\n", n, p)
+	}
+	// Output:
+	// num_splits=0: fd_split_kv_f16_d128_r16 grid (32,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 32 splits; combine fd_combine_f16 8 x 128 threads; workspace 528384 B (lse_partial at 524288)
+	// num_splits=1: fd_split_kv_f16_d128_r16 grid (1,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 1 split, no combine, no workspace
+	// num_splits=1000: fd_split_kv_f16_d128_r16 grid (128,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 128 splits; combine fd_combine_f16 8 x 128 threads; workspace 2113536 B (lse_partial at 2097152)
+}
+
+// Errors name the argument and wrap a sentinel that tells its kind.
+func ExampleShape_Validate() {
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 12, HeadsKV: 5, HeadDim: 128, SeqlenCache: 64, Seqlen: -1}
+	err := s.Validate()
+	fmt.Println(err)
+	fmt.Println(errors.Is(err, core.ErrInvalid))
+
+	s.HeadsKV, s.HeadDim = 4, 100
+	err = s.Validate()
+	fmt.Println(err)
+	fmt.Println(errors.Is(err, core.ErrUnsupported))
+	// Output:
+	// flashdecode: plan: nheads_q: invalid argument: 12 is not a multiple of nheads_kv=5
+	// true
+	// flashdecode: plan: headdim: not supported: 100; supported: multiples of 8 from 8 to 256 (kernels compiled for 64, 128, 256; others run padded)
+	// true
+}
+
+// The CPU reference splits 5 keys into 3 splits of tiles of 2 keys and
+// merges them; one query sees every key.
+func ExampleReferenceDecode() {
+	h := &core.HostProblem{
+		Shape: core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 1, HeadsKV: 1, HeadDim: 8,
+			SeqlenCache: 5, Seqlen: -1},
+		Q:     []float32{1, 0, 0, 0, 0, 0, 0, 0},
+		K:     make([]float32, 5*8), // all scores 0: uniform weights
+		V:     make([]float32, 5*8),
+		Scale: 1,
+	}
+	for j := range 5 {
+		h.V[j*8] = float32(j) // values 0..4 in the first element
+	}
+	out, lse, err := core.ReferenceDecode(h, 3, 2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("out[0] = %.3f (mean of 0..4), lse = %.4f (log 5)\n", out[0], lse[0])
+	// Output:
+	// out[0] = 2.000 (mean of 0..4), lse = 1.6094 (log 5)
+}

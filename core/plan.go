@@ -1,0 +1,337 @@
+package core
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// MaxSplits is the most splits of one sequence's keys the planner makes or
+// accepts: the combine reads every split of a row, and beyond 128 splits the
+// partials cost more memory traffic than a split saves on any cache the
+// heuristic would split that finely.
+const MaxSplits = 128
+
+// Split heuristic constants (see autoSplits).
+const (
+	// minSplitKeys is the fewest keys a split gets from the automatic
+	// heuristic. A split of a block with r packed rows writes r*d fp32 partial
+	// outputs and the combine reads them back (8*r*d bytes) while it reads
+	// 4*keys*d bytes of fp16/bf16 K and V; 512 keys keeps that extra traffic
+	// at or below 1/16 for r <= 16 (and 32*r keys keeps it there for bigger
+	// tiles), and gives each block enough loads to amortize its prologue
+	// (loading q, filling the copy pipeline) against HBM latency.
+	minSplitKeys = 512
+	// splitTolerancePct: among split counts whose modelled time is within
+	// this many percent of the best, the smallest wins (fewer partials, a
+	// cheaper combine).
+	splitTolerancePct = 5
+	// busySlotsPct: with at least this share of the block slots streaming
+	// without splitting, HBM is close to saturated (bandwidth is shared by
+	// the whole GPU, not owned per slot), so the cost model's promised gain
+	// of under 1/4 would mostly not materialize and would not pay for the
+	// partials and the combine launch. To be tuned on the H200.
+	busySlotsPct = 80
+)
+
+// Occupancy returns how many blocks of the stage-1 kernel of v can be
+// resident on one SM at once. On a GPU the driver answers it
+// (cuOccupancyMaxActiveBlocksPerMultiprocessor); DefaultOccupancy estimates it
+// without one.
+type Occupancy func(v Variant) int
+
+// Per-SM limits of sm_90 (H100/H200) used by DefaultOccupancy.
+const (
+	smWarps          = 64         // 2048 threads
+	smBlocks         = 32         // resident blocks
+	smSharedBytes    = 228 * 1024 // shared memory per SM (at most 227 KB of it per block)
+	smSharedReserved = 1024       // shared memory the system reserves per block
+)
+
+// DefaultOccupancy estimates the resident blocks of v per SM from its threads
+// (whole warps, 2048 threads per SM) and dynamic shared memory (228 KB per SM,
+// of which 1 KB is reserved per block) under sm_90's limit of 32 blocks. It
+// ignores registers and static shared memory, so it may overestimate; it
+// returns 0 when a block does not fit at all.
+func DefaultOccupancy(v Variant) int {
+	n := smBlocks
+	if v.Threads > 0 {
+		n = min(n, smWarps/((v.Threads+31)/32))
+	}
+	return min(n, smSharedBytes/(max(v.SharedBytes, 0)+smSharedReserved))
+}
+
+// Plan is everything a launch needs, computed once from a Shape and device
+// facts and reusable for every call (every layer) with that Shape. Launch
+// shapes depend on shapes only, never on device data, so a captured CUDA
+// graph stays correct when cache_seqlens changes.
+type Plan struct {
+	Variant   Variant `json:"variant"`    // the kernels that run
+	NumSplits int     `json:"num_splits"` // splits of each sequence's keys: stage-1 grid.x
+	RowTiles  int     `json:"row_tiles"`  // ceil(HeadsQ/HeadsKV*SeqlenQ / Variant.Rows)
+	// Grid is the stage-1 grid: (NumSplits, HeadsKV*RowTiles, Batch).
+	Grid        [3]int `json:"grid"`
+	Threads     int    `json:"threads"`      // stage-1 threads per block
+	SharedBytes int    `json:"shared_bytes"` // stage-1 dynamic shared memory per block
+	// CombineGrid blocks of CombineThreads run the combine; both are 0 when
+	// NumSplits == 1 (stage 1 then writes out and lse itself).
+	CombineGrid    int `json:"combine_grid"`
+	CombineThreads int `json:"combine_threads"`
+	// The workspace holds o_partial, float32 [NumSplits][rows][HeadDim]
+	// at offset 0, and lse_partial, float32 [NumSplits][rows] at
+	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ and
+	// HeadDim the problem's own (not the variant's padded) head dim. Both are
+	// 0 when NumSplits == 1.
+	LSEPartialOffset int `json:"lse_partial_offset"`
+	WorkspaceBytes   int `json:"workspace_bytes"`
+	SMs              int `json:"sms"`           // SM count planned for
+	BlocksPerSM      int `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
+}
+
+// MakePlan picks the kernel variant for s (SelectVariant), asks occ how many
+// of its blocks fit on an SM (nil means DefaultOccupancy), and plans the
+// launch on a device of sms SMs with PlanVariant.
+//
+// With s.NumSplits == 0 the split count comes from the heuristic described
+// in the package documentation and at autoSplits. A request n > 0 is
+// clamped to [1, min(MaxSplits, key tiles)], key tiles being
+// ceil(length/Variant.KeysPerTile) for the length the plan uses (Seqlen if
+// >= 0, else SeqlenCache): more splits than tiles would only add empty
+// splits.
+func MakePlan(s Shape, sms int, occ Occupancy) (Plan, error) {
+	const op = "plan"
+	if err := s.validate(op); err != nil {
+		return Plan{}, err
+	}
+	if sms < 1 {
+		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", sms))
+	}
+	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ)
+	if err != nil {
+		return Plan{}, &Error{Op: op, Arg: "headdim", Err: ErrUnsupported,
+			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}
+	}
+	if occ == nil {
+		occ = DefaultOccupancy
+	}
+	bps := occ(v)
+	if bps < 1 {
+		return Plan{}, unsupported(op, "", fmt.Sprintf("kernel %s does not fit on an SM of this device (occupancy %d)", v.Kernel, bps))
+	}
+	return planVariant(op, s, v, sms, bps)
+}
+
+// PlanVariant plans s for the given variant on a device of sms SMs holding
+// blocksPerSM resident blocks of it each. MakePlan calls it after choosing
+// the variant; tuning tools and tests call it to plan a variant of their
+// choice. Splits are chosen or clamped as MakePlan describes.
+func PlanVariant(s Shape, v Variant, sms, blocksPerSM int) (Plan, error) {
+	const op = "plan"
+	if err := s.validate(op); err != nil {
+		return Plan{}, err
+	}
+	return planVariant(op, s, v, sms, blocksPerSM)
+}
+
+func planVariant(op string, s Shape, v Variant, sms, blocksPerSM int) (Plan, error) {
+	if sms < 1 {
+		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", sms))
+	}
+	if blocksPerSM < 1 {
+		return Plan{}, invalid(op, "blocks_per_sm", fmt.Sprintf("%d; must be at least 1", blocksPerSM))
+	}
+	if err := checkVariant(s, v); err != nil {
+		return Plan{}, &Error{Op: op, Arg: "variant", Msg: err.Error(), Err: ErrInvalid}
+	}
+	packed := s.HeadsQ / s.HeadsKV * s.SeqlenQ // query rows sharing one K/V head
+	rowTiles := ceilDiv(packed, v.Rows)
+	if s.HeadsKV*rowTiles > maxGridYZ {
+		return Plan{}, unsupported(op, "nheads_kv", fmt.Sprintf("%d heads x %d row tiles exceed the launch grid's y limit %d", s.HeadsKV, rowTiles, maxGridYZ))
+	}
+	length := s.SeqlenCache
+	if s.Seqlen >= 0 {
+		length = s.Seqlen
+	}
+	tiles := ceilDiv(length, v.KeysPerTile)
+
+	splits := s.NumSplits
+	if splits > 0 {
+		splits = clampSplits(splits, tiles)
+	} else {
+		blocks := s.Batch * s.HeadsKV * rowTiles
+		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
+		splits = autoSplits(blocks, sms*blocksPerSM, tiles, maxN)
+	}
+
+	rows := s.Batch * s.HeadsQ * s.SeqlenQ
+	p := Plan{
+		Variant:     v,
+		NumSplits:   splits,
+		RowTiles:    rowTiles,
+		Grid:        [3]int{splits, s.HeadsKV * rowTiles, s.Batch},
+		Threads:     v.Threads,
+		SharedBytes: v.SharedBytes,
+		SMs:         sms,
+		BlocksPerSM: blocksPerSM,
+	}
+	p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
+	if splits > 1 {
+		p.CombineGrid = ceilDiv(rows, v.CombineRows)
+		p.CombineThreads = v.CombineThreads
+	}
+	return p, nil
+}
+
+// checkVariant reports why v cannot run s, or nil.
+func checkVariant(s Shape, v Variant) error {
+	switch {
+	case v.DType != s.DType:
+		return fmt.Errorf("%s is for %v, not %v", v.Kernel, v.DType, s.DType)
+	case v.HeadDim < s.HeadDim:
+		return fmt.Errorf("%s is for head dims up to %d, not %d", v.Kernel, v.HeadDim, s.HeadDim)
+	case v.Rows < 1 || v.Threads < 1 || v.KeysPerTile < 1 || v.SharedBytes < 0 ||
+		v.CombineRows < 1 || v.CombineThreads < 1:
+		return fmt.Errorf("%s has a non-positive size: %+v", v.Kernel, v)
+	}
+	return nil
+}
+
+// workspaceLayout is the one place that lays out the workspace: o_partial
+// (float32 [splits][rows][headDim]) at 0, lse_partial (float32
+// [splits][rows]) at lseOffset, the first 256-byte boundary after it. It
+// returns 0, 0 for a single split, which needs no workspace.
+func workspaceLayout(splits, rows, headDim int) (lseOffset, total int) {
+	if splits <= 1 {
+		return 0, 0
+	}
+	const f32, align = 4, 256
+	lseOffset = ceilDiv(splits*rows*headDim*f32, align) * align
+	return lseOffset, lseOffset + splits*rows*f32
+}
+
+// minKeysPerSplit is the fewest keys the heuristic gives one split when a
+// block holds rows packed query rows: max(minSplitKeys, 32*rows), which
+// keeps partial traffic (8*rows*d bytes) within 1/16 of the K/V bytes
+// (4*keys*d) the split reads.
+func minKeysPerSplit(rows int) int { return max(minSplitKeys, 32*rows) }
+
+// maxAutoSplits is the most splits the heuristic considers for a length of
+// tiles key tiles when a split must hold at least minTiles of them:
+// min(MaxSplits, tiles/minTiles), and at least 1.
+func maxAutoSplits(tiles, minTiles int) int {
+	return max(1, min(MaxSplits, tiles/max(minTiles, 1)))
+}
+
+// clampSplits is what a requested split count n > 0 becomes:
+// n clamped to [1, min(MaxSplits, tiles)].
+func clampSplits(n, tiles int) int {
+	return max(1, min(n, MaxSplits, tiles))
+}
+
+// splitCost models stage-1 time, in key-tile loads of one block slot, when
+// blocks (batch x K/V heads x row tiles) are each split n ways over slots
+// resident block slots (SMs x blocks per SM): the waves it takes times the
+// tiles each split streams, ceil(blocks*n/slots) * ceil(tiles/n). Decode is
+// memory-bound, so a slot's time is the bytes it streams.
+func splitCost(blocks, slots, tiles, n int) int {
+	return ceilDiv(blocks*n, slots) * ceilDiv(tiles, n)
+}
+
+// autoSplits is the num_splits=0 heuristic. Decode streams the whole K/V
+// cache once and is memory-bound; its unsplit grid has only blocks =
+// batch x K/V heads x row tiles blocks, often far fewer than the slots =
+// SMs x blocks-per-SM the GPU can keep streaming. Splitting each sequence's
+// keys n ways gives every slot a part of the cache, at the cost of writing
+// fp32 partials and a combine launch. So:
+//
+//   - blocks >= 80% of slots (about a full wave already; busySlotsPct) or
+//     maxN <= 1: 1 split;
+//   - else the n in [1, maxN] with the least splitCost, preferring the
+//     smallest n within splitTolerancePct of it (fewer partials), which
+//     favours whole waves and splits that divide the tiles evenly.
+//
+// Worked example: batch 1, 32 query and 8 K/V heads (one row tile of 4
+// rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 2 blocks = 264
+// slots. blocks = 8; a split holds >= 512 keys = 8 tiles, so maxN =
+// min(128, 512/8) = 64. For n <= 33 the 8n blocks fit one wave and cost
+// ceil(512/n): 512 at n=1, 16 at n=32 and n=33; n in 34..64 takes two
+// waves (n=64: 2*8 = 16). The least cost is 16 and the smallest n within
+// 5% of it is 32: grid (32, 8, 1), 256 of 264 slots busy, 1024 keys each.
+// With batch 16 (128 blocks) the answer is 2 (one wave of 256 blocks);
+// with batch 32 (256 blocks >= 80% of 264) it is 1; with 1024 keys
+// maxN = 2, so 2.
+func autoSplits(blocks, slots, tiles, maxN int) int {
+	if maxN <= 1 || blocks*100 >= slots*busySlotsPct {
+		return 1
+	}
+	costs := make([]int, maxN+1)
+	best := splitCost(blocks, slots, tiles, 1)
+	for n := 1; n <= maxN; n++ {
+		costs[n] = splitCost(blocks, slots, tiles, n)
+		best = min(best, costs[n])
+	}
+	for n := 1; n <= maxN; n++ {
+		if costs[n]*100 <= best*(100+splitTolerancePct) {
+			return n
+		}
+	}
+	return 1 // unreachable: the best cost itself qualifies
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// compiledHeadDims lists the head dims the variant table has for dt.
+func compiledHeadDims(dt DType) string {
+	var ds []string
+	seen := map[int]bool{}
+	for _, v := range variants {
+		if v.DType == dt && !seen[v.HeadDim] {
+			seen[v.HeadDim] = true
+			ds = append(ds, fmt.Sprint(v.HeadDim))
+		}
+	}
+	if len(ds) == 0 {
+		return "none"
+	}
+	return strings.Join(ds, ", ")
+}
+
+// String returns a one-line summary of p, for logs and error reports.
+func (p Plan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s grid (%d,%d,%d) x %d threads, %d B shared, %d/SM on %d SMs",
+		p.Variant.Kernel, p.Grid[0], p.Grid[1], p.Grid[2], p.Threads, p.SharedBytes, p.BlocksPerSM, p.SMs)
+	if p.NumSplits <= 1 {
+		b.WriteString("; 1 split, no combine, no workspace")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "; %d splits; combine %s %d x %d threads; workspace %d B (lse_partial at %d)",
+		p.NumSplits, p.Variant.Combine, p.CombineGrid, p.CombineThreads, p.WorkspaceBytes, p.LSEPartialOffset)
+	return b.String()
+}
+
+// variantJSON is Variant with snake_case JSON names.
+type variantJSON struct {
+	Kernel         string `json:"kernel"`
+	Combine        string `json:"combine"`
+	DType          string `json:"dtype"`
+	HeadDim        int    `json:"head_dim"`
+	Rows           int    `json:"rows"`
+	Threads        int    `json:"threads"`
+	KeysPerTile    int    `json:"keys_per_tile"`
+	SharedBytes    int    `json:"shared_bytes"`
+	CombineThreads int    `json:"combine_threads"`
+	CombineRows    int    `json:"combine_rows"`
+}
+
+// MarshalJSON encodes p with snake_case names throughout, the variant's
+// dtype as its torch name ("float16"), for the Python and C callers.
+func (p Plan) MarshalJSON() ([]byte, error) {
+	type plain Plan // drops the methods: no recursion
+	v := p.Variant
+	return json.Marshal(struct {
+		Variant variantJSON `json:"variant"`
+		plain
+	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
+		v.KeysPerTile, v.SharedBytes, v.CombineThreads, v.CombineRows}, plain(p)})
+}

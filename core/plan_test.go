@@ -1,0 +1,350 @@
+package core
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// testVariant is a fixed stage-1 variant, so the planner is tested without
+// the kernel author's table (variants.go).
+var testVariant = Variant{
+	Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: Float16,
+	HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 32768,
+	CombineThreads: 128, CombineRows: 4,
+}
+
+func TestAutoSplits(t *testing.T) {
+	tests := []struct {
+		name                     string
+		blocks, slots, tiles, mx int
+		want                     int
+	}{
+		{"doc example: b=1, 8 kv heads, 32K keys", 8, 264, 512, 64, 32},
+		{"b=16: one wave of 256", 128, 264, 512, 64, 2},
+		{"b=4", 32, 264, 512, 64, 8},
+		{"b=5", 40, 264, 512, 64, 13},
+		{"24 blocks short of a wave", 240, 264, 512, 64, 1},
+		{"just over 80% of a wave", 212, 264, 512, 64, 1},
+		{"just under 80% of a wave", 211, 264, 512, 64, 5},
+		{"200 blocks", 200, 264, 512, 64, 9},
+		{"full wave", 264, 264, 512, 64, 1},
+		{"more than a wave", 512, 264, 512, 64, 1},
+		{"1024 keys: at most 2", 8, 264, 16, 2, 2},
+		{"4096 keys: limited by min chunk", 8, 264, 64, 8, 8},
+		{"too short to split", 8, 264, 5, 1, 1},
+		{"empty cache", 8, 264, 0, 1, 1},
+		{"MQA 128K keys: cap", 1, 132, 2048, 128, 128},
+		{"uneven tiles", 16, 132, 100, 12, 8},
+	}
+	for _, tt := range tests {
+		got := autoSplits(tt.blocks, tt.slots, tt.tiles, tt.mx)
+		if got != tt.want {
+			t.Errorf("%s: autoSplits(%d, %d, %d, %d) = %d, want %d", tt.name, tt.blocks, tt.slots, tt.tiles, tt.mx, got, tt.want)
+		}
+	}
+}
+
+// TestAutoSplitsProperties checks, over a grid of inputs, that the choice is
+// in range and within the tolerance of the best modelled cost.
+func TestAutoSplitsProperties(t *testing.T) {
+	for _, blocks := range []int{1, 2, 3, 7, 8, 32, 100, 131, 263, 264, 1000} {
+		for _, slots := range []int{108, 132, 264, 528} {
+			for _, tiles := range []int{0, 1, 8, 9, 100, 512, 2048, 4096} {
+				mx := maxAutoSplits(tiles, 8)
+				n := autoSplits(blocks, slots, tiles, mx)
+				if n < 1 || n > mx || n > MaxSplits {
+					t.Fatalf("autoSplits(%d,%d,%d,%d) = %d out of [1,%d]", blocks, slots, tiles, mx, n, mx)
+				}
+				if blocks*100 >= slots*busySlotsPct && n != 1 {
+					t.Fatalf("autoSplits(%d,%d,%d,%d) = %d with a full wave", blocks, slots, tiles, mx, n)
+				}
+				c := splitCost(blocks, slots, tiles, n)
+				optimize := blocks*100 < slots*busySlotsPct
+				for m := 1; m <= mx && optimize; m++ {
+					if best := splitCost(blocks, slots, tiles, m); c*100 > best*(100+splitTolerancePct) {
+						t.Fatalf("autoSplits(%d,%d,%d,%d) = %d costs %d; %d costs %d", blocks, slots, tiles, mx, n, c, m, best)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestSplitHelpers(t *testing.T) {
+	for _, tt := range []struct{ blocks, slots, tiles, n, want int }{
+		{8, 264, 512, 1, 512}, {8, 264, 512, 32, 16}, {8, 264, 512, 33, 16},
+		{8, 264, 512, 34, 32}, {8, 264, 512, 64, 16}, {200, 264, 512, 9, 399}, {1, 1, 0, 1, 0},
+	} {
+		if got := splitCost(tt.blocks, tt.slots, tt.tiles, tt.n); got != tt.want {
+			t.Errorf("splitCost(%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.tiles, tt.n, got, tt.want)
+		}
+	}
+	for _, tt := range []struct{ n, tiles, want int }{
+		{1, 512, 1}, {7, 512, 7}, {600, 512, 128}, {128, 512, 128}, {129, 1000, 128},
+		{10, 3, 3}, {5, 0, 1}, {1, 0, 1},
+	} {
+		if got := clampSplits(tt.n, tt.tiles); got != tt.want {
+			t.Errorf("clampSplits(%d, %d) = %d, want %d", tt.n, tt.tiles, got, tt.want)
+		}
+	}
+	for _, tt := range []struct{ tiles, minTiles, want int }{
+		{512, 8, 64}, {16, 8, 2}, {15, 8, 1}, {0, 8, 1}, {100000, 8, 128}, {5, 0, 5},
+	} {
+		if got := maxAutoSplits(tt.tiles, tt.minTiles); got != tt.want {
+			t.Errorf("maxAutoSplits(%d, %d) = %d, want %d", tt.tiles, tt.minTiles, got, tt.want)
+		}
+	}
+	for _, tt := range []struct{ rows, want int }{{1, 512}, {16, 512}, {17, 544}, {64, 2048}} {
+		if got := minKeysPerSplit(tt.rows); got != tt.want {
+			t.Errorf("minKeysPerSplit(%d) = %d, want %d", tt.rows, got, tt.want)
+		}
+	}
+}
+
+func TestWorkspaceLayout(t *testing.T) {
+	for _, tt := range []struct{ splits, rows, d, off, total int }{
+		{1, 32, 128, 0, 0},
+		{0, 32, 128, 0, 0},
+		{32, 32, 128, 524288, 524288 + 4096},
+		{2, 1, 8, 256, 256 + 8},     // 64 B of o_partial, lse at the next 256
+		{3, 5, 72, 4352, 4352 + 60}, // 4320 B rounded up to 4352
+		{2, 4, 64, 2048, 2048 + 32}, // already aligned
+		{128, 4096, 256, 536870912, 536870912 + 2097152},
+	} {
+		off, total := workspaceLayout(tt.splits, tt.rows, tt.d)
+		if off != tt.off || total != tt.total {
+			t.Errorf("workspaceLayout(%d, %d, %d) = %d, %d; want %d, %d", tt.splits, tt.rows, tt.d, off, total, tt.off, tt.total)
+		}
+		if off%256 != 0 || (tt.splits > 1 && off < tt.splits*tt.rows*tt.d*4) {
+			t.Errorf("lse_partial offset %d overlaps o_partial or is unaligned", off)
+		}
+	}
+}
+
+func TestDefaultOccupancy(t *testing.T) {
+	for _, tt := range []struct {
+		threads, shared, want int
+	}{
+		{128, 0, 16},         // 64 warps / 4
+		{128, 32768, 6},      // 228 KB / 33 KB
+		{256, 0, 8},          // threads
+		{32, 0, 32},          // block limit
+		{100, 0, 16},         // 4 whole warps
+		{128, 227 * 1024, 1}, // the most one block may have
+		{128, 228 * 1024, 0}, // does not fit
+		{1024, 48 * 1024, 2}, // threads
+		{128, 16 * 1024, 13}, // 233472 / 17408
+		{0, 0, 32},           // unknown threads
+		{64, 100 * 1024, 2},  // shared
+	} {
+		v := testVariant
+		v.Threads, v.SharedBytes = tt.threads, tt.shared
+		if got := DefaultOccupancy(v); got != tt.want {
+			t.Errorf("DefaultOccupancy(threads %d, shared %d) = %d, want %d", tt.threads, tt.shared, got, tt.want)
+		}
+	}
+}
+
+func TestPlanVariant(t *testing.T) {
+	base := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
+	tests := []struct {
+		name        string
+		edit        func(*Shape)
+		splits      int
+		grid        [3]int
+		combineGrid int
+		lseOff, ws  int
+	}{
+		{"doc example", func(s *Shape) {}, 32, [3]int{32, 8, 1}, 8, 524288, 528384},
+		{"seqlen overrides cache", func(s *Shape) { s.Seqlen = 1024 }, 2, [3]int{2, 8, 1}, 8, 32768, 32768 + 256},
+		{"seqlen 0", func(s *Shape) { s.Seqlen = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
+		{"empty cache", func(s *Shape) { s.SeqlenCache = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
+		{"batch 64: no split", func(s *Shape) { s.Batch = 64 }, 1, [3]int{1, 8, 64}, 0, 0, 0},
+		{"requested 7", func(s *Shape) { s.NumSplits = 7 }, 7, [3]int{7, 8, 1}, 8, 7 * 32 * 128 * 4, 7*32*128*4 + 7*32*4},
+		{"requested 1", func(s *Shape) { s.NumSplits = 1 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
+		{"requested 1000: cap", func(s *Shape) { s.NumSplits = 1000 }, 128, [3]int{128, 8, 1}, 8, 128 * 32 * 128 * 4, 128*32*128*4 + 128*32*4},
+		{"requested 9 over 2 tiles", func(s *Shape) { s.NumSplits = 9; s.Seqlen = 100 }, 2, [3]int{2, 8, 1}, 8, 32768, 32768 + 256},
+		{"requested 4 on empty", func(s *Shape) { s.NumSplits = 4; s.SeqlenCache = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
+		{"head dim 72: actual head dim in workspace", func(s *Shape) { s.HeadDim = 72; s.NumSplits = 2 }, 2, [3]int{2, 8, 1}, 8, 2 * 32 * 72 * 4, 2*32*72*4 + 2*32*4},
+		// group 4 x seqlen_q 8 = 32 rows: 2 row tiles of 16; 256 rows in all.
+		{"row tiles", func(s *Shape) { s.SeqlenQ = 8; s.NumSplits = 3 }, 3, [3]int{3, 16, 1}, 64, 3 * 256 * 128 * 4, 3*256*128*4 + 3*256*4},
+		// MHA 32/32, group 1: 32 blocks, 512 tiles: 8 splits (see TestAutoSplits "b=4").
+		{"mha", func(s *Shape) { s.HeadsKV = 32 }, 8, [3]int{8, 32, 1}, 8, 8 * 32 * 128 * 4, 8*32*128*4 + 8*32*4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			tt.edit(&s)
+			p, err := PlanVariant(s, testVariant, 132, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.NumSplits != tt.splits || p.Grid != tt.grid || p.CombineGrid != tt.combineGrid ||
+				p.LSEPartialOffset != tt.lseOff || p.WorkspaceBytes != tt.ws {
+				t.Fatalf("got splits %d grid %v combine %d lse %d ws %d; want %d %v %d %d %d", p.NumSplits, p.Grid,
+					p.CombineGrid, p.LSEPartialOffset, p.WorkspaceBytes, tt.splits, tt.grid, tt.combineGrid, tt.lseOff, tt.ws)
+			}
+			if p.Grid[1] != s.HeadsKV*p.RowTiles || p.Threads != testVariant.Threads || p.SharedBytes != testVariant.SharedBytes ||
+				p.SMs != 132 || p.BlocksPerSM != 2 || p.Variant != testVariant {
+				t.Fatalf("plan %+v does not carry the variant and device facts", p)
+			}
+			if (p.NumSplits == 1) != (p.CombineThreads == 0) {
+				t.Fatalf("combine threads %d with %d splits", p.CombineThreads, p.NumSplits)
+			}
+		})
+	}
+}
+
+// TestPlanIgnoresDeviceData: a Shape differing only in what the device holds
+// (CacheSeqlens contents) cannot exist, but a Problem's pointers and options
+// must not change the plan either.
+func TestPlanIgnoresDeviceData(t *testing.T) {
+	p1, p2 := validProblem(), validProblem()
+	p2.CacheSeqlens, p2.LSE, p2.Causal, p2.Scale = 0x1000, 0x2000, true, 0.5
+	a, err1 := PlanVariant(p1.Shape, testVariant, 132, 2)
+	b, err2 := PlanVariant(p2.Shape, testVariant, 132, 2)
+	if err1 != nil || err2 != nil || a != b {
+		t.Fatalf("plans differ: %v %v / %v %v", a, err1, b, err2)
+	}
+}
+
+func TestPlanVariantErrors(t *testing.T) {
+	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
+	bf := testVariant
+	bf.DType = BFloat16
+	small := testVariant
+	small.HeadDim = 64
+	zero := testVariant
+	zero.KeysPerTile = 0
+	bigHeads := s
+	bigHeads.HeadsQ, bigHeads.HeadsKV, bigHeads.SeqlenQ = 70000*2, 70000, 16
+	badShape := s
+	badShape.HeadsKV = 5
+	tests := []struct {
+		name      string
+		s         Shape
+		v         Variant
+		sms, bpsm int
+		arg       string
+		want      error
+	}{
+		{"sms 0", s, testVariant, 0, 2, "sms", ErrInvalid},
+		{"blocks/SM 0", s, testVariant, 132, 0, "blocks_per_sm", ErrInvalid},
+		{"dtype mismatch", s, bf, 132, 2, "variant", ErrInvalid},
+		{"head dim too small", s, small, 132, 2, "variant", ErrInvalid},
+		{"zero tile", s, zero, 132, 2, "variant", ErrInvalid},
+		{"grid y", bigHeads, testVariant, 132, 2, "nheads_kv", ErrUnsupported},
+		{"shape first", badShape, testVariant, 0, 0, "nheads_q", ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := PlanVariant(tt.s, tt.v, tt.sms, tt.bpsm)
+			checkErr(t, err, tt.arg, tt.want)
+			if !strings.HasPrefix(err.Error(), "flashdecode: plan: ") {
+				t.Errorf("error %q does not name the plan operation", err)
+			}
+		})
+	}
+}
+
+func TestMakePlan(t *testing.T) {
+	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
+	if _, err := MakePlan(s, 0, nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("sms 0: %v", err)
+	}
+	bad := s
+	bad.HeadDim = 100
+	if _, err := MakePlan(bad, 132, nil); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "headdim") {
+		t.Errorf("headdim 100: %v", err)
+	}
+	v, err := SelectVariant(s.DType, s.HeadDim, 4)
+	if err != nil {
+		// variants.go's table is still empty: MakePlan must say so as ErrUnsupported.
+		_, err := MakePlan(s, 132, nil)
+		checkErr(t, err, "headdim", ErrUnsupported)
+		t.Skipf("no variant table yet: %v", err)
+	}
+	got, err := MakePlan(s, 132, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := PlanVariant(s, v, 132, DefaultOccupancy(v))
+	if err != nil || got != want {
+		t.Fatalf("MakePlan = %v, PlanVariant = %v (%v)", got, want, err)
+	}
+	if _, err := MakePlan(s, 132, func(Variant) int { return 0 }); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("occupancy 0: %v", err)
+	}
+}
+
+// TestVariantTable checks every entry of variants.go's table, once filled,
+// plans the shapes the issue names.
+func TestVariantTable(t *testing.T) {
+	if len(variants) == 0 {
+		t.Skip("variants.go's table is empty")
+	}
+	for _, dt := range []DType{Float16, BFloat16} {
+		for _, d := range []int{8, 64, 72, 128, 136, 256} {
+			for _, g := range []int{1, 4, 5, 7, 8, 12, 16} {
+				for _, sq := range []int{1, 4, 16} {
+					s := Shape{DType: dt, Batch: 2, SeqlenQ: sq, HeadsQ: 8 * g, HeadsKV: 8, HeadDim: d, SeqlenCache: 4096, Seqlen: -1}
+					p, err := MakePlan(s, 132, nil)
+					if err != nil {
+						t.Fatalf("%+v: %v", s, err)
+					}
+					if p.RowTiles*p.Variant.Rows < g*sq || p.Variant.HeadDim < d || p.Variant.DType != dt {
+						t.Fatalf("%+v: plan %v cannot hold the rows", s, p)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestPlanJSONAndString(t *testing.T) {
+	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
+	p, err := PlanVariant(s, testVariant, 132, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"variant", "num_splits", "row_tiles", "grid", "threads", "shared_bytes", "combine_grid",
+		"combine_threads", "lse_partial_offset", "workspace_bytes", "sms", "blocks_per_sm"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("JSON %s lacks %q", b, k)
+		}
+	}
+	if len(m) != 12 {
+		t.Errorf("JSON %s has %d keys, want 12", b, len(m))
+	}
+	v, _ := m["variant"].(map[string]any)
+	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
+		"shared_bytes", "combine_threads", "combine_rows"} {
+		if _, ok := v[k]; !ok {
+			t.Errorf("variant JSON %v lacks %q", v, k)
+		}
+	}
+	if m["num_splits"] != 32.0 || m["workspace_bytes"] != 528384.0 || v["dtype"] != "float16" {
+		t.Errorf("JSON values wrong: %s", b)
+	}
+	str := p.String()
+	for _, want := range []string{"fd_split_kv_f16_d128_r16", "(32,8,1)", "32 splits", "fd_combine_f16", "528384 B"} {
+		if !strings.Contains(str, want) {
+			t.Errorf("String() = %q lacks %q", str, want)
+		}
+	}
+	s.NumSplits = 1
+	p, _ = PlanVariant(s, testVariant, 132, 2)
+	if str := p.String(); !strings.Contains(str, "1 split, no combine") || strings.Contains(str, "\n") {
+		t.Errorf("String() = %q", str)
+	}
+}

@@ -1,0 +1,229 @@
+package core
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Limits of the kernels, checked by Validate.
+const (
+	MaxSeqlenQ = 16    // most query tokens per sequence (speculative decoding)
+	MaxHeadDim = 256   // largest head dim; any multiple of 8 up to it runs
+	maxGridYZ  = 65535 // CUDA's limit on gridDim.y and gridDim.z
+)
+
+// Shape is the part of a Problem the planner reads: sizes and options that
+// fix the launch shapes. It never holds device data, so a Plan made from it
+// stays valid for every call with the same shapes (CUDA-graph replays too).
+type Shape struct {
+	DType       DType
+	Batch       int // sequences
+	SeqlenQ     int // new query tokens per sequence, 1..16
+	HeadsQ      int // query heads; a multiple of HeadsKV
+	HeadsKV     int // key/value heads
+	HeadDim     int // multiple of 8, at most 256
+	SeqlenCache int // K/V rows per sequence (the cache's capacity); 0 is allowed
+
+	// Seqlen is the valid length of every sequence when Problem.CacheSeqlens
+	// is 0; a negative value means SeqlenCache. The planner sizes the split
+	// from it (or from SeqlenCache when negative), never from device data;
+	// with CacheSeqlens set, a Seqlen >= 0 is only that sizing hint, and
+	// each sequence is still split by its own length on the device.
+	Seqlen int
+
+	NumSplits int // 0: let the planner choose; n > 0: ask for n (clamped, see MakePlan)
+}
+
+// Tensor locates a 4-D (batch, seq, heads, head_dim) tensor in device memory.
+// Strides count elements; the head_dim dimension is contiguous.
+type Tensor struct {
+	Ptr         uintptr // device address of element [0,0,0,0]
+	BatchStride int64
+	SeqStride   int64
+	HeadStride  int64
+}
+
+// Problem is one flash-decoding call: shapes, device tensors and options.
+// It is what every caller (Go, C through capi, Python through the binding)
+// fills in; Validate checks it and MakePlan turns its Shape into a Plan.
+type Problem struct {
+	Shape
+
+	// Q is (Batch, SeqlenQ, HeadsQ, HeadDim); K and V are (Batch,
+	// SeqlenCache, HeadsKV, HeadDim); Out is (Batch, SeqlenQ, HeadsQ,
+	// HeadDim) in DType and must not overlap itself.
+	Q, K, V, Out Tensor
+
+	// LSE, if not 0, receives the natural-log log-sum-exp as float32
+	// (Batch, HeadsQ, SeqlenQ), contiguous.
+	LSE uintptr
+	// CacheSeqlens, if not 0, is an int32 (Batch,) device array of valid
+	// lengths; values are clamped to [0, SeqlenCache] on the device.
+	CacheSeqlens uintptr
+
+	Scale  float32 // softmax scale; 0 means 1/sqrt(HeadDim)
+	Causal bool    // bottom-right aligned causal mask
+}
+
+// Validate reports the first thing wrong with s as an *Error that names the
+// argument and wraps ErrInvalid or ErrUnsupported.
+func (s Shape) Validate() error { return s.validate("plan") }
+
+func (s Shape) validate(op string) error {
+	if !s.DType.Valid() {
+		return unsupported(op, "dtype", fmt.Sprintf("%d; supported: %d (float16), %d (bfloat16)", int(s.DType), int(Float16), int(BFloat16)))
+	}
+	if s.Batch < 1 {
+		return invalid(op, "batch", fmt.Sprintf("%d; must be at least 1", s.Batch))
+	}
+	if s.Batch > maxGridYZ {
+		return unsupported(op, "batch", fmt.Sprintf("%d; at most %d (the launch grid's z limit)", s.Batch, maxGridYZ))
+	}
+	if s.SeqlenQ < 1 {
+		return invalid(op, "seqlen_q", fmt.Sprintf("%d; must be at least 1", s.SeqlenQ))
+	}
+	if s.SeqlenQ > MaxSeqlenQ {
+		return unsupported(op, "seqlen_q", fmt.Sprintf("%d; supported: 1 to %d", s.SeqlenQ, MaxSeqlenQ))
+	}
+	if s.HeadsQ < 1 {
+		return invalid(op, "nheads_q", fmt.Sprintf("%d; must be at least 1", s.HeadsQ))
+	}
+	if s.HeadsKV < 1 {
+		return invalid(op, "nheads_kv", fmt.Sprintf("%d; must be at least 1", s.HeadsKV))
+	}
+	if s.HeadsQ > math.MaxInt32 {
+		return unsupported(op, "nheads_q", fmt.Sprintf("%d; at most %d", s.HeadsQ, math.MaxInt32))
+	}
+	if s.HeadsQ%s.HeadsKV != 0 {
+		return invalid(op, "nheads_q", fmt.Sprintf("%d is not a multiple of nheads_kv=%d", s.HeadsQ, s.HeadsKV))
+	}
+	if s.HeadDim < 1 {
+		return invalid(op, "headdim", fmt.Sprintf("%d; must be positive", s.HeadDim))
+	}
+	if s.HeadDim%8 != 0 || s.HeadDim > MaxHeadDim {
+		return unsupported(op, "headdim", fmt.Sprintf("%d; supported: multiples of 8 from 8 to %d (kernels compiled for %s; others run padded)", s.HeadDim, MaxHeadDim, compiledHeadDims(s.DType)))
+	}
+	if s.SeqlenCache < 0 {
+		return invalid(op, "seqlen_cache", fmt.Sprintf("%d; must not be negative", s.SeqlenCache))
+	}
+	if s.SeqlenCache > math.MaxInt32 {
+		return unsupported(op, "seqlen_cache", fmt.Sprintf("%d; at most %d", s.SeqlenCache, math.MaxInt32))
+	}
+	if s.Seqlen > s.SeqlenCache {
+		return invalid(op, "cache_seqlens", fmt.Sprintf("%d exceeds seqlen_cache=%d", s.Seqlen, s.SeqlenCache))
+	}
+	if s.NumSplits < 0 {
+		return invalid(op, "num_splits", fmt.Sprintf("%d; must be 0 (automatic) or positive", s.NumSplits))
+	}
+	return nil
+}
+
+// Validate reports the first thing wrong with p: its Shape (see
+// Shape.Validate), then what a C or Python caller can get wrong about the
+// device tensors. It returns an *Error that names the argument.
+//
+// Checked: q, k_cache, v_cache and out are non-null, 16-byte aligned, with
+// non-negative strides that are multiples of 8 elements (the kernels load 8
+// elements at a time) and whose largest element offset fits in 64 bits; out
+// does not overlap itself; lse and cache_seqlens are 4-byte aligned; the
+// scale is finite and not negative. What cannot be checked from the host
+// (that the memory is allocated, on the right device, and large enough) is
+// the caller's part.
+func (p *Problem) Validate() error {
+	const op = "decode"
+	if p == nil {
+		return invalid(op, "", "nil Problem")
+	}
+	if err := p.Shape.validate(op); err != nil {
+		return err
+	}
+	s := p.Shape
+	tensors := []struct {
+		name string
+		t    Tensor
+		seq  int
+		hds  int
+	}{
+		{"q", p.Q, s.SeqlenQ, s.HeadsQ},
+		{"k_cache", p.K, s.SeqlenCache, s.HeadsKV},
+		{"v_cache", p.V, s.SeqlenCache, s.HeadsKV},
+		{"out", p.Out, s.SeqlenQ, s.HeadsQ},
+	}
+	for _, x := range tensors {
+		if err := checkTensor(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.name == "out"); err != nil {
+			return err
+		}
+	}
+	if p.LSE%4 != 0 {
+		return invalid(op, "lse", fmt.Sprintf("address %#x is not 4-byte aligned", p.LSE))
+	}
+	if p.CacheSeqlens%4 != 0 {
+		return invalid(op, "cache_seqlens", fmt.Sprintf("address %#x is not 4-byte aligned", p.CacheSeqlens))
+	}
+	if sc := float64(p.Scale); math.IsNaN(sc) || math.IsInf(sc, 0) || sc < 0 {
+		return invalid(op, "softmax_scale", fmt.Sprintf("%v; must be finite and not negative", p.Scale))
+	}
+	return nil
+}
+
+// checkTensor checks one (batch, seq, heads, head_dim) tensor with the given
+// sizes; exclusive means it is written and must not overlap itself.
+func checkTensor(op, name string, t Tensor, size [4]int, exclusive bool) error {
+	if t.Ptr == 0 {
+		return invalid(op, name, "null device pointer")
+	}
+	if t.Ptr%16 != 0 {
+		return unsupported(op, name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a .contiguous() copy is aligned)", t.Ptr))
+	}
+	stride := [4]int64{t.BatchStride, t.SeqStride, t.HeadStride, 1}
+	dims := [3]string{"batch", "seq", "head"}
+	for i, st := range stride[:3] {
+		if st < 0 {
+			return invalid(op, name, fmt.Sprintf("negative %s stride %d", dims[i], st))
+		}
+		if st%8 != 0 {
+			return unsupported(op, name, fmt.Sprintf("%s stride %d is not a multiple of 8 elements; the kernels load 8 elements at a time", dims[i], st))
+		}
+	}
+	// The largest element offset must fit in the kernels' 64-bit arithmetic.
+	var last int64
+	for i := range stride {
+		n := int64(size[i] - 1)
+		if n > 0 && stride[i] > (math.MaxInt64-last)/n {
+			return invalid(op, name, "strides too large: element offsets overflow 64 bits")
+		}
+		last += n * stride[i]
+	}
+	if exclusive && overlaps(size, stride) {
+		return invalid(op, name, fmt.Sprintf("strides (%d, %d, %d, 1) make elements overlap", t.BatchStride, t.SeqStride, t.HeadStride))
+	}
+	return nil
+}
+
+// overlaps reports whether two different indices of a tensor with the given
+// sizes and strides can share an address. Dimensions of size 1 never move
+// the address; the others, innermost (smallest stride) first, must each step
+// past everything the inner ones span. This is the usual sufficient check:
+// it accepts every permuted dense or padded layout.
+func overlaps(size [4]int, stride [4]int64) bool {
+	type dim struct {
+		n  int64
+		st int64
+	}
+	var ds []dim
+	for i := range size {
+		if size[i] > 1 {
+			ds = append(ds, dim{int64(size[i]), stride[i]})
+		}
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].st < ds[j].st })
+	span := int64(1) // addresses [0, span) reached by the inner dimensions
+	for _, d := range ds {
+		if d.st < span {
+			return true
+		}
+		span += d.st * (d.n - 1)
+	}
+	return false
+}

@@ -1,0 +1,186 @@
+package core
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+// validShape is b=2, 32 query heads over 8 K/V heads, headdim 128.
+func validShape() Shape {
+	return Shape{DType: Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
+		SeqlenCache: 4096, Seqlen: -1}
+}
+
+func TestShapeValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Shape)
+		arg  string // "" means valid
+		want error
+	}{
+		{"valid", func(s *Shape) {}, "", nil},
+		{"bf16", func(s *Shape) { s.DType = BFloat16 }, "", nil},
+		{"mqa", func(s *Shape) { s.HeadsKV = 1 }, "", nil},
+		{"gqa 5", func(s *Shape) { s.HeadsQ, s.HeadsKV = 40, 8 }, "", nil},
+		{"seqlen_q 16", func(s *Shape) { s.SeqlenQ = 16 }, "", nil},
+		{"headdim 8", func(s *Shape) { s.HeadDim = 8 }, "", nil},
+		{"headdim 256", func(s *Shape) { s.HeadDim = 256 }, "", nil},
+		{"headdim 96", func(s *Shape) { s.HeadDim = 96 }, "", nil},
+		{"empty cache", func(s *Shape) { s.SeqlenCache = 0 }, "", nil},
+		{"seqlen 0", func(s *Shape) { s.Seqlen = 0 }, "", nil},
+		{"seqlen = cache", func(s *Shape) { s.Seqlen = 4096 }, "", nil},
+		{"splits 7", func(s *Shape) { s.NumSplits = 7 }, "", nil},
+		{"dtype 0", func(s *Shape) { s.DType = 0 }, "dtype", ErrUnsupported},
+		{"dtype 3", func(s *Shape) { s.DType = 3 }, "dtype", ErrUnsupported},
+		{"batch 0", func(s *Shape) { s.Batch = 0 }, "batch", ErrInvalid},
+		{"batch huge", func(s *Shape) { s.Batch = 70000 }, "batch", ErrUnsupported},
+		{"seqlen_q 0", func(s *Shape) { s.SeqlenQ = 0 }, "seqlen_q", ErrInvalid},
+		{"seqlen_q 17", func(s *Shape) { s.SeqlenQ = 17 }, "seqlen_q", ErrUnsupported},
+		{"heads_q 0", func(s *Shape) { s.HeadsQ = 0 }, "nheads_q", ErrInvalid},
+		{"heads_kv 0", func(s *Shape) { s.HeadsKV = 0 }, "nheads_kv", ErrInvalid},
+		{"heads_kv -1", func(s *Shape) { s.HeadsKV = -1 }, "nheads_kv", ErrInvalid},
+		{"not multiple", func(s *Shape) { s.HeadsQ, s.HeadsKV = 12, 5 }, "nheads_q", ErrInvalid},
+		{"more kv heads", func(s *Shape) { s.HeadsQ, s.HeadsKV = 4, 8 }, "nheads_q", ErrInvalid},
+		{"headdim 0", func(s *Shape) { s.HeadDim = 0 }, "headdim", ErrInvalid},
+		{"headdim 100", func(s *Shape) { s.HeadDim = 100 }, "headdim", ErrUnsupported},
+		{"headdim 264", func(s *Shape) { s.HeadDim = 264 }, "headdim", ErrUnsupported},
+		{"cache -1", func(s *Shape) { s.SeqlenCache = -1 }, "seqlen_cache", ErrInvalid},
+		{"cache huge", func(s *Shape) { s.SeqlenCache = math.MaxInt32 + 1 }, "seqlen_cache", ErrUnsupported},
+		{"seqlen > cache", func(s *Shape) { s.Seqlen = 4097 }, "cache_seqlens", ErrInvalid},
+		{"splits -1", func(s *Shape) { s.NumSplits = -1 }, "num_splits", ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := validShape()
+			tt.edit(&s)
+			checkErr(t, s.Validate(), tt.arg, tt.want)
+		})
+	}
+}
+
+// checkErr fails unless err is nil (want == nil) or an *Error naming arg
+// that wraps want.
+func checkErr(t *testing.T, err error, arg string, want error) {
+	t.Helper()
+	if want == nil {
+		if err != nil {
+			t.Fatalf("unexpected error: %v", err)
+		}
+		return
+	}
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("error %v (%T) is not an *Error", err, err)
+	}
+	if e.Arg != arg || !errors.Is(err, want) {
+		t.Fatalf("error %q: want arg %q wrapping %q", err, arg, want)
+	}
+	if !strings.HasPrefix(err.Error(), "flashdecode: ") {
+		t.Fatalf("error %q lacks the flashdecode prefix", err)
+	}
+}
+
+// validProblem is validShape with dense tensors at aligned addresses.
+func validProblem() Problem {
+	s := validShape()
+	dense := func(ptr uintptr, seq, heads int) Tensor {
+		d := int64(s.HeadDim)
+		return Tensor{Ptr: ptr, BatchStride: int64(seq*heads) * d, SeqStride: int64(heads) * d, HeadStride: d}
+	}
+	return Problem{
+		Shape: s,
+		Q:     dense(0x10000, s.SeqlenQ, s.HeadsQ),
+		K:     dense(0x20000, s.SeqlenCache, s.HeadsKV),
+		V:     dense(0x30000, s.SeqlenCache, s.HeadsKV),
+		Out:   dense(0x40000, s.SeqlenQ, s.HeadsQ),
+	}
+}
+
+func TestProblemValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Problem)
+		arg  string
+		want error
+	}{
+		{"valid", func(p *Problem) {}, "", nil},
+		{"lse and lens", func(p *Problem) { p.LSE, p.CacheSeqlens = 0x50004, 0x60008 }, "", nil},
+		{"scale", func(p *Problem) { p.Scale = 0.125 }, "", nil},
+		{"kv slice of bigger buffer", func(p *Problem) { p.K.BatchStride *= 3; p.K.SeqStride *= 2 }, "", nil},
+		{"shared cache over batch", func(p *Problem) { p.K.BatchStride = 0; p.V.BatchStride = 0 }, "", nil},
+		{"out permuted (b,h,s,d)", func(p *Problem) {
+			p.SeqlenQ = 4
+			p.Out = Tensor{Ptr: 0x40000, BatchStride: 32 * 4 * 128, HeadStride: 4 * 128, SeqStride: 128}
+		}, "", nil},
+		{"out size-1 dim stride 0", func(p *Problem) { p.Out.SeqStride = 0 }, "", nil},
+		{"bad shape first", func(p *Problem) { p.HeadsKV = 5; p.Q.Ptr = 0 }, "nheads_q", ErrInvalid},
+		{"q null", func(p *Problem) { p.Q.Ptr = 0 }, "q", ErrInvalid},
+		{"k null", func(p *Problem) { p.K.Ptr = 0 }, "k_cache", ErrInvalid},
+		{"v null", func(p *Problem) { p.V.Ptr = 0 }, "v_cache", ErrInvalid},
+		{"out null", func(p *Problem) { p.Out.Ptr = 0 }, "out", ErrInvalid},
+		{"q misaligned", func(p *Problem) { p.Q.Ptr += 2 }, "q", ErrUnsupported},
+		{"k negative stride", func(p *Problem) { p.K.SeqStride = -1024 }, "k_cache", ErrInvalid},
+		{"v odd stride", func(p *Problem) { p.V.HeadStride = 129 }, "v_cache", ErrUnsupported},
+		{"k stride overflow", func(p *Problem) { p.K.SeqStride = math.MaxInt64 / 8 * 8 }, "k_cache", ErrInvalid},
+		{"out batch stride 0", func(p *Problem) { p.Out.BatchStride = 0 }, "out", ErrInvalid},
+		{"out heads overlap", func(p *Problem) { p.Out.HeadStride = 64 }, "out", ErrInvalid},
+		{"lse misaligned", func(p *Problem) { p.LSE = 0x50002 }, "lse", ErrInvalid},
+		{"lens misaligned", func(p *Problem) { p.CacheSeqlens = 0x60001 }, "cache_seqlens", ErrInvalid},
+		{"scale negative", func(p *Problem) { p.Scale = -1 }, "softmax_scale", ErrInvalid},
+		{"scale nan", func(p *Problem) { p.Scale = float32(math.NaN()) }, "softmax_scale", ErrInvalid},
+		{"scale inf", func(p *Problem) { p.Scale = float32(math.Inf(1)) }, "softmax_scale", ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := validProblem()
+			tt.edit(&p)
+			err := p.Validate()
+			checkErr(t, err, tt.arg, tt.want)
+			if err != nil && !strings.HasPrefix(err.Error(), "flashdecode: decode: ") {
+				t.Errorf("error %q does not name the decode operation", err)
+			}
+		})
+	}
+	var nilp *Problem
+	checkErr(t, nilp.Validate(), "", ErrInvalid)
+}
+
+func TestOverlaps(t *testing.T) {
+	tests := []struct {
+		size   [4]int
+		stride [4]int64
+		want   bool
+	}{
+		{[4]int{2, 3, 4, 8}, [4]int64{96, 32, 8, 1}, false},   // dense
+		{[4]int{2, 3, 4, 8}, [4]int64{8, 16, 48, 1}, false},   // permuted dense
+		{[4]int{2, 3, 4, 8}, [4]int64{200, 64, 16, 1}, false}, // padded
+		{[4]int{2, 3, 4, 8}, [4]int64{96, 32, 4, 1}, true},    // heads overlap
+		{[4]int{2, 3, 4, 8}, [4]int64{0, 32, 8, 1}, true},     // batch broadcast
+		{[4]int{1, 1, 4, 8}, [4]int64{0, 0, 8, 1}, false},     // size-1 dims ignored
+		{[4]int{1, 1, 1, 8}, [4]int64{0, 0, 0, 1}, false},
+		{[4]int{2, 2, 1, 8}, [4]int64{16, 8, 0, 1}, false}, // exactly adjacent
+		{[4]int{2, 2, 1, 8}, [4]int64{8, 8, 0, 1}, true},
+	}
+	for _, tt := range tests {
+		if got := overlaps(tt.size, tt.stride); got != tt.want {
+			t.Errorf("overlaps(%v, %v) = %v, want %v", tt.size, tt.stride, got, tt.want)
+		}
+	}
+}
+
+func TestDType(t *testing.T) {
+	for _, tt := range []struct {
+		d     DType
+		name  string
+		valid bool
+	}{{Float16, "float16", true}, {BFloat16, "bfloat16", true}, {0, "invalid dtype", false}, {3, "invalid dtype", false}} {
+		if tt.d.String() != tt.name || tt.d.Valid() != tt.valid {
+			t.Errorf("DType(%d): %q %v, want %q %v", int(tt.d), tt.d.String(), tt.d.Valid(), tt.name, tt.valid)
+		}
+	}
+	if Float16.Size() != 2 || BFloat16.Size() != 2 {
+		t.Error("Size() != 2")
+	}
+}

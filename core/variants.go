@@ -1,0 +1,111 @@
+package core
+
+import "fmt"
+
+// Variant is one compiled stage-1 kernel of kernels/flashdecode.cu and the
+// combine kernel that pairs with it, with the launch facts the planner needs.
+// The numbers mirror the constants in kernels/; a change there changes this
+// table in the same commit.
+type Variant struct {
+	Kernel         string // stage-1 (split-KV) function name in the fatbin
+	Combine        string // stage-2 (combine) function name in the fatbin
+	DType          DType  // element type of q, k, v and out
+	HeadDim        int    // head dim the kernel is compiled for; smaller multiples of 8 run padded
+	Rows           int    // query rows (group x seqlen_q) one block holds; more rows use more blocks
+	Threads        int    // stage-1 threads per block
+	KeysPerTile    int    // keys a block loads per pipeline step; splits are whole tiles
+	SharedBytes    int    // stage-1 dynamic shared memory per block
+	CombineThreads int    // stage-2 threads per block
+	CombineRows    int    // output rows one stage-2 block merges
+}
+
+// Stage-1 launch facts shared by every variant (kernels/split_kv.cuh,
+// fd_split_kv_config). A tile of K plus a tile of V is always 32 KiB:
+// KeysPerTile = 8192 / HeadDim keys, one warp per 16 keys of a tile, so
+// Threads = 32 * KeysPerTile / 16. The 3-stage cp.async pipeline then needs
+//
+//	SharedBytes = 3 stages * (K tile + V tile) * KeysPerTile * HeadDim * 2 bytes
+//	            = 3 * 2 * 8192 * 2 = 98304
+//
+// for every head dim: two blocks per SM on sm_80/sm_90, one on sm_86/sm_89
+// (99 KB a block there).
+const (
+	splitKVStages      = 3
+	splitKVSharedBytes = splitKVStages * 2 * 8192 * 2
+	combineThreads     = 128 // kernels/combine.cuh FD_COMBINE_THREADS: one warp per row
+	combineRows        = combineThreads / 32
+)
+
+// splitKV describes the stage-1 kernel fd_split_kv_<dtype>_d<headDim>_r<rows>.
+func splitKV(dt DType, headDim, rows int) Variant {
+	name := map[DType]string{Float16: "f16", BFloat16: "bf16"}[dt]
+	keys := 8192 / headDim
+	return Variant{
+		Kernel:         fmt.Sprintf("fd_split_kv_%s_d%d_r%d", name, headDim, rows),
+		Combine:        "fd_combine_" + name,
+		DType:          dt,
+		HeadDim:        headDim,
+		Rows:           rows,
+		Threads:        32 * keys / 16,
+		KeysPerTile:    keys,
+		SharedBytes:    splitKVSharedBytes,
+		CombineThreads: combineThreads,
+		CombineRows:    combineRows,
+	}
+}
+
+// variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
+// these): SelectVariant takes the smallest HeadDim >= the head dim, then the
+// smallest Rows >= the packed rows, else the largest Rows with more row tiles.
+// Rows are whole 16-row tensor-core tiles; 32 rows exist only for head dim
+// 128, where they still fit two blocks per SM in registers.
+//
+//	kernel                       threads  keys/tile  smem   registers (sm_90)
+//	fd_split_kv_*_d64_r16          256       128     98304  120
+//	fd_split_kv_*_d128_r16         128        64     98304  178
+//	fd_split_kv_*_d128_r32         128        64     98304  255
+//	fd_split_kv_*_d256_r16          64        32     98304  244
+var variants = []Variant{
+	splitKV(Float16, 64, 16),
+	splitKV(Float16, 128, 16),
+	splitKV(Float16, 128, 32),
+	splitKV(Float16, 256, 16),
+	splitKV(BFloat16, 64, 16),
+	splitKV(BFloat16, 128, 16),
+	splitKV(BFloat16, 128, 32),
+	splitKV(BFloat16, 256, 16),
+}
+
+// SelectVariant returns the kernel variant that runs the given dtype, head dim
+// and number of packed query rows (query heads per K/V head x seqlen_q).
+func SelectVariant(dt DType, headDim, rows int) (Variant, error) {
+	var best *Variant
+	for i := range variants {
+		v := &variants[i]
+		if v.DType != dt || v.HeadDim < headDim {
+			continue
+		}
+		if best != nil && v.HeadDim > best.HeadDim {
+			continue // the smallest fitting head dim wins
+		}
+		if best == nil || v.HeadDim < best.HeadDim {
+			best = v
+			continue
+		}
+		// Same head dim: prefer the smallest Rows >= rows, else the largest Rows.
+		switch {
+		case best.Rows >= rows && v.Rows >= rows && v.Rows < best.Rows:
+			best = v
+		case best.Rows < rows && v.Rows > best.Rows:
+			best = v
+		}
+	}
+	if best == nil {
+		return Variant{}, fmt.Errorf("no kernel for dtype %v, head dim %d", dt, headDim)
+	}
+	return *best, nil
+}
+
+// Variants returns a copy of the dispatch table: every kernel variant the
+// fatbin holds, in search order.
+func Variants() []Variant { return append([]Variant(nil), variants...) }
