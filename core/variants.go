@@ -64,7 +64,7 @@ func splitKV(dt DType, headDim, rows int) Variant {
 //	fd_split_kv_*_d64_r16          256       128     98304  120
 //	fd_split_kv_*_d128_r16         128        64     98304  178
 //	fd_split_kv_*_d128_r32         128        64     98304  255
-//	fd_split_kv_*_d256_r16          64        32     98304  244
+//	fd_split_kv_*_d256_r16          64        32     98304  242
 var variants = []Variant{
 	splitKV(Float16, 64, 16),
 	splitKV(Float16, 128, 16),

@@ -1,0 +1,43 @@
+// flashdecode.cu: the one translation unit nvcc compiles into the fatbin; it
+// instantiates every kernel the Go core can launch, by name.
+//
+// Two stages (see each header for its launch shape and why it is fast):
+//   split_kv.cuh  stage 1: fd_split_kv_<dtype>_d<D>_r<ROWS>, one block per
+//                 (split, KV head x row tile, batch); writes out/lse when
+//                 num_splits == 1, else fp32 partials and their LSE
+//   combine.cuh   stage 2: fd_combine_<dtype>, merges the partials by LSE
+//   state.cuh     the online-softmax state and merge both stages share
+//   ptx.cuh       cp.async / ldmatrix / mma wrappers and the dtype pieces
+//
+// Every kernel takes `const fd_params p` (params.h) by value. Stage 1 uses
+// 98304 bytes of dynamic shared memory for every variant:
+//     SharedBytes = 3 stages * (K tile + V tile) * KeysPerTile * D * 2 bytes,
+//     KeysPerTile = 8192 / D, so 3 * 2 * 8192 * 2 = 98304
+// (fd_split_kv_config::kSharedBytes); the combine uses none. This table must
+// match `variants` in core/variants.go.
+#include "combine.cuh"
+#include "split_kv.cuh"
+
+#define FD_SPLIT_KV(name, T, D, ROWS)                                                     \
+    extern "C" __global__ void __launch_bounds__(fd_split_kv_config<D, ROWS>::kThreads, 2) \
+        name(const fd_params p) {                                                         \
+        fd_split_kv<T, D, ROWS>(p);                                                       \
+    }
+
+#define FD_COMBINE(name, T)                                                        \
+    extern "C" __global__ void __launch_bounds__(FD_COMBINE_THREADS) name(const fd_params p) { \
+        fd_combine<T>(p);                                                          \
+    }
+
+//           kernel name                    dtype          D    ROWS
+FD_SPLIT_KV(fd_split_kv_f16_d64_r16,       half,          64,  16)
+FD_SPLIT_KV(fd_split_kv_f16_d128_r16,      half,          128, 16)
+FD_SPLIT_KV(fd_split_kv_f16_d128_r32,      half,          128, 32)
+FD_SPLIT_KV(fd_split_kv_f16_d256_r16,      half,          256, 16)
+FD_SPLIT_KV(fd_split_kv_bf16_d64_r16,      __nv_bfloat16, 64,  16)
+FD_SPLIT_KV(fd_split_kv_bf16_d128_r16,     __nv_bfloat16, 128, 16)
+FD_SPLIT_KV(fd_split_kv_bf16_d128_r32,     __nv_bfloat16, 128, 32)
+FD_SPLIT_KV(fd_split_kv_bf16_d256_r16,     __nv_bfloat16, 256, 16)
+
+FD_COMBINE(fd_combine_f16,  half)
+FD_COMBINE(fd_combine_bf16, __nv_bfloat16)

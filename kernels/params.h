@@ -1,0 +1,56 @@
+// params.h: the one plain-data struct every flash-decode kernel takes by value.
+//
+// The Go core (core/cuda) fills it through cgo from this very header, so the
+// layout is shared by construction. Tensors are addressed by explicit strides
+// counted in elements; only the last (head_dim) dimension must be contiguous,
+// so a cache may be a slice of a larger buffer.
+#ifndef FLASHDECODE_PARAMS_H
+#define FLASHDECODE_PARAMS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fd_params {
+    // Inputs, in the variant's dtype (fp16 or bf16).
+    const void *q;          // (batch, seqlen_q, heads_q, head_dim)
+    const void *k;          // (batch, seqlen_cache, heads_kv, head_dim)
+    const void *v;          // (batch, seqlen_cache, heads_kv, head_dim)
+    const int *cache_seqlens; // (batch,) int32 valid lengths, or NULL: every batch uses `seqlen`
+
+    // Outputs.
+    void *out;              // (batch, seqlen_q, heads_q, head_dim), q's dtype
+    float *lse;             // (batch, heads_q, seqlen_q) contiguous natural-log LSE, or NULL
+
+    // Workspace for num_splits > 1 (NULL when num_splits == 1: stage 1 then
+    // writes out/lse itself and no combine runs). Rows are ordered
+    // (batch, head_q, query), the same order as lse.
+    float *o_partial;       // [num_splits][batch * heads_q * seqlen_q][head_dim], normalized per split
+    float *lse_partial;     // [num_splits][batch * heads_q * seqlen_q], -inf for a split that saw no key
+
+    // Strides in elements.
+    long long q_batch_stride, q_seq_stride, q_head_stride;
+    long long k_batch_stride, k_seq_stride, k_head_stride;
+    long long v_batch_stride, v_seq_stride, v_head_stride;
+    long long out_batch_stride, out_seq_stride, out_head_stride;
+
+    int batch;
+    int seqlen_q;           // query tokens per sequence, 1..16
+    int heads_q;
+    int heads_kv;
+    int group;              // heads_q / heads_kv: query heads sharing one K/V head
+    int head_dim;           // actual head dim (<= the variant's compiled head dim, multiple of 8)
+    int seqlen_cache;       // rows of K/V per sequence; lengths are clamped to [0, seqlen_cache]
+    int seqlen;             // length used when cache_seqlens is NULL
+    int num_splits;         // splits of each sequence's length (grid.x of stage 1)
+    int row_tiles;          // ceil(group * seqlen_q / variant rows): grid.y = heads_kv * row_tiles
+    int causal;             // 1: query i sees keys j <= len - seqlen_q + i (bottom-right aligned)
+    float scale;            // softmax scale applied to q.k
+    float scale_log2;       // scale * log2(e): kernels exponentiate with exp2f
+} fd_params;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // FLASHDECODE_PARAMS_H

@@ -1,0 +1,141 @@
+// ptx.cuh: the few sm_80+ instructions the kernels are built from, and the
+// per-dtype pieces (fp16 / bf16) that differ between the two element types.
+//
+//   cp.async 16-byte copies    global -> shared without a register round trip,
+//                              with zero fill for masked chunks (src-size 0)
+//   ldmatrix (.trans)          8x8 b16 tiles from shared memory into mma fragments
+//   mma.sync m16n8k16          tensor-core multiply with fp32 accumulation
+//   griddepcontrol             programmatic dependent launch (sm_90+)
+//
+// Shared-memory tiles are rows of D b16 elements stored in 16-byte chunks with
+// an XOR swizzle (chunk c of row r lives at chunk c ^ (r % 8)), so the eight
+// rows one ldmatrix reads, and the rows cp.async writes, hit eight different
+// bank groups instead of one.
+#ifndef FLASHDECODE_PTX_CUH
+#define FLASHDECODE_PTX_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile
+// whose rows hold D elements (D a multiple of 64: at least 8 chunks a row).
+template <int D>
+__device__ __forceinline__ int fd_swizzle(int row, int chunk) {
+    static_assert(D % 64 == 0, "swizzle needs at least 8 chunks per row");
+    return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ uint32_t fd_smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies 16 bytes from global to shared memory asynchronously; copies
+// nothing and writes zeros when !valid (src is then never read).
+__device__ __forceinline__ void fd_cp_async_16(void *smem, const void *gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fd_smem_addr(smem)),
+                 "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void fd_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most N committed groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void fd_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void fd_ldmatrix_x4(uint32_t r[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fd_smem_addr(smem)));
+}
+
+// As fd_ldmatrix_x4, each matrix transposed.
+__device__ __forceinline__ void fd_ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fd_smem_addr(smem)));
+}
+
+// Programmatic dependent launch. A kernel launched with the
+// programmatic-stream-serialization attribute may start while the kernel
+// before it in the stream is still running; fd_pdl_wait blocks until that
+// kernel has finished and its writes are visible, and
+// fd_pdl_launch_dependents lets the next such kernel be scheduled. Both are
+// no-ops for an ordinary launch and before sm_90.
+__device__ __forceinline__ void fd_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void fd_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// The element types. Each provides
+//   pack(lo, hi)          two floats rounded into one b16x2 register (lo in the low half)
+//   unpack(x, lo, hi)     the reverse
+//   mma(c, a, b0, b1)     c[16x8] += a[16x16] * b[16x8], fp32 accumulators
+template <typename T>
+struct fd_dtype;
+
+template <>
+struct fd_dtype<half> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void unpack(uint32_t x, float &lo, float &hi) {
+        float2 f = __half22float2(*reinterpret_cast<half2 *>(&x));
+        lo = f.x;
+        hi = f.y;
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <>
+struct fd_dtype<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ void unpack(uint32_t x, float &lo, float &hi) {
+        float2 f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&x));
+        lo = f.x;
+        hi = f.y;
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Stores four floats as four T at dst (8-byte aligned).
+template <typename T>
+__device__ __forceinline__ void fd_store4(T *dst, float4 v) {
+    uint2 u;
+    u.x = fd_dtype<T>::pack(v.x, v.y);
+    u.y = fd_dtype<T>::pack(v.z, v.w);
+    *reinterpret_cast<uint2 *>(dst) = u;
+}
+
+#endif  // FLASHDECODE_PTX_CUH

@@ -1,0 +1,324 @@
+// split_kv.cuh: stage 1, the split-KV kernel.
+//
+// What it does. One block takes one (batch b, KV head, row tile) and one split
+// of b's keys. Its query rows are the ROWS "packed" rows r of that KV head:
+// query head kv_head*group + r/seqlen_q, query token r%seqlen_q, so every
+// query head sharing the KV head (times every query token) rides on one read
+// of K and V. It computes softmax(q k^T * scale) v over its keys with an
+// online softmax and writes either the final output (one split) or a
+// normalized fp32 partial output and its natural-log LSE for the combine.
+//
+// Launch shape. grid (num_splits, heads_kv * row_tiles, batch);
+// blockIdx.y = kv_head * row_tiles + row_tile. Threads = 32 * WARPS with
+// WARPS = KEYS / 16; KEYS (keys per tile) = 8192 / D, so one tile of K plus
+// one of V is always 32 KiB:
+//     D  64: 128 keys, 8 warps, 256 threads
+//     D 128:  64 keys, 4 warps, 128 threads
+//     D 256:  32 keys, 2 warps,  64 threads
+// Dynamic shared memory = STAGES * 2 * KEYS * D * sizeof(T) = 3 * 32 KiB
+// = 98304 bytes for every variant (core/variants.go SharedBytes): two blocks
+// fit on an H100/H200 SM (228 KB) and one on sm_86/sm_89 (99 KB a block).
+// The split of the keys happens here at run time from the actual length, so
+// a captured CUDA graph stays right when cache_seqlens changes: the length's
+// key tiles are dealt in runs of ceil(tiles / num_splits) to the splits.
+//
+// Why it is fast. Decode attention reads each K/V byte once and does little
+// math with it, so the kernel is a streaming read: a 3-stage cp.async
+// pipeline keeps two 32 KiB tiles in flight per block (four per SM on sm_90)
+// while the warps compute on the third, with 16-byte copies straight into
+// XOR-swizzled shared memory (no bank conflicts for ldmatrix). The math runs
+// on tensor cores (mma.sync m16n8k16, fp32 accumulation): ROWS packed rows
+// are 16 or 32 rows of the mma's M, each warp owns 16 keys of every tile with
+// its own online-softmax state, and the warps merge their states once at the
+// end, so a tile needs a single __syncthreads. Softmax is fp32 with exp2f on
+// scores pre-multiplied by scale*log2(e). Launched with programmatic
+// dependent launch (optional, sm_90), the combine grid is scheduled while
+// this one drains instead of after it (see fd_pdl_wait in ptx.cuh).
+#ifndef FLASHDECODE_SPLIT_KV_CUH
+#define FLASHDECODE_SPLIT_KV_CUH
+
+#include "params.h"
+#include "ptx.cuh"
+#include "state.cuh"
+
+extern __shared__ __align__(128) unsigned char fd_dynamic_smem[];
+
+// Compile-time shape of a stage-1 variant.
+template <int D, int ROWS>
+struct fd_split_kv_config {
+    static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
+    static_assert(ROWS % 16 == 0, "rows are whole mma tiles of 16");
+    static constexpr int kKeys = 8192 / D;                // keys per tile (32 KiB of K+V)
+    static constexpr int kWarps = kKeys / 16;             // each warp owns 16 keys of a tile
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
+    static constexpr int kMTiles = ROWS / 16;             // mma row tiles
+    static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
+    static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
+    static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
+    static constexpr int kSharedBytes = kStages * 2 * kTileElems * 2;
+    // End-of-block merge scratch, reusing the pipeline buffers: every warp's
+    // unnormalized output (rows padded by 8 floats) and its max and sum.
+    static constexpr int kMergeStride = D + 8;
+    static constexpr int kMergeBytes = (kWarps * ROWS * kMergeStride + 2 * kWarps * ROWS) * 4;
+    static_assert(kThreads % kChunks == 0, "a thread copies the same chunk of every key it copies");
+    static_assert(kMergeBytes <= kSharedBytes, "merge scratch must fit in the pipeline buffers");
+};
+
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void fd_split_kv(const fd_params &p) {
+    using C = fd_split_kv_config<D, ROWS>;
+    using DT = fd_dtype<T>;
+
+    const int split = blockIdx.x;
+    const int kv_head = blockIdx.y / p.row_tiles;
+    const int row0 = (blockIdx.y % p.row_tiles) * ROWS;  // first packed row of this block
+    const int b = blockIdx.z;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;  // mma "group": the row (and key column pair) a lane holds
+    const int t4 = lane % 4;
+    const int packed_rows = p.group * p.seqlen_q;
+
+    // With programmatic dependent launch: wait for the kernel that wrote q
+    // (or the lengths), then let the combine be scheduled behind this grid.
+    fd_pdl_wait();
+    fd_pdl_launch_dependents();
+
+    // This split's keys, from the actual length (never from the host).
+    int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
+    len = min(max(len, 0), p.seqlen_cache);
+    const int tiles = (len + C::kKeys - 1) / C::kKeys;
+    const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
+    const int tile_begin = min(split * per_split, tiles);
+    const int tile_end = min(tile_begin + per_split, tiles);
+    const int key_end = min(tile_end * C::kKeys, len);
+    const int n_tiles = tile_end - tile_begin;
+
+    // Q as mma A fragments, straight from global memory into registers.
+    // Lane holds rows g and g+8 of each 16-row tile, columns 2*t4 (+1, +8, +9)
+    // of each 16-wide slice of the head dim. Rows past the packed rows and
+    // columns past head_dim are zero. Each row's last visible key + 1 goes in
+    // key_limit (bottom-right causal mask, capped by the split's end).
+    const T *q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
+    uint32_t qf[C::kMTiles][D / 16][4];
+    int key_limit[C::kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + mt * 16 + g + 8 * h;
+            const bool valid = r < packed_rows;
+            const int qi = valid ? r % p.seqlen_q : 0;
+            const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
+            const uint32_t *q_row = reinterpret_cast<const uint32_t *>(
+                q_base + qi * p.q_seq_stride + head * p.q_head_stride);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const int d0 = kk * 16 + 2 * t4;
+                qf[mt][kk][h] = valid && d0 < p.head_dim ? q_row[d0 / 2] : 0u;
+                qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
+            }
+            key_limit[mt][h] = p.causal ? min(key_end, len - p.seqlen_q + qi + 1) : key_end;
+        }
+    }
+
+    // The pipeline: stage s holds a K tile then a V tile, keys row-major.
+    T *smem = reinterpret_cast<T *>(fd_dynamic_smem);
+    const T *k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+    const T *v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+    const int copy_chunk = threadIdx.x % C::kChunks;
+    const int copy_key = threadIdx.x / C::kChunks;
+    const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
+    auto load_tile = [&](int tile, int stage) {
+        T *k_s = smem + stage * 2 * C::kTileElems;
+        T *v_s = k_s + C::kTileElems;
+#pragma unroll
+        for (int i = 0; i < C::kCopiesPerThread; ++i) {
+            const int key = copy_key + i * (C::kThreads / C::kChunks);
+            const int gkey = tile * C::kKeys + key;
+            const bool valid = chunk_in_dim && gkey < key_end;
+            const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;
+            const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * 8;
+            const int s_off = fd_swizzle<D>(key, copy_chunk);
+            fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+            fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+        }
+    };
+
+    // Per-warp online softmax over the warp's 16 keys of every tile. For each
+    // of its rows a lane keeps the max m (the same in the 4 lanes of a row)
+    // and its own share of the sum l; o holds the mma C fragments of the
+    // unnormalized output: row g (+8), columns n*8 + 2*t4 (+1).
+    float m[C::kMTiles][2], l[C::kMTiles][2];
+    float o[C::kMTiles][D / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+        m[mt][0] = m[mt][1] = -CUDART_INF_F;
+        l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    }
+    const int warp_key = warp * 16;  // the warp's first key within a tile
+
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+        if (s < n_tiles) load_tile(tile_begin + s, s);
+        fd_cp_async_commit();
+    }
+    for (int it = 0; it < n_tiles; ++it) {
+        fd_cp_async_wait<C::kStages - 2>();
+        __syncthreads();  // tile `it` landed for all; tile it-1's buffer is free
+        const int next = it + C::kStages - 1;
+        if (next < n_tiles) load_tile(tile_begin + next, next % C::kStages);
+        fd_cp_async_commit();
+
+        const T *k_s = smem + (it % C::kStages) * 2 * C::kTileElems;
+        const T *v_s = k_s + C::kTileElems;
+        const int key0 = (tile_begin + it) * C::kKeys + warp_key;
+
+        // S = Q K^T for the warp's 16 keys: two 8-key mma column tiles.
+        float sc[C::kMTiles][2][4];
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t kf[4];  // keys 0-7 | 8-15 x dims 16kk..+7 | +8..+15
+            fd_ldmatrix_x4(kf, k_s + fd_swizzle<D>(warp_key + (lane / 16) * 8 + lane % 8,
+                                                    2 * kk + (lane / 8) % 2));
+#pragma unroll
+            for (int mt = 0; mt < C::kMTiles; ++mt) {
+                DT::mma(sc[mt][0], qf[mt][kk], kf[0], kf[1]);
+                DT::mma(sc[mt][1], qf[mt][kk], kf[2], kf[3]);
+            }
+        }
+
+        // Online softmax; the probabilities become the A fragments of P V.
+        uint32_t pf[C::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -CUDART_INF_F;
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = key0 + nt * 8 + 2 * t4 + e;
+                        float &x = sc[mt][nt][2 * h + e];
+                        x = key < key_limit[mt][h] ? x * p.scale_log2 : -CUDART_INF_F;
+                        mx = fmaxf(mx, x);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m[mt][h], mx);
+                const float off = fd_state_offset(m_new);
+                const float alpha = exp2f(m[mt][h] - off);
+                m[mt][h] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float &x = sc[mt][nt][2 * h + e];
+                        x = exp2f(x - off);
+                        sum += x;
+                    }
+                l[mt][h] = l[mt][h] * alpha + sum;
+#pragma unroll
+                for (int n = 0; n < D / 8; ++n) {
+                    o[mt][n][2 * h] *= alpha;
+                    o[mt][n][2 * h + 1] *= alpha;
+                }
+            }
+            pf[mt][0] = DT::pack(sc[mt][0][0], sc[mt][0][1]);  // row g,   keys 2t4, +1
+            pf[mt][1] = DT::pack(sc[mt][0][2], sc[mt][0][3]);  // row g+8, keys 2t4, +1
+            pf[mt][2] = DT::pack(sc[mt][1][0], sc[mt][1][1]);  // row g,   keys 8+2t4, +1
+            pf[mt][3] = DT::pack(sc[mt][1][2], sc[mt][1][3]);  // row g+8, keys 8+2t4, +1
+        }
+
+        // O += P V over the warp's 16 keys, 16 output columns per ldmatrix.
+#pragma unroll
+        for (int j = 0; j < D / 16; ++j) {
+            uint32_t vf[4];  // (keys 0-7 | 8-15) x dims 16j..+7, then dims 16j+8..+15
+            fd_ldmatrix_x4_trans(vf, v_s + fd_swizzle<D>(warp_key + ((lane / 8) % 2) * 8 + lane % 8,
+                                                         2 * j + lane / 16));
+#pragma unroll
+            for (int mt = 0; mt < C::kMTiles; ++mt) {
+                DT::mma(o[mt][2 * j], pf[mt], vf[0], vf[1]);
+                DT::mma(o[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
+            }
+        }
+    }
+    fd_cp_async_wait<0>();
+    __syncthreads();  // pipeline buffers are now the merge scratch
+
+    // Each warp parks its state and unnormalized output in shared memory.
+    float *so = reinterpret_cast<float *>(fd_dynamic_smem);  // [warp][row][D + 8]
+    float *sm = so + C::kWarps * ROWS * C::kMergeStride;     // [warp][row] max
+    float *sl = sm + C::kWarps * ROWS;                        // [warp][row] sum
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float sum = l[mt][h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int row = warp * ROWS + mt * 16 + g + 8 * h;
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+                *reinterpret_cast<float2 *>(so + row * C::kMergeStride + n * 8 + 2 * t4) =
+                    make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+            if (t4 == 0) {
+                sm[row] = m[mt][h];
+                sl[row] = sum;
+            }
+        }
+    }
+    __syncthreads();
+
+    // Merge the warps and write 4 columns of one row per thread and step.
+    const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    for (int idx = threadIdx.x; idx < ROWS * (D / 4); idx += C::kThreads) {
+        const int row = idx / (D / 4);
+        const int d = (idx % (D / 4)) * 4;
+        const int r = row0 + row;
+        if (r >= packed_rows || d >= p.head_dim) continue;
+        fd_state st = fd_state_empty();
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < C::kWarps; ++w) {
+            const int wr = w * ROWS + row;
+            float sa, sb;
+            fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
+            const float4 x = *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d);
+            acc.x = acc.x * sa + x.x * sb;
+            acc.y = acc.y * sa + x.y * sb;
+            acc.z = acc.z * sa + x.z * sb;
+            acc.w = acc.w * sa + x.w * sb;
+        }
+        const float inv = st.d > 0.f ? 1.f / st.d : 0.f;  // no visible key: output 0
+        acc.x *= inv;
+        acc.y *= inv;
+        acc.z *= inv;
+        acc.w *= inv;
+        const float lse = fd_state_lse2(st) * CUDART_LN2_F;  // natural log; -inf stays -inf
+        const int head = kv_head * p.group + r / p.seqlen_q;
+        const int qi = r % p.seqlen_q;
+        const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
+        if (p.o_partial == nullptr) {
+            T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
+                     head * p.out_head_stride + d;
+            fd_store4(out, acc);
+            if (d == 0 && p.lse != nullptr) p.lse[out_row] = lse;
+        } else {
+            const long long prow = (long long)split * rows_total + out_row;
+            *reinterpret_cast<float4 *>(p.o_partial + prow * p.head_dim + d) = acc;
+            if (d == 0) p.lse_partial[prow] = lse;
+        }
+    }
+}
+
+#endif  // FLASHDECODE_SPLIT_KV_CUH
