@@ -38,15 +38,17 @@
 //
 // MakePlan chooses the kernel variant, then the split count from the grid's
 // blocks without splitting, the SM count, the blocks each SM holds at once
-// (occupancy) and the number of key tiles of the length the shape promises
-// (Seqlen, or SeqlenCache when per-sequence lengths live on the device).
-// It never splits when the unsplit grid already keeps 80% of the GPU's
+// (occupancy, capped at one: a block's copy pipeline alone keeps enough bytes
+// in flight to cover HBM latency, and more splits only add partials) and the
+// number of key tiles of the length the shape promises (Seqlen, or
+// SeqlenCache when per-sequence lengths live on the device).
+// It never splits when the unsplit grid already keeps 80% of those
 // block slots busy, never makes a split shorter than 512 keys (the partials
 // and the combine would cost more than the split saves) or more than
 // MaxSplits, and otherwise takes the count that streams the cache in the
 // fewest, fullest waves. See autoSplits in plan.go for the model and a
-// worked example: batch 1, 32/8 heads, head dim 128, 32768 keys on 132 SMs
-// gives 32 splits. A requested num_splits n > 0 is clamped to
+// worked example; batch 1, 32/8 heads, head dim 128, 32768 keys on 132 SMs
+// gives 16 splits: 128 blocks, one wave, 2048 keys each. A requested num_splits n > 0 is clamped to
 // [1, min(MaxSplits, key tiles)].
 //
 // Launch shapes depend on shapes only, never on device data, so a Plan can

@@ -22,8 +22,8 @@ func ExampleMakePlan() {
 	fmt.Println("workspace bytes:", p.WorkspaceBytes)
 	// Output:
 	// kernel: fd_split_kv_f16_d128_r16
-	// num_splits: 32 grid: [32 8 1]
-	// workspace bytes: 528384
+	// num_splits: 16 grid: [16 8 1]
+	// workspace bytes: 264192
 }
 
 // Plan a variant of one's choosing, here on a GPU that holds 2 of its blocks
@@ -44,7 +44,7 @@ func ExamplePlanVariant() {
 		fmt.Printf("num_splits=%d: %v\n", n, p)
 	}
 	// Output:
-	// num_splits=0: fd_split_kv_f16_d128_r16 grid (32,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 32 splits; combine fd_combine_f16 8 x 128 threads; workspace 528384 B (lse_partial at 524288)
+	// num_splits=0: fd_split_kv_f16_d128_r16 grid (16,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 16 splits; combine fd_combine_f16 8 x 128 threads; workspace 264192 B (lse_partial at 262144)
 	// num_splits=1: fd_split_kv_f16_d128_r16 grid (1,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 1 split, no combine, no workspace
 	// num_splits=1000: fd_split_kv_f16_d128_r16 grid (128,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 128 splits; combine fd_combine_f16 8 x 128 threads; workspace 2113536 B (lse_partial at 2097152)
 }

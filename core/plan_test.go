@@ -157,7 +157,7 @@ func TestPlanVariant(t *testing.T) {
 		combineGrid int
 		lseOff, ws  int
 	}{
-		{"doc example", func(s *Shape) {}, 32, [3]int{32, 8, 1}, 8, 524288, 528384},
+		{"doc example", func(s *Shape) {}, 16, [3]int{16, 8, 1}, 8, 262144, 264192},
 		{"seqlen overrides cache", func(s *Shape) { s.Seqlen = 1024 }, 2, [3]int{2, 8, 1}, 8, 32768, 32768 + 256},
 		{"seqlen 0", func(s *Shape) { s.Seqlen = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
 		{"empty cache", func(s *Shape) { s.SeqlenCache = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
@@ -170,8 +170,8 @@ func TestPlanVariant(t *testing.T) {
 		{"head dim 72: actual head dim in workspace", func(s *Shape) { s.HeadDim = 72; s.NumSplits = 2 }, 2, [3]int{2, 8, 1}, 8, 2 * 32 * 72 * 4, 2*32*72*4 + 2*32*4},
 		// group 4 x seqlen_q 8 = 32 rows: 2 row tiles of 16; 256 rows in all.
 		{"row tiles", func(s *Shape) { s.SeqlenQ = 8; s.NumSplits = 3 }, 3, [3]int{3, 16, 1}, 64, 3 * 256 * 128 * 4, 3*256*128*4 + 3*256*4},
-		// MHA 32/32, group 1: 32 blocks, 512 tiles: 8 splits (see TestAutoSplits "b=4").
-		{"mha", func(s *Shape) { s.HeadsKV = 32 }, 8, [3]int{8, 32, 1}, 8, 8 * 32 * 128 * 4, 8*32*128*4 + 8*32*4},
+		// MHA 32/32, group 1: 32 blocks on 132 one-block slots, 512 tiles: 4 splits.
+		{"mha", func(s *Shape) { s.HeadsKV = 32 }, 4, [3]int{4, 32, 1}, 8, 4 * 32 * 128 * 4, 4*32*128*4 + 4*32*4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -333,11 +333,11 @@ func TestPlanJSONAndString(t *testing.T) {
 			t.Errorf("variant JSON %v lacks %q", v, k)
 		}
 	}
-	if m["num_splits"] != 32.0 || m["workspace_bytes"] != 528384.0 || v["dtype"] != "float16" {
+	if m["num_splits"] != 16.0 || m["workspace_bytes"] != 264192.0 || v["dtype"] != "float16" {
 		t.Errorf("JSON values wrong: %s", b)
 	}
 	str := p.String()
-	for _, want := range []string{"fd_split_kv_f16_d128_r16", "(32,8,1)", "32 splits", "fd_combine_f16", "528384 B"} {
+	for _, want := range []string{"fd_split_kv_f16_d128_r16", "(16,8,1)", "16 splits", "fd_combine_f16", "264192 B"} {
 		if !strings.Contains(str, want) {
 			t.Errorf("String() = %q lacks %q", str, want)
 		}
