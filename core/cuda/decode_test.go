@@ -1,0 +1,197 @@
+package cuda
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"unsafe"
+
+	"github.com/flash-decode/flash-decode/core"
+	"gorgonia.org/cu"
+)
+
+// gpu returns device 0 with its context current on this test's locked
+// thread, or skips the test on a machine without a GPU.
+func gpu(t *testing.T) *device {
+	t.Helper()
+	if n, err := cu.NumDevices(); err != nil || n == 0 {
+		t.Skip("no CUDA device")
+	}
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	d, err := getDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cu.SetCurrentContext(d.ctx); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// Values k/256 with |k| <= 256 are exact in fp16 and bf16, so the GPU and the
+// host reference see the same inputs.
+func randomExact(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.IntN(513)-256) / 256
+	}
+	return x
+}
+
+// encode turns exactly representable float32 values into fp16 or bf16 bits.
+func encode(dt core.DType, x []float32) []uint16 {
+	h := make([]uint16, len(x))
+	for i, f := range x {
+		b := math.Float32bits(f)
+		if dt == core.BFloat16 {
+			h[i] = uint16(b >> 16)
+			continue
+		}
+		sign := uint16(b>>16) & 0x8000
+		if b&0x7fffffff == 0 {
+			h[i] = sign
+			continue
+		}
+		exp := int(b>>23&0xff) - 127 + 15
+		h[i] = sign | uint16(exp)<<10 | uint16(b>>13&0x3ff)
+	}
+	return h
+}
+
+// decode turns fp16 or bf16 bits into float32.
+func decode(dt core.DType, h []uint16) []float32 {
+	x := make([]float32, len(h))
+	for i, v := range h {
+		if dt == core.BFloat16 {
+			x[i] = math.Float32frombits(uint32(v) << 16)
+			continue
+		}
+		sign := float32(1)
+		if v&0x8000 != 0 {
+			sign = -1
+		}
+		exp, mant := int(v>>10&0x1f), float64(v&0x3ff)
+		switch exp {
+		case 0:
+			x[i] = sign * float32(math.Ldexp(mant, -24))
+		case 31:
+			x[i] = sign * float32(math.Inf(1))
+		default:
+			x[i] = sign * float32(math.Ldexp(1024+mant, exp-25))
+		}
+	}
+	return x
+}
+
+// upload copies a host slice to new device memory freed at test end.
+func upload[T any](t *testing.T, x []T) cu.DevicePtr {
+	t.Helper()
+	bytes := int64(len(x)) * int64(unsafe.Sizeof(*new(T)))
+	p, err := cu.MemAlloc(max(bytes, 256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cu.MemFree(p) })
+	if bytes > 0 {
+		if err := cu.MemcpyHtoD(p, unsafe.Pointer(&x[0]), bytes); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+func download[T any](t *testing.T, p cu.DevicePtr, x []T) {
+	t.Helper()
+	if err := cu.MemcpyDtoH(unsafe.Pointer(&x[0]), p, int64(len(x))*int64(unsafe.Sizeof(x[0]))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func contiguous(p cu.DevicePtr, seq, heads, dim int) core.Tensor {
+	return core.Tensor{Ptr: uintptr(p), BatchStride: int64(seq * heads * dim), SeqStride: int64(heads * dim), HeadStride: int64(dim)}
+}
+
+func TestDecodeMatchesNaiveAttention(t *testing.T) {
+	gpu(t)
+	tests := []struct {
+		name   string
+		shape  core.Shape
+		lens   []int32 // nil: Shape.Seqlen for every sequence
+		causal bool
+	}{
+		{"fp16 gqa4 auto", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 3000, Seqlen: -1}, []int32{2999, 1}, false},
+		{"bf16 gqa5 causal ragged", core.Shape{DType: core.BFloat16, Batch: 3, SeqlenQ: 4, HeadsQ: 20, HeadsKV: 4, HeadDim: 64, SeqlenCache: 777, Seqlen: -1, NumSplits: 7}, []int32{0, 5, 777}, true},
+		{"fp16 mqa sq16 causal d256", core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 16, HeadsQ: 8, HeadsKV: 1, HeadDim: 256, SeqlenCache: 4096, Seqlen: 4000}, nil, true},
+		{"fp16 mha d96 one split", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 2, HeadsQ: 4, HeadsKV: 4, HeadDim: 96, SeqlenCache: 300, Seqlen: -1, NumSplits: 1}, nil, false},
+		{"bf16 gqa8 many splits", core.Shape{DType: core.BFloat16, Batch: 1, SeqlenQ: 1, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 20000, Seqlen: -1, NumSplits: 100}, []int32{19999}, false},
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.shape
+			h := core.HostProblem{Shape: s, CacheSeqlens: tc.lens, Causal: tc.causal,
+				Q: randomExact(r, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDim),
+				K: randomExact(r, s.Batch*s.SeqlenCache*s.HeadsKV*s.HeadDim),
+				V: randomExact(r, s.Batch*s.SeqlenCache*s.HeadsKV*s.HeadDim)}
+			want, wantLSE, err := core.NaiveAttention(&h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := core.Problem{Shape: s, Causal: tc.causal,
+				Q:   contiguous(upload(t, encode(s.DType, h.Q)), s.SeqlenQ, s.HeadsQ, s.HeadDim),
+				K:   contiguous(upload(t, encode(s.DType, h.K)), s.SeqlenCache, s.HeadsKV, s.HeadDim),
+				V:   contiguous(upload(t, encode(s.DType, h.V)), s.SeqlenCache, s.HeadsKV, s.HeadDim),
+				Out: contiguous(upload(t, make([]uint16, len(h.Q))), s.SeqlenQ, s.HeadsQ, s.HeadDim),
+				LSE: uintptr(upload(t, make([]float32, len(wantLSE))))}
+			if tc.lens != nil {
+				p.CacheSeqlens = uintptr(upload(t, tc.lens))
+			}
+			pl, err := PlanFor(s, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws := upload(t, make([]byte, pl.WorkspaceBytes))
+			if _, err := Decode(&p, uintptr(ws), pl.WorkspaceBytes, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := cu.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			outBits := make([]uint16, len(want))
+			download(t, cu.DevicePtr(p.Out.Ptr), outBits)
+			lse := make([]float32, len(wantLSE))
+			download(t, cu.DevicePtr(p.LSE), lse)
+			tol := 2e-3
+			if s.DType == core.BFloat16 {
+				tol = 1.6e-2
+			}
+			for i, got := range decode(s.DType, outBits) {
+				if d := math.Abs(float64(got) - want[i]); !(d <= tol) {
+					t.Fatalf("%v: out[%d] = %v, want %v", pl, i, got, want[i])
+				}
+			}
+			for i, got := range lse {
+				w := wantLSE[i]
+				if math.IsInf(w, -1) != math.IsInf(float64(got), -1) || (!math.IsInf(w, -1) && math.Abs(float64(got)-w) > 1e-3*max(1, math.Abs(w))) {
+					t.Fatalf("%v: lse[%d] = %v, want %v", pl, i, got, w)
+				}
+			}
+		})
+	}
+}
+
+func TestDecodeRejectsSmallWorkspace(t *testing.T) {
+	gpu(t)
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 8, HeadDim: 64, SeqlenCache: 1 << 16, Seqlen: -1, NumSplits: 8}
+	q := upload(t, make([]uint16, 8*64))
+	kv := upload(t, make([]uint16, 1<<16*8*64))
+	out := upload(t, make([]uint16, 8*64))
+	p := core.Problem{Shape: s, Q: contiguous(q, 1, 8, 64), K: contiguous(kv, 1<<16, 8, 64), V: contiguous(kv, 1<<16, 8, 64), Out: contiguous(out, 1, 8, 64)}
+	_, err := Decode(&p, uintptr(q), 16, 0, 0)
+	if !errors.Is(err, core.ErrInvalid) {
+		t.Fatalf("Decode with a 16-byte workspace: err = %v, want ErrInvalid", err)
+	}
+}

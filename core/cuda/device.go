@@ -1,0 +1,153 @@
+package cuda
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/flash-decode/flash-decode/core"
+	"gorgonia.org/cu"
+)
+
+// kernels are the two driver handles of one variant.
+type kernels struct {
+	split, combine function
+	blocksPerSM    int // stage-1 blocks of this variant resident per SM
+}
+
+// device is what flash-decode keeps per GPU: its primary context, the loaded
+// module, the kernel handles and the plans made so far. It is built once, on
+// the first call for that GPU, and never freed (like a loaded library).
+type device struct {
+	ordinal int
+	ctx     cu.CUContext
+	sms     int
+	pdl     bool                // programmatic dependent launch (sm_90 and newer)
+	fns     map[string]*kernels // by Variant.Kernel; read-only after init
+
+	mu    sync.RWMutex
+	plans map[core.Shape]planned
+}
+
+// planned is a cached plan with the kernels it launches.
+type planned struct {
+	plan core.Plan
+	fns  *kernels
+}
+
+const maxDevices = 64
+
+var (
+	devices [maxDevices]atomic.Pointer[device]
+	initMu  sync.Mutex
+)
+
+// getDevice returns the state of GPU ordinal, initializing it on first use.
+func getDevice(ordinal int) (*device, error) {
+	if ordinal < 0 || ordinal >= maxDevices {
+		return nil, &core.Error{Op: "decode", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d", ordinal), Err: core.ErrInvalid}
+	}
+	if d := devices[ordinal].Load(); d != nil {
+		return d, nil
+	}
+	initMu.Lock()
+	defer initMu.Unlock()
+	if d := devices[ordinal].Load(); d != nil {
+		return d, nil
+	}
+	d, err := openDevice(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	devices[ordinal].Store(d)
+	return d, nil
+}
+
+// openDevice retains the primary context of GPU ordinal (never a new context:
+// the caller's allocations live in the primary one), loads the fatbin and
+// looks up every kernel variant.
+func openDevice(ordinal int) (*device, error) {
+	n, err := cu.NumDevices()
+	if err != nil {
+		return nil, fmt.Errorf("flashdecode: counting CUDA devices: %w", err)
+	}
+	if ordinal >= n {
+		return nil, &core.Error{Op: "decode", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d (%d present)", ordinal, n), Err: core.ErrInvalid}
+	}
+	dev := cu.Device(ordinal)
+	ctx, err := dev.RetainPrimaryCtx()
+	if err != nil {
+		return nil, fmt.Errorf("flashdecode: retaining the primary context of device %d: %w", ordinal, err)
+	}
+	if err := cu.SetCurrentContext(ctx); err != nil {
+		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
+	}
+	sms, err := dev.Attribute(cu.MultiprocessorCount)
+	if err != nil {
+		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
+	}
+	major, err := dev.Attribute(cu.ComputeCapabilityMajor)
+	if err != nil {
+		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
+	}
+	mod, err := cu.LoadData(fatbin)
+	if err != nil {
+		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
+	}
+	d := &device{ordinal: ordinal, ctx: ctx, sms: sms, pdl: major >= 9, fns: map[string]*kernels{}, plans: map[core.Shape]planned{}}
+	for _, v := range core.Variants() {
+		split, err := mod.Function(v.Kernel)
+		if err != nil {
+			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
+		}
+		combine, err := mod.Function(v.Combine)
+		if err != nil {
+			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Combine, err)
+		}
+		k := &kernels{split: handle(split), combine: handle(combine)}
+		if v.SharedBytes > 48<<10 {
+			if err := setMaxDynamicShared(k.split, v.SharedBytes); err != nil {
+				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
+			}
+		}
+		k.blocksPerSM, err = split.MaxActiveBlocksPerMultiProcessor(v.Threads, int64(v.SharedBytes))
+		if err != nil {
+			return nil, fmt.Errorf("flashdecode: occupancy of %s: %w", v.Kernel, err)
+		}
+		if k.blocksPerSM < 1 {
+			return nil, fmt.Errorf("flashdecode: kernel %s cannot run on device %d (%d threads, %d B shared memory)", v.Kernel, ordinal, v.Threads, v.SharedBytes)
+		}
+		d.fns[v.Kernel] = k
+	}
+	return d, nil
+}
+
+// occupancy reports the measured blocks per SM of a variant.
+func (d *device) occupancy(v core.Variant) int {
+	if k := d.fns[v.Kernel]; k != nil {
+		return k.blocksPerSM
+	}
+	return 1
+}
+
+// plan returns the cached plan for s, making it on first use.
+func (d *device) plan(s core.Shape) (planned, error) {
+	d.mu.RLock()
+	p, ok := d.plans[s]
+	d.mu.RUnlock()
+	if ok {
+		return p, nil
+	}
+	pl, err := core.MakePlan(s, d.sms, d.occupancy)
+	if err != nil {
+		return planned{}, err
+	}
+	p = planned{plan: pl, fns: d.fns[pl.Variant.Kernel]}
+	d.mu.Lock()
+	if len(d.plans) > 4096 { // many distinct shapes: start over rather than grow without bound
+		d.plans = map[core.Shape]planned{}
+	}
+	d.plans[s] = p
+	d.mu.Unlock()
+	return p, nil
+}

@@ -1,0 +1,17 @@
+// Package cuda runs flash decoding on an NVIDIA GPU.
+//
+// It is the device half of the Go core: package core validates a Problem and
+// plans it (pure Go); this package turns the plan into kernel launches through
+// gorgonia.org/cu on the caller's stream. Per device it retains the primary
+// context (the one PyTorch allocates in), loads the embedded fatbin of
+// kernels/ once and caches kernel handles, occupancy and plans, so a call
+// makes no device allocation, no module load and no host synchronization:
+// one or two cuLaunchKernel calls.
+//
+// Importing this package initializes the CUDA driver (gorgonia.org/cu's init
+// calls cuInit and exits the process if that fails), so load it only where a
+// driver is present; a stand-in libcuda.so.1 (tests/fakecuda) serves for
+// tests on machines without one.
+//
+// The fatbin is built by `go generate ./core/cuda` (nvcc, see gen.go).
+package cuda

@@ -1,0 +1,151 @@
+package cuda
+
+// What gorgonia.org/cu lacks, in a few lines of C: launching a kernel whose
+// one argument is the fd_params struct by value (cu.Function.Launch passes
+// every argument as 8 bytes and mallocs per call) with programmatic
+// dependent launch, and raising a kernel's dynamic shared memory limit above
+// 48 KB.
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../kernels
+#cgo noescape fd_launch
+#cgo nocallback fd_launch
+#include <cuda.h>
+#include "params.h"
+
+// With pdl set (sm_90+), the kernel may be scheduled while the previous
+// kernel in the stream drains; the kernels start with griddepcontrol.wait, so
+// they read nothing before that kernel has finished. It hides most of the
+// combine's launch latency behind stage 1's tail.
+static CUresult fd_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+                          unsigned smem, CUstream stream, int pdl, fd_params *p) {
+	void *args[1] = {p};
+	CUlaunchAttribute attr;
+	attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	attr.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig cfg = {0};
+	cfg.gridDimX = gx;
+	cfg.gridDimY = gy;
+	cfg.gridDimZ = gz;
+	cfg.blockDimX = threads;
+	cfg.blockDimY = 1;
+	cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	cfg.hStream = stream;
+	cfg.attrs = &attr;
+	cfg.numAttrs = pdl ? 1 : 0;
+	return cuLaunchKernelEx(&cfg, f, args, NULL);
+}
+
+static CUresult fd_set_max_dynamic_smem(CUfunction f, int bytes) {
+	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+}
+
+static const char *fd_error_string(CUresult r) {
+	const char *s = NULL;
+	if (cuGetErrorString(r, &s) != CUDA_SUCCESS || s == NULL) return "unknown CUDA error";
+	return s;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/flash-decode/flash-decode/core"
+	"gorgonia.org/cu"
+)
+
+// function is a loaded kernel's driver handle.
+type function C.CUfunction
+
+// handle returns the driver handle inside a cu.Function, which keeps it in an
+// unexported field of the same (single-pointer) layout.
+func handle(f cu.Function) function {
+	return *(*function)(unsafe.Pointer(&f))
+}
+
+// setMaxDynamicShared lets f use bytes of dynamic shared memory.
+func setMaxDynamicShared(f function, bytes int) error {
+	return check("cuFuncSetAttribute", C.fd_set_max_dynamic_smem(C.CUfunction(f), C.int(bytes)))
+}
+
+// check turns a CUresult into an error naming the driver call.
+func check(call string, r C.CUresult) error {
+	if r == C.CUDA_SUCCESS {
+		return nil
+	}
+	return fmt.Errorf("%s: %s (CUDA error %d)", call, C.GoString(C.fd_error_string(r)), int(r))
+}
+
+// params fills the kernels' argument struct from a validated problem and its plan.
+func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
+	var k C.fd_params
+	setPtr(unsafe.Pointer(&k.q), p.Q.Ptr)
+	setPtr(unsafe.Pointer(&k.k), p.K.Ptr)
+	setPtr(unsafe.Pointer(&k.v), p.V.Ptr)
+	setPtr(unsafe.Pointer(&k.cache_seqlens), p.CacheSeqlens)
+	setPtr(unsafe.Pointer(&k.out), p.Out.Ptr)
+	setPtr(unsafe.Pointer(&k.lse), p.LSE)
+	if pl.NumSplits > 1 {
+		setPtr(unsafe.Pointer(&k.o_partial), workspace)
+		setPtr(unsafe.Pointer(&k.lse_partial), workspace+uintptr(pl.LSEPartialOffset))
+	}
+	k.q_batch_stride, k.q_seq_stride, k.q_head_stride = strides(p.Q)
+	k.k_batch_stride, k.k_seq_stride, k.k_head_stride = strides(p.K)
+	k.v_batch_stride, k.v_seq_stride, k.v_head_stride = strides(p.V)
+	k.out_batch_stride, k.out_seq_stride, k.out_head_stride = strides(p.Out)
+	k.batch = C.int(p.Batch)
+	k.seqlen_q = C.int(p.SeqlenQ)
+	k.heads_q = C.int(p.HeadsQ)
+	k.heads_kv = C.int(p.HeadsKV)
+	k.group = C.int(p.HeadsQ / p.HeadsKV)
+	k.head_dim = C.int(p.HeadDim)
+	k.seqlen_cache = C.int(p.SeqlenCache)
+	k.seqlen = C.int(p.SeqlenCache)
+	if p.Seqlen >= 0 {
+		k.seqlen = C.int(p.Seqlen)
+	}
+	k.num_splits = C.int(pl.NumSplits)
+	k.row_tiles = C.int(pl.RowTiles)
+	if p.Causal {
+		k.causal = 1
+	}
+	scale := p.Scale
+	if scale == 0 {
+		scale = float32(1 / math.Sqrt(float64(p.HeadDim)))
+	}
+	k.scale = C.float(scale)
+	k.scale_log2 = C.float(float64(scale) * math.Log2E)
+	return k
+}
+
+// setPtr stores a device address in a pointer field of a C struct.
+func setPtr(field unsafe.Pointer, addr uintptr) { *(*uintptr)(field) = addr }
+
+func strides(t core.Tensor) (C.longlong, C.longlong, C.longlong) {
+	return C.longlong(t.BatchStride), C.longlong(t.SeqStride), C.longlong(t.HeadStride)
+}
+
+// launch runs the plan's kernels on stream: stage 1, then the combine when the
+// plan splits the cache.
+func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uintptr) error {
+	s := *(*C.CUstream)(unsafe.Pointer(&stream))
+	pdl := C.int(0)
+	if d.pdl {
+		pdl = 1
+	}
+	r := C.fd_launch(C.CUfunction(fns.split), C.uint(pl.Grid[0]), C.uint(pl.Grid[1]), C.uint(pl.Grid[2]),
+		C.uint(pl.Threads), C.uint(pl.SharedBytes), s, pdl, k)
+	if err := check("launch "+pl.Variant.Kernel, r); err != nil {
+		return err
+	}
+	if pl.NumSplits == 1 {
+		return nil
+	}
+	r = C.fd_launch(C.CUfunction(fns.combine), C.uint(pl.CombineGrid), 1, 1,
+		C.uint(pl.CombineThreads), 0, s, pdl, k)
+	return check("launch "+pl.Variant.Combine, r)
+}
