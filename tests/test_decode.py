@@ -1,0 +1,194 @@
+"""flash_decode on the GPU against torch SDPA in fp32 with explicit masks
+(conftest.reference): dtypes, head dims, GQA/MQA, ragged and causal lengths,
+split counts, strided tensors, out=, CUDA graphs, streams and plan()."""
+
+import pytest
+import torch
+
+import flash_decode
+from conftest import assert_matches_reference
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = [torch.float16, torch.bfloat16]
+DTYPE_IDS = ["fp16", "bf16"]
+
+
+def randn(*shape, dtype=torch.float16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def make(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, dtype=torch.float16, seed=0):
+    """Random q, k_cache, v_cache."""
+    return (randn(batch, seqlen_q, nheads_q, headdim, dtype=dtype, seed=seed),
+            randn(batch, seqlen_cache, nheads_kv, headdim, dtype=dtype, seed=seed + 1),
+            randn(batch, seqlen_cache, nheads_kv, headdim, dtype=dtype, seed=seed + 2))
+
+
+def lengths(*values):
+    return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+
+def run_and_check(q, k, v, **kwargs):
+    """flash_decode with return_softmax_lse, compared with the reference."""
+    out, lse = flash_decode.flash_decode(q, k, v, return_softmax_lse=True, **kwargs)
+    kwargs.pop("num_splits", None)
+    kwargs.pop("out", None)
+    assert_matches_reference(out, lse, q, k, v, **kwargs)
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q", [1, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_headdims(dtype, headdim, seqlen_q, causal):
+    q, k, v = make(4, seqlen_q, 16, 4, headdim, 515, dtype)
+    run_and_check(q, k, v, cache_seqlens=lengths(515, 0, 1, 130), causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("headdim", [8, 40, 96, 160, 200])
+def test_other_headdims_work_or_say_what_is_supported(dtype, headdim):
+    q, k, v = make(3, 2, 8, 2, headdim, 300, dtype)
+    try:
+        run_and_check(q, k, v, cache_seqlens=lengths(300, 1, 0), causal=True)
+    except NotImplementedError as err:
+        assert "not supported" in str(err) and "128" in str(err)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("group", [1, 4, 5, 7, 8, 12, 16])
+@pytest.mark.parametrize("nheads_kv", [1, 2], ids=["mqa", "hkv2"])
+@pytest.mark.parametrize("seqlen_q", [1, 3, 16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa(dtype, group, nheads_kv, seqlen_q, causal):
+    q, k, v = make(4, seqlen_q, group * nheads_kv, nheads_kv, 128, 700, dtype)
+    run_and_check(q, k, v, cache_seqlens=lengths(700, 33, 1, 0), causal=causal)
+
+
+@pytest.mark.parametrize("seqlen_q", range(1, 17))
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlen_q(seqlen_q, causal):
+    # Lengths below seqlen_q leave causal rows that see no key: out 0, lse -inf.
+    q, k, v = make(5, seqlen_q, 8, 2, 128, 1000)
+    run_and_check(q, k, v, cache_seqlens=lengths(0, 1, max(seqlen_q - 1, 0), seqlen_q, 1000),
+                  causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("num_splits", [0, 1, 2, 3, 16, 100, 100000])
+@pytest.mark.parametrize("causal", [False, True])
+def test_num_splits(dtype, num_splits, causal):
+    q, k, v = make(3, 2, 32, 8, 128, 4099, dtype)
+    run_and_check(q, k, v, cache_seqlens=lengths(4099, 1, 2000), causal=causal, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("dtype, seqlen_q, causal", [(torch.float16, 1, False), (torch.bfloat16, 4, True)],
+                         ids=["fp16-sq1", "bf16-sq4-causal"])
+def test_long_cache(dtype, seqlen_q, causal):
+    q, k, v = make(1, seqlen_q, 32, 8, 128, 32768, dtype)
+    run_and_check(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("cache_seqlens", [None, 0, 1, 77, 640])
+@pytest.mark.parametrize("causal", [False, True])
+def test_int_cache_seqlens(cache_seqlens, causal):
+    q, k, v = make(2, 3, 12, 4, 64, 640)
+    run_and_check(q, k, v, cache_seqlens=cache_seqlens, causal=causal)
+
+
+def test_lengths_beyond_cache_are_clamped():
+    q, k, v = make(2, 1, 8, 8, 128, 256)
+    run_and_check(q, k, v, cache_seqlens=lengths(10_000, -5))
+
+
+def test_softmax_scale():
+    q, k, v = make(2, 2, 16, 4, 128, 333)
+    run_and_check(q, k, v, cache_seqlens=lengths(333, 100), softmax_scale=0.3, causal=True)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 8])
+def test_strided_tensors(num_splits):
+    batch, seqlen_q, hq, hkv, d, seqlen_cache = 3, 2, 16, 4, 128, 900
+    # q: one part of a fused qkv projection; caches: slices of a larger buffer
+    # (every other sequence, an offset window, interleaved K/V, padded rows).
+    qkv = randn(batch, seqlen_q, 3, hq, d)
+    q = qkv[:, :, 0]
+    kv = randn(2 * batch, seqlen_cache + 100, 2, hkv + 1, d + 16, seed=5)
+    k = kv[::2, 50:50 + seqlen_cache, 0, :hkv, :d]
+    v = kv[1::2, 50:50 + seqlen_cache, 1, 1:, :d]
+    out_buffer = torch.full((batch, hq, seqlen_q, d + 8), 7.0, dtype=torch.float16, device="cuda")
+    out = out_buffer[..., :d].transpose(1, 2)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous() or out.is_contiguous())
+    result, _ = run_and_check(q, k, v, cache_seqlens=lengths(900, 0, 31), causal=True,
+                              num_splits=num_splits, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert (out_buffer[..., d:] == 7.0).all(), "wrote outside out"
+
+
+@pytest.mark.parametrize("return_softmax_lse", [False, True])
+def test_out_given(return_softmax_lse):
+    q, k, v = make(2, 4, 8, 2, 128, 513)
+    out = torch.empty_like(q)
+    result = flash_decode.flash_decode(q, k, v, out=out, return_softmax_lse=return_softmax_lse)
+    if return_softmax_lse:
+        result, lse = result
+        assert lse.shape == (2, 8, 4)
+    assert result is out
+    assert_matches_reference(out, None, q, k, v)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 8])
+def test_cuda_graph_replay_with_new_lengths(num_splits):
+    q, k, v = make(3, 4, 32, 8, 128, 2048)
+    cache_seqlens = lengths(2048, 5, 0)
+    call = lambda: flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens, causal=True,
+                                             num_splits=num_splits, return_softmax_lse=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (plans, module load) off the capture
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for step, new in enumerate([(1, 2048, 17), (0, 0, 3), (2048, 2048, 2048), (700, 1, 2)]):
+        cache_seqlens.copy_(lengths(*new))
+        q.copy_(randn(*q.shape, seed=10 + step))
+        graph.replay()
+        assert_matches_reference(out, lse, q, k, v, cache_seqlens=cache_seqlens, causal=True)
+
+
+def test_side_stream():
+    q, k, v = make(2, 2, 32, 8, 128, 4096)
+    _, k_new, v_new = make(2, 2, 32, 8, 128, 4096, seed=20)
+    cache_seqlens = lengths(4096, 1234)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        # Keep the side stream busy, then update the cache on it: only a
+        # decode that runs on the side stream (the current one) sees k_new.
+        torch.cuda._sleep(50_000_000)
+        k.copy_(k_new)
+        v.copy_(v_new)
+        out, lse = flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens,
+                                             return_softmax_lse=True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert_matches_reference(out, lse, q, k_new, v_new, cache_seqlens=cache_seqlens)
+
+
+def test_plan():
+    p = flash_decode.plan(1, 1, 32, 8, 128, 32768)
+    for key in ("num_splits", "grid", "workspace_bytes", "kernel"):
+        assert key in p
+    assert p["num_splits"] >= 1 and p["grid"][0] == p["num_splits"]
+    assert (p["workspace_bytes"] == 0) == (p["num_splits"] == 1)
+    assert flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=1)["workspace_bytes"] == 0
+    assert flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=5, device="cuda:0")["num_splits"] == 5
+    p = flash_decode.plan(4, 2, 40, 8, 64, 8192, dtype=torch.bfloat16, device=torch.device("cuda"),
+                          seqlen=100)
+    assert "bf16" in p["kernel"]
+    with pytest.raises(ValueError, match="invalid argument"):
+        flash_decode.plan(1, 1, 12, 5, 128, 1024)
