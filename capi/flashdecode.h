@@ -1,0 +1,146 @@
+/*
+ * flashdecode.h: the C API of libflashdecode.so (flash decoding for NVIDIA GPUs).
+ *
+ * Attention of a few new query tokens over a KV cache in two stages: a split-KV
+ * kernel spreads each sequence's keys over the GPU's SMs, then a combine kernel
+ * merges the per-split partial outputs by their log-sum-exp. The library is the
+ * Go core (github.com/flash-decode/flash-decode/core) built with
+ * `go build -buildmode=c-shared -o libflashdecode.so ./capi`.
+ *
+ * Usage:
+ *     fd_args a = {0};
+ *     a.dtype = FD_FLOAT16; a.batch = 1; a.seqlen_q = 1; a.heads_q = 32; a.heads_kv = 8;
+ *     a.head_dim = 128; a.seqlen_cache = 4096; a.seqlen = -1; a.device = 0;
+ *     a.q = (fd_tensor){q_ptr, 1*32*128, 32*128, 128};   ... k, v, out likewise
+ *     size_t ws_bytes;
+ *     if (fd_workspace_size(&a, &ws_bytes) != FD_OK) puts(fd_last_error());
+ *     ... cuMemAlloc a workspace of ws_bytes (none when 0) ...
+ *     if (fd_decode(&a, ws, ws_bytes, stream) != FD_OK) puts(fd_last_error());
+ *
+ * Device memory and streams are the CUDA driver API's (CUdeviceptr, CUstream); the
+ * library uses the primary context of args->device, the one the CUDA runtime and
+ * PyTorch use too. fd_decode never synchronizes with the host and never allocates.
+ *
+ * Loading: the library needs libcuda.so.1 (the NVIDIA driver). Its CUDA binding
+ * (gorgonia.org/cu) calls cuInit when the library loads and exits the process if
+ * that fails, so load it only where a driver is installed. It carries a Go runtime:
+ * a process must not load a second Go shared library (such as flash_decode's Python
+ * extension) beside it.
+ */
+#ifndef FLASHDECODE_H
+#define FLASHDECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element type of q, k, v and out. */
+typedef enum fd_dtype {
+    FD_FLOAT16 = 1,  /* IEEE half precision */
+    FD_BFLOAT16 = 2, /* bfloat16 */
+} fd_dtype;
+
+/* What every function returns. fd_last_error() tells more. */
+typedef enum fd_status {
+    FD_OK = 0,
+    FD_ERR_INVALID = 1,     /* an argument can never be right (negative size, NULL pointer, ...) */
+    FD_ERR_UNSUPPORTED = 2, /* well-formed, but no kernel for it (e.g. a dtype or head_dim) */
+    FD_ERR_CUDA = 3,        /* the driver failed: no such device, launch error, ... */
+    FD_ERR_BUFFER = 4,      /* a caller buffer is too small (fd_plan_json) */
+    FD_ERR_INTERNAL = 5,    /* a bug in flash-decode; please report fd_last_error() */
+} fd_status;
+
+/* A 4-D (batch, seq, heads, head_dim) tensor in device memory. Strides count
+ * elements, not bytes; the head_dim dimension is contiguous (stride 1). */
+typedef struct fd_tensor {
+    uint64_t ptr;          /* CUdeviceptr of element [0,0,0,0] */
+    int64_t batch_stride;  /* elements between consecutive batch entries */
+    int64_t seq_stride;    /* elements between consecutive tokens */
+    int64_t head_stride;   /* elements between consecutive heads */
+} fd_tensor;
+
+/* One flash-decoding call (mirrors core.Problem). Zero-initialize, then set. */
+typedef struct fd_args {
+    int32_t dtype;        /* fd_dtype of q, k, v and out */
+    int32_t batch;        /* sequences, >= 1 */
+    int32_t seqlen_q;     /* new query tokens per sequence, 1..16 */
+    int32_t heads_q;      /* query heads: a multiple of heads_kv (MHA, GQA, MQA) */
+    int32_t heads_kv;     /* key/value heads, >= 1 */
+    int32_t head_dim;     /* a multiple of 8, at most 256 */
+    int32_t seqlen_cache; /* K/V rows per sequence (the cache's capacity), >= 0 */
+    int32_t seqlen;       /* valid length of every sequence when cache_seqlens is 0;
+                             < 0 means seqlen_cache. With cache_seqlens set, a value >= 0
+                             only sizes the split (launch shapes never read device data). */
+    int32_t num_splits;   /* 0: the planner chooses; n > 0: asks for n, clamped to
+                             [1, min(128, key tiles of the planned length)] */
+    int32_t causal;       /* nonzero: query i sees keys j <= len - seqlen_q + i (bottom-right) */
+    float scale;          /* softmax scale; 0 means 1/sqrt(head_dim) */
+    int32_t device;       /* CUDA device ordinal; fd_plan and fd_workspace_size accept -1:
+                             plan for an H200 (132 SMs) without touching a GPU */
+    fd_tensor q;          /* (batch, seqlen_q, heads_q, head_dim), dtype */
+    fd_tensor k;          /* (batch, seqlen_cache, heads_kv, head_dim), dtype */
+    fd_tensor v;          /* (batch, seqlen_cache, heads_kv, head_dim), dtype */
+    fd_tensor out;        /* (batch, seqlen_q, heads_q, head_dim), dtype; written */
+    uint64_t lse;         /* CUdeviceptr of float32 (batch, heads_q, seqlen_q), contiguous,
+                             receiving the natural-log log-sum-exp (-inf for a row that sees
+                             no key; out is 0 there); 0: not wanted */
+    uint64_t cache_seqlens; /* CUdeviceptr of int32 (batch,) valid lengths, clamped to
+                               [0, seqlen_cache] on the device; 0: use seqlen */
+} fd_args;
+
+/* The launch fd_decode would run (mirrors core.Plan). */
+typedef struct fd_plan_info {
+    char kernel[64];            /* stage-1 (split-KV) kernel name */
+    char combine[64];           /* stage-2 (combine) kernel name; runs only when num_splits > 1 */
+    int32_t num_splits;         /* splits of each sequence's keys: grid[0] */
+    int32_t row_tiles;          /* tiles of packed query rows per K/V head */
+    int32_t grid[3];            /* stage-1 grid (num_splits, heads_kv * row_tiles, batch) */
+    int32_t threads;            /* stage-1 threads per block */
+    int32_t shared_bytes;       /* stage-1 dynamic shared memory per block */
+    int32_t combine_grid;       /* combine blocks (0 when num_splits == 1) */
+    int32_t combine_threads;    /* combine threads per block (0 when num_splits == 1) */
+    int32_t sms;                /* SM count planned for */
+    int32_t blocks_per_sm;      /* resident stage-1 blocks per SM planned for */
+    int64_t lse_partial_offset; /* byte offset of the partial LSEs in the workspace */
+    int64_t workspace_bytes;    /* workspace fd_decode needs (0 when num_splits == 1) */
+} fd_plan_info;
+
+#ifndef FD_CGO_EXPORTS /* capi's Go code declares these itself (cgo has no const) */
+
+/* Flash decoding for args on device args->device, launched on stream (a CUstream;
+ * NULL is the legacy default stream). workspace: device memory of at least
+ * fd_workspace_size bytes (may be NULL when that is 0); its contents need no
+ * initialization. Returns FD_OK or an fd_status. Outputs are ready when the stream
+ * reaches this point. */
+int fd_decode(const fd_args *args, void *workspace, size_t workspace_bytes, void *stream);
+
+/* Sets *bytes to the workspace fd_decode needs for args' shapes (pointers are not
+ * read; args->device -1 plans without a GPU). */
+int fd_workspace_size(const fd_args *args, size_t *bytes);
+
+/* Fills *plan with the launch fd_decode would run for args' shapes. */
+int fd_plan(const fd_args *args, fd_plan_info *plan);
+
+/* Writes the plan as a NUL-terminated JSON object (the fields of core.Plan, snake_case)
+ * into buf. *needed (if not NULL) receives the bytes it takes, NUL included; returns
+ * FD_ERR_BUFFER, writing nothing, when buf_size is smaller. */
+int fd_plan_json(const fd_args *args, char *buf, size_t buf_size, size_t *needed);
+
+/* The flash-decode release, e.g. "0.1.0". */
+const char *fd_version(void);
+
+#endif /* FD_CGO_EXPORTS */
+
+/* The message of the last failed fd_* call on the calling thread, naming the argument
+ * at fault (e.g. "flashdecode: plan: nheads_q: invalid argument: 12 is not a multiple
+ * of nheads_kv=5"); "" after a successful call. Valid until the thread's next fd_* call. */
+const char *fd_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHDECODE_H */

@@ -1,0 +1,219 @@
+// Command capi is the C ABI of flash-decode: built with
+//
+//	go build -buildmode=c-shared -o libflashdecode.so ./capi
+//
+// it exports the functions declared in capi/flashdecode.h (the public header;
+// the libflashdecode.h Go writes beside the library is a build output). Each
+// function converts the C structs into core values and calls core/cuda, so C,
+// Go and Python callers share one planner and one launcher. No function
+// panics or exits: errors become an fd_status code plus a per-thread message
+// (fd_last_error, in lasterror.c).
+package main
+
+/*
+#cgo CFLAGS: -std=c11
+#include <stdlib.h>
+#define FD_CGO_EXPORTS
+#include "flashdecode.h"
+
+void fd_set_last_error(const char *msg);
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/flash-decode/flash-decode/core"
+	"github.com/flash-decode/flash-decode/core/cuda"
+)
+
+// version is fd_version's string, allocated once and never freed.
+var version = C.CString(core.Version)
+
+// shape converts the planner's part of a.
+func shape(a *C.fd_args) core.Shape {
+	return core.Shape{
+		DType:       core.DType(a.dtype),
+		Batch:       int(a.batch),
+		SeqlenQ:     int(a.seqlen_q),
+		HeadsQ:      int(a.heads_q),
+		HeadsKV:     int(a.heads_kv),
+		HeadDim:     int(a.head_dim),
+		SeqlenCache: int(a.seqlen_cache),
+		Seqlen:      int(a.seqlen),
+		NumSplits:   int(a.num_splits),
+	}
+}
+
+func tensor(t C.fd_tensor) core.Tensor {
+	return core.Tensor{Ptr: uintptr(t.ptr), BatchStride: int64(t.batch_stride),
+		SeqStride: int64(t.seq_stride), HeadStride: int64(t.head_stride)}
+}
+
+// problem converts a whole fd_args.
+func problem(a *C.fd_args) core.Problem {
+	return core.Problem{
+		Shape:        shape(a),
+		Q:            tensor(a.q),
+		K:            tensor(a.k),
+		V:            tensor(a.v),
+		Out:          tensor(a.out),
+		LSE:          uintptr(a.lse),
+		CacheSeqlens: uintptr(a.cache_seqlens),
+		Scale:        float32(a.scale),
+		Causal:       a.causal != 0,
+	}
+}
+
+// errNilArgs reports a NULL fd_args pointer.
+func errNilArgs(op string) error {
+	return &core.Error{Op: op, Arg: "args", Msg: "NULL", Err: core.ErrInvalid}
+}
+
+// finish records err as the thread's last error and returns its fd_status.
+func finish(err error) C.int {
+	if err == nil {
+		C.fd_set_last_error(nil)
+		return C.FD_OK
+	}
+	msg := C.CString(err.Error())
+	C.fd_set_last_error(msg)
+	C.free(unsafe.Pointer(msg))
+	return status(err)
+}
+
+// status maps an error to its fd_status.
+func status(err error) C.int {
+	var buf *bufferError
+	switch {
+	case errors.Is(err, core.ErrInvalid):
+		return C.FD_ERR_INVALID
+	case errors.Is(err, core.ErrUnsupported):
+		return C.FD_ERR_UNSUPPORTED
+	case errors.As(err, &buf):
+		return C.FD_ERR_BUFFER
+	case errors.As(err, new(*internalError)):
+		return C.FD_ERR_INTERNAL
+	}
+	return C.FD_ERR_CUDA
+}
+
+type bufferError struct{ need, have int }
+
+func (e *bufferError) Error() string {
+	return fmt.Sprintf("flashdecode: plan_json: buf: needs %d bytes, got %d", e.need, e.have)
+}
+
+type internalError struct{ v any }
+
+func (e *internalError) Error() string {
+	return fmt.Sprintf("flashdecode: internal error (please report): %v", e.v)
+}
+
+// guard turns a panic into an FD_ERR_INTERNAL result: nothing crosses into C.
+func guard(ret *C.int) {
+	if v := recover(); v != nil {
+		*ret = finish(&internalError{v})
+	}
+}
+
+//export fd_decode
+func fd_decode(args *C.fd_args, workspace unsafe.Pointer, workspaceBytes C.size_t, stream unsafe.Pointer) (ret C.int) {
+	defer guard(&ret)
+	if args == nil {
+		return finish(errNilArgs("decode"))
+	}
+	p := problem(args)
+	_, err := cuda.Decode(&p, uintptr(workspace), int(workspaceBytes), int(args.device), uintptr(stream))
+	return finish(err)
+}
+
+// plan returns the plan for args' shapes on args.device.
+func plan(op string, args *C.fd_args) (core.Plan, error) {
+	if args == nil {
+		return core.Plan{}, errNilArgs(op)
+	}
+	return cuda.PlanFor(shape(args), int(args.device))
+}
+
+//export fd_workspace_size
+func fd_workspace_size(args *C.fd_args, bytes *C.size_t) (ret C.int) {
+	defer guard(&ret)
+	if bytes == nil {
+		return finish(&core.Error{Op: "workspace_size", Arg: "bytes", Msg: "NULL", Err: core.ErrInvalid})
+	}
+	pl, err := plan("workspace_size", args)
+	if err == nil {
+		*bytes = C.size_t(pl.WorkspaceBytes)
+	}
+	return finish(err)
+}
+
+//export fd_plan
+func fd_plan(args *C.fd_args, out *C.fd_plan_info) (ret C.int) {
+	defer guard(&ret)
+	if out == nil {
+		return finish(&core.Error{Op: "plan", Arg: "plan", Msg: "NULL", Err: core.ErrInvalid})
+	}
+	pl, err := plan("plan", args)
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.fd_plan_info{}
+	copyName(out.kernel[:], pl.Variant.Kernel)
+	copyName(out.combine[:], pl.Variant.Combine)
+	out.num_splits = C.int32_t(pl.NumSplits)
+	out.row_tiles = C.int32_t(pl.RowTiles)
+	for i, g := range pl.Grid {
+		out.grid[i] = C.int32_t(g)
+	}
+	out.threads = C.int32_t(pl.Threads)
+	out.shared_bytes = C.int32_t(pl.SharedBytes)
+	out.combine_grid = C.int32_t(pl.CombineGrid)
+	out.combine_threads = C.int32_t(pl.CombineThreads)
+	out.sms = C.int32_t(pl.SMs)
+	out.blocks_per_sm = C.int32_t(pl.BlocksPerSM)
+	out.lse_partial_offset = C.int64_t(pl.LSEPartialOffset)
+	out.workspace_bytes = C.int64_t(pl.WorkspaceBytes)
+	return finish(nil)
+}
+
+// copyName copies s into the fixed-size C array dst, NUL-terminated (truncated if long).
+func copyName(dst []C.char, s string) {
+	n := min(len(s), len(dst)-1)
+	for i := 0; i < n; i++ {
+		dst[i] = C.char(s[i])
+	}
+	dst[n] = 0
+}
+
+//export fd_plan_json
+func fd_plan_json(args *C.fd_args, buf *C.char, bufSize C.size_t, needed *C.size_t) (ret C.int) {
+	defer guard(&ret)
+	pl, err := plan("plan_json", args)
+	if err != nil {
+		return finish(err)
+	}
+	js, err := json.Marshal(pl)
+	if err != nil {
+		return finish(&internalError{err})
+	}
+	if needed != nil {
+		*needed = C.size_t(len(js) + 1)
+	}
+	if buf == nil || int(bufSize) < len(js)+1 {
+		return finish(&bufferError{need: len(js) + 1, have: int(bufSize)})
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(js)+1)
+	copy(dst, js)
+	dst[len(js)] = 0
+	return finish(nil)
+}
+
+//export fd_version
+func fd_version() *C.char { return version }
+
+func main() {}

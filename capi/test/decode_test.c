@@ -1,0 +1,466 @@
+// decode_test.c: tests libflashdecode.so through its public header, as a C user would.
+//
+// Without a GPU (e.g. CI with the stand-in libcuda.so.1 of tests/fakecuda) it checks the
+// planner (device -1), the errors (code and fd_last_error text, per thread) and that
+// nothing crashes. With a GPU it also runs fd_decode on small problems in device memory
+// from the driver API and compares against a CPU reference in double precision.
+//
+//   cc -std=c11 -O2 -Icapi -I$CUDA_HOME/include capi/test/decode_test.c -L<lib dir> -lflashdecode
+//      -L<libcuda dir> -lcuda -lpthread -lm -o decode_test
+//   LD_LIBRARY_PATH=<lib dir>[:<stand-in libcuda dir>] ./decode_test
+//
+// Prints one line per failure and a closing "N passed, M failed"; exits 1 on failure.
+#include <cuda.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashdecode.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        if (cond) {                                                          \
+            passed++;                                                        \
+        } else {                                                             \
+            failed++;                                                        \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fputc('\n', stderr);                                             \
+        }                                                                    \
+    } while (0)
+
+// ---- planning and errors: no GPU needed ---------------------------------------------
+
+// shape_args returns fd_args with only shapes set (b=1, 32/8 heads, d=128, 32K cache).
+static fd_args shape_args(void) {
+    fd_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = FD_FLOAT16;
+    a.batch = 1;
+    a.seqlen_q = 1;
+    a.heads_q = 32;
+    a.heads_kv = 8;
+    a.head_dim = 128;
+    a.seqlen_cache = 32768;
+    a.seqlen = -1;
+    a.device = -1;
+    return a;
+}
+
+static void test_version(void) {
+    const char *v = fd_version();
+    CHECK(v && v[0] >= '0' && v[0] <= '9', "fd_version() = \"%s\"", v ? v : "(null)");
+}
+
+static void test_plan(void) {
+    fd_args a = shape_args();
+    fd_plan_info p;
+    memset(&p, 0xff, sizeof p);
+    int rc = fd_plan(&a, &p);
+    CHECK(rc == FD_OK, "fd_plan: %d %s", rc, fd_last_error());
+    if (rc != FD_OK) return;
+    CHECK(strcmp(fd_last_error(), "") == 0, "fd_last_error after success: \"%s\"", fd_last_error());
+    CHECK(p.kernel[0] != '\0' && memchr(p.kernel, 0, sizeof p.kernel), "kernel name");
+    CHECK(p.num_splits >= 1 && p.num_splits <= 128, "num_splits %d", p.num_splits);
+    CHECK(p.grid[0] == p.num_splits && p.grid[2] == a.batch, "grid (%d,%d,%d)", p.grid[0], p.grid[1], p.grid[2]);
+    CHECK(p.grid[1] == a.heads_kv * p.row_tiles, "grid.y %d != heads_kv*row_tiles %d", p.grid[1], a.heads_kv * p.row_tiles);
+    CHECK(p.threads > 0 && p.sms > 0 && p.blocks_per_sm > 0, "threads %d sms %d blocks/SM %d", p.threads, p.sms, p.blocks_per_sm);
+    CHECK((p.num_splits == 1) == (p.workspace_bytes == 0), "workspace %lld for %d splits",
+          (long long)p.workspace_bytes, p.num_splits);
+    if (p.num_splits > 1) {
+        int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q;
+        CHECK(p.lse_partial_offset >= p.num_splits * rows * a.head_dim * 4 && p.lse_partial_offset % 256 == 0,
+              "lse_partial_offset %lld", (long long)p.lse_partial_offset);
+        CHECK(p.combine_grid > 0 && p.combine_threads > 0 && p.combine[0] != '\0', "combine launch");
+    }
+    // A long cache on one sequence must be split (that is the point of flash decoding).
+    CHECK(p.num_splits > 1, "b=1 32K cache planned with %d split(s)", p.num_splits);
+
+    size_t ws = 12345;
+    rc = fd_workspace_size(&a, &ws);
+    CHECK(rc == FD_OK && ws == (size_t)p.workspace_bytes, "fd_workspace_size %d: %zu vs %lld", rc, ws,
+          (long long)p.workspace_bytes);
+
+    a.num_splits = 1;
+    rc = fd_plan(&a, &p);
+    CHECK(rc == FD_OK && p.num_splits == 1 && p.workspace_bytes == 0 && p.combine_grid == 0,
+          "num_splits=1: rc %d splits %d ws %lld", rc, p.num_splits, (long long)p.workspace_bytes);
+    a.num_splits = 100000;
+    rc = fd_plan(&a, &p);
+    CHECK(rc == FD_OK && p.num_splits >= 1 && p.num_splits <= 128, "num_splits=100000 clamped to %d", p.num_splits);
+}
+
+static void test_plan_json(void) {
+    fd_args a = shape_args();
+    size_t need = 0;
+    int rc = fd_plan_json(&a, NULL, 0, &need);
+    CHECK(rc == FD_ERR_BUFFER && need > 2, "size query: rc %d need %zu", rc, need);
+    CHECK(strstr(fd_last_error(), "buf") != NULL, "buffer error text: \"%s\"", fd_last_error());
+    char small[8] = "xxxxxxx";
+    rc = fd_plan_json(&a, small, sizeof small, &need);
+    CHECK(rc == FD_ERR_BUFFER && strcmp(small, "xxxxxxx") == 0, "small buffer untouched: rc %d", rc);
+    char *buf = malloc(need);
+    rc = fd_plan_json(&a, buf, need, NULL);
+    CHECK(rc == FD_OK && buf[0] == '{' && strlen(buf) + 1 == need, "json rc %d: %s", rc, buf);
+    CHECK(strstr(buf, "\"num_splits\"") && strstr(buf, "\"workspace_bytes\""), "json fields: %s", buf);
+    free(buf);
+}
+
+// expect_error calls fd_plan and fd_workspace_size on a and checks both fail with code
+// and a message containing word.
+static void expect_error(const char *what, fd_args a, int code, const char *word) {
+    fd_plan_info p;
+    int rc = fd_plan(&a, &p);
+    CHECK(rc == code, "%s: fd_plan returned %d, want %d (%s)", what, rc, code, fd_last_error());
+    CHECK(strstr(fd_last_error(), word) != NULL, "%s: fd_last_error \"%s\" lacks \"%s\"", what, fd_last_error(), word);
+    size_t ws;
+    rc = fd_workspace_size(&a, &ws);
+    CHECK(rc == code, "%s: fd_workspace_size returned %d, want %d", what, rc, code);
+}
+
+static void test_errors(void) {
+    fd_args a = shape_args();
+    a.heads_q = 12;
+    a.heads_kv = 5;
+    expect_error("heads 12/5", a, FD_ERR_INVALID, "nheads_q");
+    a = shape_args();
+    a.batch = -3;
+    expect_error("batch -3", a, FD_ERR_INVALID, "batch");
+    a = shape_args();
+    a.dtype = 7;
+    expect_error("dtype 7", a, FD_ERR_UNSUPPORTED, "dtype");
+    a = shape_args();
+    a.num_splits = -1;
+    expect_error("num_splits -1", a, FD_ERR_INVALID, "num_splits");
+    a = shape_args();
+    a.head_dim = 512;
+    expect_error("head_dim 512", a, FD_ERR_UNSUPPORTED, "headdim");
+
+    fd_plan_info p;
+    int rc = fd_plan(NULL, &p);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), "args"), "fd_plan(NULL): %d \"%s\"", rc, fd_last_error());
+    a = shape_args();
+    rc = fd_plan(&a, NULL);
+    CHECK(rc == FD_ERR_INVALID, "fd_plan(&a, NULL): %d", rc);
+    rc = fd_decode(NULL, NULL, 0, NULL);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), "args"), "fd_decode(NULL): %d \"%s\"", rc, fd_last_error());
+
+    // Device pointers left at 0: rejected before any device work, on any machine.
+    a = shape_args();
+    a.device = 0;
+    rc = fd_decode(&a, NULL, 0, NULL);
+    CHECK(rc == FD_ERR_INVALID && fd_last_error()[0] != '\0', "decode with NULL tensors: %d \"%s\"", rc,
+          fd_last_error());
+
+    // The library keeps working after errors, and success clears the message.
+    a = shape_args();
+    rc = fd_plan(&a, &p);
+    CHECK(rc == FD_OK && fd_last_error()[0] == '\0', "plan after errors: %d \"%s\"", rc, fd_last_error());
+}
+
+// Without a device, asking about device 0 (or a nonsense one) is an error, not a crash.
+static void test_no_device(void) {
+    fd_args a = shape_args();
+    fd_plan_info p;
+    a.device = 0;
+    int rc = fd_plan(&a, &p);
+    CHECK(rc != FD_OK && fd_last_error()[0] != '\0', "plan on missing device 0: %d \"%s\"", rc, fd_last_error());
+    a.device = 999;
+    rc = fd_plan(&a, &p);
+    CHECK(rc != FD_OK && strstr(fd_last_error(), "device"), "plan on device 999: %d \"%s\"", rc, fd_last_error());
+}
+
+static void *fail_in_thread(void *arg) {
+    (void)arg;
+    fd_args a = shape_args();
+    a.heads_kv = 0;
+    fd_plan_info p;
+    int rc = fd_plan(&a, &p);
+    return (void *)(intptr_t)(rc != FD_OK && fd_last_error()[0] != '\0');
+}
+
+static void test_error_per_thread(void) {
+    fd_args a = shape_args();
+    fd_plan_info p;
+    fd_plan(&a, &p);  // success: clears this thread's message
+    pthread_t t;
+    void *ok = NULL;
+    CHECK(pthread_create(&t, NULL, fail_in_thread, NULL) == 0, "pthread_create");
+    pthread_join(t, &ok);
+    CHECK(ok != NULL, "the other thread saw its error");
+    CHECK(fd_last_error()[0] == '\0', "another thread's error leaked here: \"%s\"", fd_last_error());
+}
+
+// ---- decoding on a GPU ---------------------------------------------------------------
+
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
+    int exp = (int)((x >> 23) & 0xff) - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);  // inputs here are small: no NaN
+    if (exp <= 0) {                                     // subnormal or zero
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        int shift = 14 - exp;
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, x;
+    if (exp == 0) {
+        float f = ldexpf((float)mant, -24);
+        return sign ? -f : f;
+    }
+    x = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7fffu + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t to_bits(int dtype, float f) { return dtype == FD_FLOAT16 ? f32_to_f16(f) : f32_to_bf16(f); }
+static float from_bits(int dtype, uint16_t h) { return dtype == FD_FLOAT16 ? f16_to_f32(h) : bf16_to_f32(h); }
+
+static uint32_t rng = 12345;
+static float uniform(void) {  // in [-1, 1)
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / 8388608.0f - 1.0f;
+}
+
+typedef struct gpu_case {
+    const char *name;
+    int dtype, batch, seqlen_q, heads_q, heads_kv, head_dim, seqlen_cache, seqlen;
+    const int *lens;  // per-sequence lengths (cache_seqlens) or NULL
+    int causal, num_splits, pad_rows;  // pad_rows: extra rows per sequence (strided cache)
+} gpu_case;
+
+// reference computes out and lse in double for one case from the rounded inputs.
+static void reference(const gpu_case *c, const float *q, const float *k, const float *v, int64_t kvb,
+                      double *out, double *lse) {
+    int g = c->heads_q / c->heads_kv, d = c->head_dim;
+    double scale = 1.0 / sqrt((double)d);
+    double *s = malloc(sizeof(double) * (c->seqlen_cache > 0 ? c->seqlen_cache : 1));
+    for (int b = 0; b < c->batch; b++) {
+        int len = c->lens ? c->lens[b] : (c->seqlen < 0 ? c->seqlen_cache : c->seqlen);
+        len = len < 0 ? 0 : (len > c->seqlen_cache ? c->seqlen_cache : len);
+        for (int h = 0; h < c->heads_q; h++) {
+            int hk = h / g;
+            for (int i = 0; i < c->seqlen_q; i++) {
+                int last = c->causal ? len - c->seqlen_q + i : len - 1;
+                if (last > len - 1) last = len - 1;
+                const float *qi = q + (((int64_t)b * c->seqlen_q + i) * c->heads_q + h) * d;
+                double *o = out + (((int64_t)b * c->seqlen_q + i) * c->heads_q + h) * d;
+                double *l = lse + ((int64_t)b * c->heads_q + h) * c->seqlen_q + i;
+                memset(o, 0, sizeof(double) * d);
+                if (last < 0) {
+                    *l = -INFINITY;
+                    continue;
+                }
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j <= last; j++) {
+                    const float *kj = k + b * kvb + ((int64_t)j * c->heads_kv + hk) * d;
+                    double dot = 0;
+                    for (int e = 0; e < d; e++) dot += (double)qi[e] * kj[e];
+                    s[j] = dot * scale;
+                    if (s[j] > m) m = s[j];
+                }
+                for (int j = 0; j <= last; j++) {
+                    double p = exp(s[j] - m);
+                    const float *vj = v + b * kvb + ((int64_t)j * c->heads_kv + hk) * d;
+                    sum += p;
+                    for (int e = 0; e < d; e++) o[e] += p * vj[e];
+                }
+                for (int e = 0; e < d; e++) o[e] /= sum;
+                *l = m + log(sum);
+            }
+        }
+    }
+    free(s);
+}
+
+#define CU(call)                                                                     \
+    do {                                                                             \
+        CUresult r_ = (call);                                                        \
+        if (r_ != CUDA_SUCCESS) {                                                    \
+            const char *m_ = "?";                                                    \
+            cuGetErrorName(r_, &m_);                                                 \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, m_); \
+            failed++;                                                                \
+            goto done;                                                               \
+        }                                                                            \
+    } while (0)
+
+static void run_case(const gpu_case *c, CUstream stream) {
+    int d = c->head_dim, rows = c->seqlen_cache + c->pad_rows;
+    int64_t nq = (int64_t)c->batch * c->seqlen_q * c->heads_q * d;
+    int64_t kvb = (int64_t)rows * c->heads_kv * d;  // batch stride of K/V (padded rows)
+    int64_t nkv = c->batch * kvb, nlse = (int64_t)c->batch * c->heads_q * c->seqlen_q;
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nkv), *v = malloc(sizeof(float) * nkv);
+    uint16_t *hq = malloc(2 * nq), *hk = malloc(2 * nkv), *hv = malloc(2 * nkv), *hout = malloc(2 * nq);
+    float *glse = malloc(sizeof(float) * nlse);
+    double *rout = malloc(sizeof(double) * nq), *rlse = malloc(sizeof(double) * nlse);
+    CUdeviceptr dq = 0, dk = 0, dv = 0, dout = 0, dlse = 0, dlens = 0, dws = 0;
+    for (int64_t i = 0; i < nq; i++) q[i] = from_bits(c->dtype, hq[i] = to_bits(c->dtype, uniform()));
+    for (int64_t i = 0; i < nkv; i++) k[i] = from_bits(c->dtype, hk[i] = to_bits(c->dtype, uniform()));
+    for (int64_t i = 0; i < nkv; i++) v[i] = from_bits(c->dtype, hv[i] = to_bits(c->dtype, uniform()));
+
+    CU(cuMemAlloc(&dq, 2 * nq));
+    CU(cuMemAlloc(&dk, 2 * nkv));
+    CU(cuMemAlloc(&dv, 2 * nkv));
+    CU(cuMemAlloc(&dout, 2 * nq));
+    CU(cuMemAlloc(&dlse, sizeof(float) * nlse));
+    CU(cuMemcpyHtoD(dq, hq, 2 * nq));
+    CU(cuMemcpyHtoD(dk, hk, 2 * nkv));
+    CU(cuMemcpyHtoD(dv, hv, 2 * nkv));
+    CU(cuMemsetD8(dout, 0xff, 2 * nq));  // NaN everywhere: every element must be written
+    if (c->lens) {
+        CU(cuMemAlloc(&dlens, sizeof(int) * c->batch));
+        CU(cuMemcpyHtoD(dlens, c->lens, sizeof(int) * c->batch));
+    }
+
+    fd_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = c->dtype;
+    a.batch = c->batch;
+    a.seqlen_q = c->seqlen_q;
+    a.heads_q = c->heads_q;
+    a.heads_kv = c->heads_kv;
+    a.head_dim = d;
+    a.seqlen_cache = c->seqlen_cache;
+    a.seqlen = c->seqlen;
+    a.num_splits = c->num_splits;
+    a.causal = c->causal;
+    a.device = 0;
+    a.q = (fd_tensor){dq, (int64_t)c->seqlen_q * c->heads_q * d, (int64_t)c->heads_q * d, d};
+    a.k = (fd_tensor){dk, kvb, (int64_t)c->heads_kv * d, d};
+    a.v = (fd_tensor){dv, kvb, (int64_t)c->heads_kv * d, d};
+    a.out = a.q;
+    a.out.ptr = dout;
+    a.lse = dlse;
+    a.cache_seqlens = dlens;
+
+    size_t ws = 0;
+    int rc = fd_workspace_size(&a, &ws);
+    if (rc == FD_ERR_UNSUPPORTED) {  // a head_dim this build has no kernel for: allowed
+        printf("  %s: not supported (%s)\n", c->name, fd_last_error());
+        passed++;
+        goto done;
+    }
+    CHECK(rc == FD_OK, "%s: fd_workspace_size: %s", c->name, fd_last_error());
+    if (rc != FD_OK) goto done;
+    if (ws) CU(cuMemAlloc(&dws, ws));
+    rc = fd_decode(&a, (void *)(uintptr_t)dws, ws, stream);
+    CHECK(rc == FD_OK, "%s: fd_decode: %d %s", c->name, rc, fd_last_error());
+    if (rc != FD_OK) goto done;
+    if (ws > 0) {  // too small a workspace is refused, not overrun
+        rc = fd_decode(&a, (void *)(uintptr_t)dws, ws - 1, stream);
+        CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), "workspace"), "%s: short workspace: %d %s", c->name,
+              rc, fd_last_error());
+    }
+    CU(cuStreamSynchronize(stream));
+    CU(cuMemcpyDtoH(hout, dout, 2 * nq));
+    CU(cuMemcpyDtoH(glse, dlse, sizeof(float) * nlse));
+
+    reference(c, q, k, v, kvb, rout, rlse);
+    double tol = c->dtype == FD_FLOAT16 ? 2e-3 : 1.6e-2, worst = 0, worst_lse = 0;
+    int bad = 0;
+    for (int64_t i = 0; i < nq; i++) {
+        double got = from_bits(c->dtype, hout[i]), err = fabs(got - rout[i]);
+        if (!(err <= tol + tol * fabs(rout[i]))) bad++;
+        if (err > worst || isnan(err)) worst = err;
+    }
+    for (int64_t i = 0; i < nlse; i++) {
+        if (isinf(rlse[i])) {
+            if (!(isinf(glse[i]) && glse[i] < 0)) bad++;
+            continue;
+        }
+        double err = fabs(glse[i] - rlse[i]);
+        if (!(err <= 1e-3 + 1e-4 * fabs(rlse[i]))) bad++;
+        if (err > worst_lse || isnan(err)) worst_lse = err;
+    }
+    fd_plan_info p;
+    fd_plan(&a, &p);
+    CHECK(bad == 0, "%s: %d mismatches (worst |out err| %.3g, |lse err| %.3g)", c->name, bad, worst, worst_lse);
+    printf("  %s: %s, %d split(s), max |out err| %.2g, |lse err| %.2g\n", c->name, p.kernel, p.num_splits, worst,
+           worst_lse);
+done:
+    if (dq) cuMemFree(dq);
+    if (dk) cuMemFree(dk);
+    if (dv) cuMemFree(dv);
+    if (dout) cuMemFree(dout);
+    if (dlse) cuMemFree(dlse);
+    if (dlens) cuMemFree(dlens);
+    if (dws) cuMemFree(dws);
+    free(q), free(k), free(v), free(hq), free(hk), free(hv), free(hout), free(glse), free(rout), free(rlse);
+}
+
+static void test_gpu(void) {
+    static const int lens3[] = {0, 1, 200};
+    static const int lens2[] = {4096, 1500};
+    const gpu_case cases[] = {
+        {"f16 d128 mha", FD_FLOAT16, 2, 1, 8, 8, 128, 300, -1, NULL, 0, 0, 0},
+        {"f16 d64 gqa3 causal ragged sq4", FD_FLOAT16, 3, 4, 12, 4, 64, 257, -1, lens3, 1, 0, 5},
+        {"bf16 d256 mqa causal sq2 1 split", FD_BFLOAT16, 1, 2, 4, 1, 256, 1000, 999, NULL, 1, 1, 0},
+        {"f16 d128 gqa4 7 splits", FD_FLOAT16, 2, 1, 32, 8, 128, 4096, -1, lens2, 0, 7, 3},
+        {"bf16 d128 gqa5 sq16 causal", FD_BFLOAT16, 1, 16, 10, 2, 128, 777, -1, NULL, 1, 0, 0},
+        {"f16 d96 (padded variant)", FD_FLOAT16, 1, 1, 4, 2, 96, 500, -1, NULL, 0, 0, 0},
+    };
+    CUdevice dev;
+    CUcontext ctx = NULL;
+    CUstream stream = NULL;
+    CU(cuDeviceGet(&dev, 0));
+    CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CU(cuCtxSetCurrent(ctx));
+    CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], stream);
+    // Also on the legacy default stream (NULL).
+    run_case(&cases[0], NULL);
+done:
+    if (stream) cuStreamDestroy(stream);
+    if (ctx) cuDevicePrimaryCtxRelease(dev);
+}
+
+int main(void) {
+    test_version();
+    test_plan();
+    test_plan_json();
+    test_errors();
+    test_error_per_thread();
+
+    int devices = 0;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&devices) != CUDA_SUCCESS) devices = 0;
+    if (devices > 0) {
+        printf("GPU tests on %d device(s)\n", devices);
+        test_gpu();
+    } else {
+        printf("no CUDA device: GPU tests skipped\n");
+        test_no_device();
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

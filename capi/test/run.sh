@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds libflashdecode.so and the C test program into OUT, then runs the test.
+#   capi/test/run.sh OUT
+# Environment: CUDA_HOME (default /usr/local/cuda) for cuda.h and the compat header path;
+# LIBCUDA_DIR, a folder with the libcuda.so to link against (default $CUDA_HOME/lib64/stubs);
+# RUN_LIBCUDA_DIR, a folder put on LD_LIBRARY_PATH when the test runs (CI: the stand-in of
+# tests/fakecuda; leave unset on a GPU machine so the driver's libcuda.so.1 loads).
+# Run `go generate ./core/cuda` first (the library embeds the fatbin).
+set -euo pipefail
+OUT=${1:?usage: capi/test/run.sh OUT}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+LIBCUDA_DIR=${LIBCUDA_DIR:-$CUDA_HOME/lib64/stubs}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$ROOT"
+CGO_ENABLED=1 CGO_CFLAGS="-I$ROOT/core/cuda/compat -I$CUDA_HOME/include ${CGO_CFLAGS:--O2 -g}" \
+  CGO_LDFLAGS="-L$LIBCUDA_DIR ${CGO_LDFLAGS:--O2 -g}" \
+  go build -buildmode=c-shared -o "$OUT/libflashdecode.so" ./capi
+${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Werror -Icapi -I"$CUDA_HOME/include" capi/test/decode_test.c \
+  -L"$OUT" -lflashdecode -L"$LIBCUDA_DIR" -lcuda -lpthread -lm -o "$OUT/decode_test"
+LD_LIBRARY_PATH="$OUT${RUN_LIBCUDA_DIR:+:$RUN_LIBCUDA_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/decode_test"
