@@ -1,0 +1,554 @@
+"""Decode-attention benchmark: flash_decode against its peers, side by side (issue 3).
+
+    python -m flash_decode.bench                  # default matrix, about 3-4 min on an H200
+    python -m flash_decode.bench --quick --out /tmp/fdbench
+    python -m flash_decode.bench --shapes "b=1,hq=32,hkv=8,d=128,L=32768,sq=1" --dtypes fp16,bf16
+    python -m flash_decode.bench --shapes "b=1/8,L=1k/32k;hq=48,hkv=48,L=8k,sq=10" --peers cudnn,flash
+    flash-decode-bench --help                     # the same, as a console script
+
+Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
+flash and efficient backends, and FlexAttention under torch.compile. Every
+call is non-causal (seqlen_q > 1 too) over the whole cache (cache_seqlens=None),
+so no peer needs a mask. GQA peers get enable_gqa=True; a backend that refuses
+it gets K/V expanded by repeat_interleave outside the timed region (noted
+"expanded"). A peer that cannot run a shape shows as "n/a (reason)".
+
+Each call reads a different KV cache ("layer") in rotation, max(3, 240 MB /
+cache) of them within 40% of free memory, so the 60 MB L2 never holds the one
+being read. Kernel time: a CUDA graph of one call per layer, replayed --repeats
+times between CUDA events (median per call). Eager time: plain calls in a loop,
+synchronized at the end (host overhead included). TB/s counts K and V bytes
+only (q and out are under 1% on every default shape); the ceiling is the best
+streaming read (torch.sum, Triton) over rotating 1 GiB buffers, measured first.
+Outputs: results.json, results.csv and bandwidth.png under --out.
+"""
+
+import argparse
+import csv
+import functools
+import itertools
+import json
+import logging
+import math
+import statistics
+import sys
+import time
+import warnings
+from collections import namedtuple
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flash_decode
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the torch.sum read alone sets the ceiling
+    triton = None
+
+Shape = namedtuple("Shape", "b hq hkv d L sq")
+SHAPE_DEFAULTS = Shape(b=1, hq=32, hkv=8, d=128, L=32768, sq=1)
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+PEERS = ("cudnn", "flash", "efficient", "flex")
+MB = 1e6                    # decimal MB, as in the issue's "256 MB"
+L2_ROTATION_BYTES = 240e6   # 4x the H200's 60 MB L2
+MEMORY_FRACTION = 0.4       # of free GPU memory, for the rotated caches
+MIN_CALLS = 20              # calls per graph replay, at least
+TOL = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}  # atol, rtol vs fp32 SDPA
+TINY = Shape(b=1, hq=32, hkv=8, d=128, L=256, sq=1)  # the eager-call target shape
+
+# The default matrix: a cross-section, not the full product (~30 cases, 3-4 min).
+# Each spec expands "/" alternatives; unnamed fields take SHAPE_DEFAULTS.
+DEFAULT_MATRIX = [
+    ("fp16", "b=1,L=1k/4k/32k/128k"),             # 32/8 d128: cache length and batch sweep
+    ("fp16", "b=8,L=1k/8k/64k"),
+    ("fp16", "b=32,L=1k/16k"),
+    ("fp16", "b=128,L=1k/8k"),
+    ("fp16", "b=256,L=2k"),
+    ("fp16", "b=1,hq=32,hkv=32,L=32k;b=16,hq=32,hkv=32,L=4k"),   # MHA
+    ("fp16", "b=1,hq=64,hkv=8,L=32k;b=8,hq=64,hkv=8,L=8k"),      # GQA 8
+    ("fp16", "b=1,hq=48,hkv=48,L=8k,sq=1/10;b=8,hq=48,hkv=48,L=4k,sq=10"),
+    ("fp16", "b=1,hq=8,hkv=1,L=128k;b=32,hq=8,hkv=1,L=16k"),     # MQA
+    ("fp16", "b=8,d=64,L=32k;b=1,d=256,L=32k;b=16,d=256,L=2k"),
+    ("fp16", "b=1,L=32k,sq=4;b=16,L=8k,sq=4"),
+    ("bf16", "b=1,L=1k/32k;b=64,L=4k;b=1,hq=48,hkv=48,L=8k,sq=10"),
+]
+QUICK_MATRIX = [
+    ("fp16", "b=1,L=1k;b=8,L=32k;b=1,hq=48,hkv=48,L=8k,sq=10;b=16,hq=8,hkv=1,d=64,L=4k,sq=4"),
+    ("bf16", "b=4,d=256,L=16k"),
+]
+
+
+# ---- arguments and shapes (pure: tested on CPU) ----
+
+def parse_int(text):
+    """'32768', '32k' or '32K' -> 32768."""
+    text = text.strip()
+    scale = 1024 if text[-1:] in "kK" and text[:-1] else 1
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def parse_shapes(text):
+    """'b=1/8,hq=32,hkv=8,d=128,L=32k,sq=1;...' -> [Shape]: ';' separates specs,
+    '/' lists alternatives (their product is taken), missing fields default."""
+    keys = {f.lower(): f for f in Shape._fields}
+    shapes = []
+    for spec in filter(None, (s.strip() for s in text.split(";"))):
+        choices = {}
+        for item in spec.split(","):
+            key, sep, values = item.partition("=")
+            if not sep or key.strip().lower() not in keys:
+                raise ValueError(f"bad shape field {item!r} in {spec!r}: use b, hq, hkv, d, L, sq")
+            choices[keys[key.strip().lower()]] = [parse_int(v) for v in values.split("/")]
+        fields = [choices.get(f, [getattr(SHAPE_DEFAULTS, f)]) for f in Shape._fields]
+        shapes += [Shape(*combo) for combo in itertools.product(*fields)]
+    for s in shapes:
+        if min(s) < 1 or s.hq % s.hkv:
+            raise ValueError(f"bad shape {label(s)}: sizes must be positive, hq a multiple of hkv")
+    return shapes
+
+
+def label(shape):
+    return ",".join(f"{k}={v}" for k, v in shape._asdict().items())
+
+
+def matrix_cases(matrix, dtypes=None):
+    """[(Shape, dtype name)]: the matrix's own dtypes, or each shape in each of dtypes."""
+    cases = [(s, dt) for dt, spec in matrix for s in parse_shapes(spec)]
+    if dtypes:
+        shapes = list(dict.fromkeys(s for s, _ in cases))
+        cases = [(s, dt) for s in shapes for dt in dtypes]
+    return cases
+
+
+def _csv_arg(choices):
+    def parse(text):
+        items = [t.strip() for t in text.split(",") if t.strip() and t.strip() != "none"]
+        bad = [t for t in items if t not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def _shapes_arg(text):
+    try:
+        return parse_shapes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="flash-decode-bench", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.split("\n")[1:8]))
+    p.add_argument("--shapes", type=_shapes_arg, action="append",
+                   help="shape specs, e.g. 'b=1,hq=32,hkv=8,d=128,L=32768,sq=1'; ';' separates "
+                        "shapes, '/' lists alternatives (default: the built-in matrix)")
+    p.add_argument("--dtypes", type=_csv_arg(DTYPES), help="fp16,bf16 (default: per the matrix; fp16 for --shapes)")
+    p.add_argument("--peers", type=_csv_arg(PEERS), default=list(PEERS),
+                   help=f"comma list of {','.join(PEERS)}, or none (default: all)")
+    p.add_argument("--quick", action="store_true", help="a handful of shapes, for smoke tests")
+    p.add_argument("--repeats", type=int, default=20, help="graph replays per measurement (median)")
+    p.add_argument("--out", type=Path, default=Path("flash-decode-bench"), help="output folder")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
+                   help="cache layout: bhsd (SDPA's; flash_decode gets views) or bshd (the reverse)")
+    args = p.parse_args(argv)
+    if args.shapes:
+        args.cases = [(s, dt) for s in itertools.chain(*args.shapes) for dt in args.dtypes or ["fp16"]]
+    else:
+        args.cases = matrix_cases(QUICK_MATRIX if args.quick else DEFAULT_MATRIX, args.dtypes)
+    return args
+
+
+# ---- arithmetic ----
+
+def kv_bytes(shape, dtype):
+    """Bytes of K and V read per call."""
+    return 2 * shape.b * shape.L * shape.hkv * shape.d * DTYPES[dtype].itemsize
+
+
+def tbs(nbytes, us):
+    return nbytes / us / 1e6
+
+
+def layer_count(cache_bytes, free_bytes):
+    """max(3, 240 MB / cache) layers, capped to 40% of free memory (0: does not fit)."""
+    want = max(3, math.ceil(L2_ROTATION_BYTES / cache_bytes))
+    return min(want, int(MEMORY_FRACTION * free_bytes // cache_bytes))
+
+
+def geomean(values):
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+# ---- timing ----
+
+def _event_median(run, calls, repeats):
+    run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def time_kernel(call, layers, repeats):
+    """(µs per call, how): a CUDA graph of calls over the layers in rotation,
+    replayed between events; eager event timing if capture fails."""
+    calls = len(layers) * math.ceil(MIN_CALLS / len(layers))
+    run_all = lambda: [call(layers[i % len(layers)]) for i in range(calls)]  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for kv in layers[:2]:
+            call(kv)
+    torch.cuda.current_stream().wait_stream(side)
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run_all()
+    except Exception as err:  # noqa: BLE001 (some peer cannot be captured)
+        torch.cuda.synchronize()
+        return _event_median(run_all, calls, repeats), f"eager-timed: {_reason(err)}"
+    us = _event_median(graph.replay, calls, repeats)
+    del graph
+    return us, "graph"
+
+
+def time_eager(call, layers, calls=50):
+    """µs per plain call (host overhead included), synchronized at the end."""
+    call(layers[0])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(calls):
+        call(layers[i % len(layers)])
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+if triton is not None:
+    @triton.jit
+    def _read_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        x = tl.load(x_ptr + pid * BLOCK + tl.arange(0, BLOCK))
+        tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), axis=0))
+
+
+def read_ceiling(repeats, buffers=4, block=8192):
+    """Streaming-read TB/s per method over rotating buffers of up to 1 GiB each."""
+    free = torch.cuda.mem_get_info()[0]
+    numel = min(1 << 29, int(MEMORY_FRACTION * free / buffers / 2)) // block * block
+    bufs = [torch.randn(numel, device="cuda", dtype=torch.float16) for _ in range(buffers)]
+    methods = {"torch.sum": lambda x: x.sum(dtype=torch.float32)}
+    if triton is not None:
+        partial = torch.empty(numel // block, device="cuda", dtype=torch.float32)
+        methods["triton"] = lambda x: _read_kernel[(numel // block,)](x, partial, BLOCK=block, num_warps=8)
+    return {name: tbs(numel * 2, time_kernel(fn, bufs, repeats)[0]) for name, fn in methods.items()}
+
+
+# ---- one case ----
+
+def _reason(err):
+    return str(err).strip().split("\n")[0][:100] or type(err).__name__
+
+
+def make_tensors(shape, dtype, layers, layout):
+    """q and the layers' (k, v) in SDPA's (b, h, s, d) view and flash_decode's (b, s, h, d)."""
+    b, hq, hkv, d, L, sq = shape
+    dt = DTYPES[dtype]
+    bhsd = layout == "bhsd"
+    q = torch.randn(b, hq, sq, d, device="cuda", dtype=dt) if bhsd else \
+        torch.randn(b, sq, hq, d, device="cuda", dtype=dt).transpose(1, 2)
+    buf = torch.randn(layers, 2, b, *((hkv, L) if bhsd else (L, hkv)), d, device="cuda", dtype=dt)
+    kvs = [(buf[i, 0], buf[i, 1]) if bhsd else (buf[i, 0].transpose(1, 2), buf[i, 1].transpose(1, 2))
+           for i in range(layers)]
+    ours = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in kvs]
+    return q, kvs, q.transpose(1, 2), ours
+
+
+def matches(out, ref, dtype):
+    """(ok, max abs error) of out (b, h, s, d), first sequences, against the fp32 reference."""
+    atol, rtol = TOL[DTYPES[dtype]]
+    err = (out[:ref.shape[0]].float() - ref).abs()
+    return bool((err <= atol + rtol * ref.abs()).all()), err.max().item()
+
+
+def reference(q, k, v, nb=4):
+    with sdpa_kernel([SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q[:nb].float(), k[:nb].float(), v[:nb].float(),
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+
+@functools.cache
+def compiled_flex():
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+    torch._logging.set_logs(dynamo=logging.CRITICAL, inductor=logging.CRITICAL)  # failures: n/a rows
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):  # one compile per shape, many shapes
+            setattr(torch._dynamo.config, name, 4096)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def peer_call(name, q, gqa):
+    if name == "flex":
+        flex = compiled_flex()
+        return lambda kv: flex(q, kv[0], kv[1], enable_gqa=gqa)
+    backend = SDPA_BACKENDS[name]
+
+    def call(kv):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, kv[0], kv[1], enable_gqa=gqa)
+    return call
+
+
+def run_peer(name, q, kvs, ref, shape, dtype, repeats):
+    """(µs or None, note): GQA natively, else on expanded K/V; n/a with the reason."""
+    group = shape.hq // shape.hkv
+    reason = None
+    for mode in ("gqa", "expanded") if group > 1 else ("mha",):
+        layers = kvs
+        if mode == "expanded":
+            n = layer_count(kv_bytes(shape, dtype) * group, torch.cuda.mem_get_info()[0])
+            if n < 1:
+                return None, f"n/a ({reason}; expanded K/V would not fit)"
+            layers = [(k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) for k, v in kvs[:n]]
+        call = peer_call(name, q, mode == "gqa")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ok, err = matches(call(layers[0]), ref, dtype)
+                if not ok:
+                    return None, f"n/a (mismatch: max error {err:.3g})"
+                us, how = time_kernel(call, layers, repeats)
+            return us, mode if how == "graph" else f"{mode}, {how}"
+        except Exception as exc:  # noqa: BLE001 (a peer that cannot run: report why)
+            told = [str(w.message) for w in caught if not str(w.message).rstrip().endswith(":")]
+            reason = reason or (told[-1].split("\n")[0][:100] if told else _reason(exc))
+    return None, f"n/a ({reason})"
+
+
+def run_case(shape, dtype, peers, args):
+    nbytes = kv_bytes(shape, dtype)
+    row = dict(dtype=dtype, **shape._asdict(), kv_mb=round(nbytes / MB, 2))
+    n = layer_count(nbytes, torch.cuda.mem_get_info()[0])
+    if n < 1:
+        return dict(row, check=f"n/a (cache of {nbytes / 1e9:.1f} GB does not fit)")
+    q, kvs, q_ours, ours = make_tensors(shape, dtype, n, args.layout)
+    ref = reference(q, *kvs[0])
+    ours_call = lambda kv: flash_decode.flash_decode(q_ours, kv[0], kv[1])  # noqa: E731
+    row["layers"] = n
+    try:
+        plan = flash_decode.plan(shape.b, shape.sq, shape.hq, shape.hkv, shape.d, shape.L, dtype=DTYPES[dtype])
+        row.update(num_splits=plan["num_splits"], kernel=plan.get("kernel"))
+        ok, err = matches(ours_call(ours[0]).transpose(1, 2), ref, dtype)
+        row["check"] = "ok" if ok else f"MISMATCH: max error {err:.3g}"
+    except Exception as exc:  # noqa: BLE001 (report it, still time the peers)
+        row["check"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
+    if row["check"] == "ok":
+        row["ours_us"], row["ours_timing"] = time_kernel(ours_call, ours, args.repeats)
+        row["ours_tbs"] = tbs(nbytes, row["ours_us"])
+        row["ours_pct"] = 100 * row["ours_tbs"] / args.ceiling
+        row["ours_eager_us"] = time_eager(ours_call, ours)
+    gqa = shape.hq != shape.hkv
+    try:  # plain eager SDPA, default backend choice
+        row["sdpa_eager_us"] = time_eager(lambda kv: F.scaled_dot_product_attention(q, *kv, enable_gqa=gqa), kvs)
+    except Exception as exc:  # noqa: BLE001
+        row["sdpa_eager_note"] = f"n/a ({_reason(exc)})"
+    for name in peers:
+        us, row[f"{name}_note"] = run_peer(name, q, kvs, ref, shape, dtype, args.repeats)
+        if us is not None:
+            row.update({f"{name}_us": us, f"{name}_tbs": tbs(nbytes, us)})
+            if row.get("ours_us"):
+                row[f"{name}_ratio"] = us / row["ours_us"]
+    return row
+
+
+def eager_tiny(calls=400, rounds=5):
+    """Eager µs per call on TINY: flash_decode vs a plain torch SDPA call."""
+    q, kvs, q_ours, ours = make_tensors(TINY, "fp16", 1, "bhsd")
+    ours_call = lambda kv: flash_decode.flash_decode(q_ours, kv[0], kv[1])  # noqa: E731
+    sdpa_call = lambda kv: F.scaled_dot_product_attention(q, *kv, enable_gqa=True)  # noqa: E731
+    res = {who: statistics.median(time_eager(fn, layers, calls) for _ in range(rounds))
+           for who, fn, layers in (("ours_us", ours_call, ours), ("sdpa_us", sdpa_call, kvs))}
+    return dict(shape=label(TINY), dtype="fp16", **res, ratio=res["ours_us"] / res["sdpa_us"])
+
+
+# ---- reporting (pure: tested on CPU) ----
+
+def summarize(rows, eager):
+    """[(target, measured, verdict)] for the issue-3 targets (verdict "info": no target)."""
+    def ratios(peer, keep=lambda r: True):
+        return [r[f"{peer}_ratio"] for r in rows if f"{peer}_ratio" in r and keep(r)]
+
+    def pcts(lo, hi):
+        return [r["ours_pct"] for r in rows if "ours_pct" in r and lo <= r["kv_mb"] < hi]
+
+    b1 = [r["ours_us"] for r in rows if "ours_us" in r and r["dtype"] == "fp16"
+          and (r["b"], r["hq"], r["hkv"], r["d"], r["L"], r["sq"]) == (1, 32, 8, 128, 1024, 1)]
+    targets = [  # name, values, reduced by, format, passes
+        ("worst case vs cuDNN >= 0.98x (<= 1.02x its time)", ratios("cudnn"), min, "{:.3f}x",
+         lambda v: v >= 1 / 1.02),
+        ("geomean vs cuDNN >= 1.20x", ratios("cudnn"), geomean, "{:.3f}x", lambda v: v >= 1.2),
+        ("geomean vs flash >= 1.5x", ratios("flash"), geomean, "{:.3f}x", lambda v: v >= 1.5),
+        ("geomean vs efficient", ratios("efficient"), geomean, "{:.3f}x", None),
+        ("geomean vs flex", ratios("flex"), geomean, "{:.3f}x", None),
+        ("caches >= 256 MB: >= 97% of ceiling", pcts(256, math.inf), min, "min {:.1f}%", lambda v: v >= 97),
+        ("caches 64-256 MB: >= 88% of ceiling", pcts(64, 256), min, "min {:.1f}%", lambda v: v >= 88),
+        ("caches <= 32 MB: <= 0.8x cuDNN time", ratios("cudnn", lambda r: r["kv_mb"] <= 32), min,
+         "worst {:.3f}x", lambda v: v >= 1 / 0.8),
+        ("b=1 32/8 d128 L=1024 fp16: <= 6 us", b1, min, "{:.2f} us", lambda v: v <= 6),
+        ("eager tiny call <= 0.5x eager SDPA", [eager["ratio"]] if eager else [], min, "{:.3f}x",
+         lambda v: v <= 0.5),
+    ]
+    bad = sum(r.get("check") != "ok" for r in rows)
+    out = [("every shape checked against fp32 SDPA", f"{len(rows) - bad}/{len(rows)} ok",
+            "PASS" if rows and not bad else "FAIL")]
+    for name, values, reduce, fmt, passes in targets:
+        if not values:
+            out.append((name, "no data", "n/a"))
+            continue
+        value = reduce(values)
+        verdict = "info" if passes is None else "PASS" if passes(value) else "FAIL"
+        out.append((name, f"{fmt.format(value)} over {len(values)}", verdict))
+    return out
+
+
+def csv_columns(peers):
+    base = ["dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "check", "ours_us",
+            "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note"]
+    return base + [f"{p}_{k}" for p in peers for k in ("us", "tbs", "ratio", "note")]
+
+
+def write_results(out_dir, rows, meta, summary, peers):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "results.json", "w") as f:
+        json.dump(dict(meta=meta, rows=rows, summary=[dict(zip(("target", "measured", "verdict"), s))
+                                                      for s in summary]), f, indent=1)
+    with open(out_dir / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, csv_columns(peers), restval="", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+
+
+def plot(rows, ceiling, path, peers):
+    """TB/s against cache length, one panel per batch size, peers alongside."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    batches = sorted({r["b"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(3.6 * len(batches), 4), sharey=True, squeeze=False)
+    style = dict(cudnn=("C0", "s"), flash=("C1", "^"), efficient=("C2", "v"), flex=("C4", "D"))
+    series = [("ours", "flash_decode", "C3", "o")] + [(p, p, *style[p]) for p in peers]
+    for ax, b in zip(axes[0], batches):
+        configs = {}
+        for r in rows:
+            if r["b"] == b:
+                configs.setdefault((r["dtype"], r["hq"], r["hkv"], r["d"], r["sq"]), []).append(r)
+        for key, name, color, marker in series:
+            for config in configs.values():
+                pts = sorted((r["L"], r[f"{key}_tbs"]) for r in config if f"{key}_tbs" in r)
+                if pts:
+                    ax.plot(*zip(*pts), color=color, marker=marker, ms=4, lw=1, alpha=0.8, label=name)
+        ax.axhline(ceiling, color="k", ls="--", lw=1, label=f"read ceiling {ceiling:.2f} TB/s")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1024:g}K")
+        ax.set(title=f"batch {b}", xlabel="cache length (tokens)")
+    axes[0][0].set_ylabel("TB/s of KV read")
+    handles = {}  # one legend entry per series, across panels
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_row(r, peers):
+    """One progress line: ours (µs, TB/s, % of ceiling), then each peer's ratio (or µs, or n/a)."""
+    text = f"{r['dtype']} {label(Shape(*(r[f] for f in Shape._fields)))} {r['kv_mb']:.1f}MB"
+    if "ours_us" in r:
+        text += (f" x{r['layers']} splits={r['num_splits']} | {r['ours_us']:.1f}us "
+                 f"{r['ours_tbs']:.2f}TB/s {r['ours_pct']:.0f}%")
+    else:
+        text += f" | {r.get('check')}"
+    for p in peers:
+        if f"{p}_ratio" in r:
+            text += f" | {p} {r[p + '_ratio']:.2f}x"
+        elif f"{p}_us" in r:
+            text += f" | {p} {r[p + '_us']:.1f}us"
+        elif f"{p}_note" in r:
+            text += f" | {p} {r[p + '_note']}"
+    return text
+
+
+def _progress(items):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items, print
+    bar = tqdm(items, unit="shape", file=sys.stderr)
+    return bar, bar.write
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("flash-decode-bench needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    ceilings = read_ceiling(args.repeats)
+    args.ceiling = max(ceilings.values())
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flash_decode=flash_decode.__version__,
+                layout=args.layout, causal=False, cache_seqlens=None, peers=args.peers, repeats=args.repeats,
+                ceiling_tbs=args.ceiling, ceilings=ceilings, bytes="K+V only", date=time.strftime("%Y-%m-%d %H:%M"))
+    print(f"flash_decode bench on {meta['device']}, torch {meta['torch']}, layout {args.layout}, "
+          f"{len(args.cases)} cases; non-causal, full caches, TB/s of K+V read; read ceiling "
+          + ", ".join(f"{k} {v:.2f}" for k, v in ceilings.items()) + " TB/s", flush=True)
+    rows = []
+    items, log = _progress(args.cases)
+    for i, (shape, dtype) in enumerate(items, 1):
+        try:
+            row = run_case(shape, dtype, args.peers, args)
+        except Exception as err:  # noqa: BLE001 (report the case, go on with the others)
+            row = dict(dtype=dtype, **shape._asdict(), kv_mb=round(kv_bytes(shape, dtype) / MB, 2),
+                       check=f"n/a ({type(err).__name__}: {_reason(err)})")
+        rows.append(row)
+        torch.cuda.empty_cache()
+        log(f"[{i}/{len(args.cases)}] " + format_row(row, args.peers))
+    try:
+        meta["eager"] = eager_tiny()
+        print(f"eager call on {meta['eager']['shape']}: flash_decode {meta['eager']['ours_us']:.1f} us, "
+              f"torch SDPA {meta['eager']['sdpa_us']:.1f} us")
+    except Exception as err:  # noqa: BLE001
+        meta["eager"] = None
+        print(f"eager call: n/a ({type(err).__name__}: {_reason(err)})")
+    summary = summarize(rows, meta["eager"])
+    for name, measured, verdict in summary:
+        print(f"{verdict:5} {name}: {measured}")
+    write_results(args.out, rows, meta, summary, args.peers)
+    print(f"wrote {args.out}/results.json and results.csv")
+    if not args.no_plot:
+        try:
+            plot(rows, args.ceiling, args.out / "bandwidth.png", args.peers)
+            print(f"wrote {args.out}/bandwidth.png")
+        except ImportError:
+            print("matplotlib is not installed: no plot")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

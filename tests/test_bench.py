@@ -1,0 +1,187 @@
+"""CPU-side tests of flash_decode.bench's pure parts: arguments, shape specs,
+the default matrix, bytes and TB/s arithmetic, the summary's targets, the
+JSON/CSV writers and the plot (with synthetic data)."""
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from flash_decode import bench
+from flash_decode.bench import Shape
+
+
+def test_parse_int_accepts_k_suffix():
+    assert bench.parse_int("32768") == 32768
+    assert bench.parse_int("32k") == bench.parse_int("32K") == 32768
+    with pytest.raises(ValueError):
+        bench.parse_int("k")
+
+
+def test_parse_shapes_full_spec_and_defaults():
+    assert bench.parse_shapes("b=1,hq=32,hkv=8,d=128,L=32768,sq=1") == [Shape(1, 32, 8, 128, 32768, 1)]
+    assert bench.parse_shapes("b=4") == [bench.SHAPE_DEFAULTS._replace(b=4)]
+    assert bench.parse_shapes(" l=1k , SQ=4 ") == [bench.SHAPE_DEFAULTS._replace(L=1024, sq=4)]
+
+
+def test_parse_shapes_alternatives_and_several_specs():
+    shapes = bench.parse_shapes("b=1/8,L=1k/4k;hq=48,hkv=48,sq=10")
+    assert [(s.b, s.L) for s in shapes[:4]] == [(1, 1024), (1, 4096), (8, 1024), (8, 4096)]
+    assert shapes[4] == bench.SHAPE_DEFAULTS._replace(hq=48, hkv=48, sq=10)
+    assert bench.label(shapes[0]) == "b=1,hq=32,hkv=8,d=128,L=1024,sq=1"
+    assert bench.parse_shapes(bench.label(shapes[0])) == [shapes[0]]
+
+
+@pytest.mark.parametrize("spec", ["x=1", "b", "b=0", "hq=32,hkv=5", "b=one"])
+def test_parse_shapes_rejects_bad_specs(spec):
+    with pytest.raises(ValueError):
+        bench.parse_shapes(spec)
+
+
+def test_parse_args_defaults_to_the_matrix():
+    args = bench.parse_args([])
+    assert args.cases == bench.matrix_cases(bench.DEFAULT_MATRIX)
+    assert args.peers == list(bench.PEERS) and args.repeats == 20 and not args.no_plot
+    assert args.layout == "bhsd"
+    quick = bench.parse_args(["--quick"]).cases
+    assert 3 <= len(quick) <= 8 and {dt for _, dt in quick} == {"fp16", "bf16"}
+
+
+def test_parse_args_options():
+    args = bench.parse_args(["--shapes", "b=2,L=2k", "--shapes", "b=3;b=4", "--dtypes", "fp16,bf16",
+                             "--peers", "cudnn,flex", "--repeats", "5", "--out", "/tmp/x", "--no-plot"])
+    assert [(s.b, dt) for s, dt in args.cases] == [
+        (2, "fp16"), (2, "bf16"), (3, "fp16"), (3, "bf16"), (4, "fp16"), (4, "bf16")]
+    assert args.peers == ["cudnn", "flex"] and args.repeats == 5 and args.no_plot
+    assert str(args.out) == "/tmp/x"
+    assert bench.parse_args(["--peers", "none"]).peers == []
+    assert {dt for _, dt in bench.parse_args(["--dtypes", "bf16"]).cases} == {"bf16"}
+
+
+@pytest.mark.parametrize("argv", [["--peers", "cudnn,magic"], ["--dtypes", "fp8"], ["--shapes", "q=1"]])
+def test_parse_args_errors_exit(argv, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert "error" in capsys.readouterr().err
+
+
+def test_default_matrix_covers_the_issue():
+    cases = bench.matrix_cases(bench.DEFAULT_MATRIX)
+    shapes = [s for s, _ in cases]
+    assert len(cases) == len(set(cases)) and 20 <= len(cases) <= 36  # a cross-section, ~4 minutes
+    assert min(s.b for s in shapes) == 1 and max(s.b for s in shapes) == 256
+    assert {(32, 32), (32, 8), (64, 8), (48, 48), (8, 1)} <= {(s.hq, s.hkv) for s in shapes}
+    assert {s.sq for s in shapes if (s.hq, s.hkv) == (48, 48)} == {1, 10}
+    assert {64, 128, 256} == {s.d for s in shapes}
+    assert min(s.L for s in shapes) == 1024 and max(s.L for s in shapes) == 131072
+    assert {1, 4} <= {s.sq for s in shapes}
+    assert {dt for _, dt in cases} == {"fp16", "bf16"}
+    assert Shape(1, 32, 8, 128, 1024, 1) in shapes  # the 6 µs target
+    assert max(bench.kv_bytes(s, dt) for s, dt in cases) < 8e9  # fits 3 layers in 40% of 141 GB
+    mb = [bench.kv_bytes(s, dt) / bench.MB for s, dt in cases]
+    assert any(m >= 256 for m in mb) and any(64 <= m < 256 for m in mb) and any(m <= 32 for m in mb)
+
+
+def test_matrix_cases_dtype_override_dedups_shapes():
+    matrix = [("fp16", "b=1"), ("bf16", "b=1;b=2")]
+    assert bench.matrix_cases(matrix) == [(Shape(1, 32, 8, 128, 32768, 1), "fp16"),
+                                          (Shape(1, 32, 8, 128, 32768, 1), "bf16"),
+                                          (Shape(2, 32, 8, 128, 32768, 1), "bf16")]
+    assert [(s.b, dt) for s, dt in bench.matrix_cases(matrix, ["bf16"])] == [(1, "bf16"), (2, "bf16")]
+
+
+def test_bytes_and_bandwidth_arithmetic():
+    shape = Shape(b=1, hq=32, hkv=8, d=128, L=32768, sq=1)
+    assert bench.kv_bytes(shape, "fp16") == bench.kv_bytes(shape, "bf16") == 2 * 32768 * 8 * 128 * 2
+    assert bench.kv_bytes(shape._replace(b=4, hq=8, hkv=1), "fp16") == 4 * 2 * 32768 * 1 * 128 * 2
+    assert bench.tbs(134217728, 30.0) == pytest.approx(4.474, abs=1e-3)  # bytes / µs / 1e6
+    assert bench.geomean([1.0, 4.0]) == pytest.approx(2.0) and bench.geomean([]) is None
+
+
+def test_layer_count_rotates_past_l2_within_memory():
+    free = 140e9
+    assert bench.layer_count(4 * 2**20, free) == math.ceil(240e6 / (4 * 2**20))  # 58 small caches
+    assert bench.layer_count(2e9, free) == 3                                      # at least 3
+    assert bench.layer_count(20e9, free) == 2                                     # 40% of free caps
+    assert bench.layer_count(100e9, free) == 0                                    # does not fit
+
+
+def row(b=1, L=32768, dtype="fp16", ours=30.0, kv_mb=134.0, **peers):
+    """A synthetic result row; peers as name=µs."""
+    r = dict(dtype=dtype, b=b, hq=32, hkv=8, d=128, L=L, sq=1, kv_mb=kv_mb, layers=3, num_splits=66,
+             kernel="k", check="ok", ours_us=ours, ours_tbs=kv_mb / ours, ours_pct=90.0)
+    for name, us in peers.items():
+        r.update({f"{name}_us": us, f"{name}_tbs": kv_mb / us, f"{name}_ratio": us / ours,
+                  f"{name}_note": "gqa"})
+    return r
+
+
+def verdicts(summary):
+    return {name.split(":")[0]: verdict for name, _, verdict in summary}
+
+
+def test_summarize_pass_and_fail():
+    good = [row(ours=30.0, cudnn=40.0, flash=50.0, kv_mb=300.0),
+            row(L=1024, ours=5.0, cudnn=7.0, flash=10.0, kv_mb=4.19)]
+    good[0]["ours_pct"] = 98.0
+    eager = dict(ratio=0.3)
+    v = verdicts(bench.summarize(good, eager))
+    assert v["every shape checked against fp32 SDPA"] == "PASS"
+    assert v["geomean vs cuDNN >= 1.20x"] == "PASS" and v["geomean vs flash >= 1.5x"] == "PASS"
+    assert v["caches >= 256 MB"] == "PASS" and v["caches 64-256 MB"] == "n/a"
+    assert v["caches <= 32 MB"] == "PASS" and v["b=1 32/8 d128 L=1024 fp16"] == "PASS"
+    assert v["eager tiny call <= 0.5x eager SDPA"] == "PASS"
+    assert v["geomean vs flex"] == "n/a"  # no data
+    v = verdicts(bench.summarize([row(efficient=45.0)], eager))
+    assert v["geomean vs efficient"] == "info"  # reported, no target
+
+    bad = good + [dict(row(cudnn=29.0, flash=31.0, kv_mb=100.0), ours_pct=80.0), dict(good[0], check="MISMATCH")]
+    v = verdicts(bench.summarize(bad, dict(ratio=0.7)))
+    assert v["every shape checked against fp32 SDPA"] == "FAIL"
+    assert v["worst case vs cuDNN >= 0.98x (<= 1.02x its time)"] == "FAIL"
+    assert v["caches 64-256 MB"] == "FAIL" and v["eager tiny call <= 0.5x eager SDPA"] == "FAIL"
+    assert verdicts(bench.summarize([], None))["eager tiny call <= 0.5x eager SDPA"] == "n/a"
+
+
+def test_write_results_json_and_csv(tmp_path):
+    rows = [row(cudnn=40.0), dict(row(), check="n/a (cache does not fit)", cudnn_note="n/a (why, not)")]
+    summary = bench.summarize(rows, None)
+    bench.write_results(tmp_path / "o", rows, {"ceiling_tbs": 4.4}, summary, ["cudnn", "flex"])
+    data = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert data["meta"]["ceiling_tbs"] == 4.4 and data["rows"][0]["cudnn_us"] == 40.0
+    assert data["summary"][0].keys() == {"target", "measured", "verdict"}
+    with open(tmp_path / "o" / "results.csv", newline="") as f:
+        lines = list(csv.DictReader(f))
+    assert list(lines[0]) == bench.csv_columns(["cudnn", "flex"])
+    assert lines[0]["cudnn_ratio"] == "1.333" and lines[0]["flex_us"] == ""
+    assert lines[1]["cudnn_note"] == "n/a (why, not)"
+
+
+def test_format_row_shows_peers_and_na():
+    r = row(cudnn=40.0)
+    r["flex_note"] = "n/a (too big)"
+    text = bench.format_row(r, ["cudnn", "flash", "flex"])
+    assert "30.0us" in text and "cudnn 1.33x" in text and "flex n/a (too big)" in text
+    bare = {k: v for k, v in r.items() if not k.startswith("ours")} | {"check": "MISMATCH: 1"}
+    assert "MISMATCH: 1" in bench.format_row(bare, ["cudnn"])
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [row(b=b, L=L, ours=L / 1000 * b, kv_mb=L * b / 250, cudnn=L / 800 * b, flash=L / 700 * b)
+            for b in (1, 8) for L in (1024, 8192, 32768)]
+    rows.append(dict(row(b=64), check="n/a (x)"))
+    for r in rows[-1:]:
+        for k in [k for k in r if k.startswith("ours_")]:
+            del r[k]
+    path = tmp_path / "bandwidth.png"
+    bench.plot(rows, 4.4, path, ["cudnn", "flash", "efficient", "flex"])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_main_without_gpu_exits_cleanly(capsys):
+    assert bench.main(["--quick"]) == 2
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
