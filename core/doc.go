@@ -43,7 +43,7 @@
 // number of key tiles of the length the shape promises (Seqlen, or
 // SeqlenCache when per-sequence lengths live on the device).
 // It never splits when the unsplit grid already keeps 80% of those
-// block slots busy, never makes a split shorter than 512 keys (the partials
+// block slots busy, never makes a split shorter than 256 keys (the partials
 // and the combine would cost more than the split saves) or more than
 // MaxSplits, and otherwise takes the count that streams the cache in the
 // fewest, fullest waves. See autoSplits in plan.go for the model and a

@@ -17,11 +17,14 @@ const (
 	// minSplitKeys is the fewest keys a split gets from the automatic
 	// heuristic. A split of a block with r packed rows writes r*d fp32 partial
 	// outputs and the combine reads them back (8*r*d bytes) while it reads
-	// 4*keys*d bytes of fp16/bf16 K and V; 512 keys keeps that extra traffic
-	// at or below 1/16 for r <= 16 (and 32*r keys keeps it there for bigger
-	// tiles), and gives each block enough loads to amortize its prologue
-	// (loading q, filling the copy pipeline) against HBM latency.
-	minSplitKeys = 512
+	// 4*keys*d bytes of fp16/bf16 K and V; 256 keys keeps that extra traffic
+	// at or below 1/8 for r <= 16 (and 16*r keys keeps it there for bigger
+	// tiles). Measured on the H200 (b=1, 32/8 heads, d128): 1024 keys run in
+	// 8.3 us with 4 splits of 256 keys against 10.2 us with 2 of 512, 2048
+	// keys in 9.6 us with 8 splits against 10.8 us with 4; with 64/8 heads
+	// and 4 query tokens (32 rows), 8192 keys take 22.5 us in 16 splits of
+	// 512 keys against 27.2 us in 8 of 1024.
+	minSplitKeys = 256
 	// splitTolerancePct: among split counts whose modelled time is within
 	// this many percent of the best, the smallest wins (fewer partials, a
 	// cheaper combine).
@@ -218,10 +221,10 @@ func workspaceLayout(splits, rows, headDim int) (lseOffset, total int) {
 }
 
 // minKeysPerSplit is the fewest keys the heuristic gives one split when a
-// block holds rows packed query rows: max(minSplitKeys, 32*rows), which
-// keeps partial traffic (8*rows*d bytes) within 1/16 of the K/V bytes
+// block holds rows packed query rows: max(minSplitKeys, 16*rows), which
+// keeps partial traffic (8*rows*d bytes) within 1/8 of the K/V bytes
 // (4*keys*d) the split reads.
-func minKeysPerSplit(rows int) int { return max(minSplitKeys, 32*rows) }
+func minKeysPerSplit(rows int) int { return max(minSplitKeys, 16*rows) }
 
 // maxAutoSplits is the most splits the heuristic considers for a length of
 // tiles key tiles when a split must hold at least minTiles of them:
@@ -261,15 +264,14 @@ func splitCost(blocks, slots, tiles, n int) int {
 // (planVariant passes slots = SMs x min(blocks per SM, targetBlocksPerSM).)
 //
 // Worked example: batch 1, 32 query and 8 K/V heads (one row tile of 4
-// rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 2 blocks = 264
-// slots. blocks = 8; a split holds >= 512 keys = 8 tiles, so maxN =
-// min(128, 512/8) = 64. For n <= 33 the 8n blocks fit one wave and cost
-// ceil(512/n): 512 at n=1, 16 at n=32 and n=33; n in 34..64 takes two
-// waves (n=64: 2*8 = 16). The least cost is 16 and the smallest n within
-// 5% of it is 32: grid (32, 8, 1), 256 of 264 slots busy, 1024 keys each.
-// With batch 16 (128 blocks) the answer is 2 (one wave of 256 blocks);
-// with batch 32 (256 blocks >= 80% of 264) it is 1; with 1024 keys
-// maxN = 2, so 2.
+// rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 1 block = 132
+// slots. blocks = 8; a split holds >= 256 keys = 4 tiles, so maxN =
+// min(128, 512/4) = 128. For n <= 16 the 8n blocks fit one wave and cost
+// ceil(512/n): 512 at n=1, 32 at n=16; more splits take more waves and
+// never cost less (n=32: 2 waves x 16 = 32; n=128: 8 x 4 = 32). The
+// smallest n at the least cost is 16: grid (16, 8, 1), 128 of 132 SMs
+// busy, 2048 keys each. With batch 16 (128 blocks >= 80% of 132) it is 1;
+// with 1024 keys (16 tiles) maxN = 4, so 4.
 func autoSplits(blocks, slots, tiles, maxN int) int {
 	if maxN <= 1 || blocks*100 >= slots*busySlotsPct {
 		return 1

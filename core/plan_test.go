@@ -96,7 +96,7 @@ func TestSplitHelpers(t *testing.T) {
 			t.Errorf("maxAutoSplits(%d, %d) = %d, want %d", tt.tiles, tt.minTiles, got, tt.want)
 		}
 	}
-	for _, tt := range []struct{ rows, want int }{{1, 512}, {16, 512}, {17, 544}, {64, 2048}} {
+	for _, tt := range []struct{ rows, want int }{{1, 256}, {16, 256}, {17, 272}, {64, 1024}} {
 		if got := minKeysPerSplit(tt.rows); got != tt.want {
 			t.Errorf("minKeysPerSplit(%d) = %d, want %d", tt.rows, got, tt.want)
 		}
@@ -158,7 +158,7 @@ func TestPlanVariant(t *testing.T) {
 		lseOff, ws  int
 	}{
 		{"doc example", func(s *Shape) {}, 16, [3]int{16, 8, 1}, 8, 262144, 264192},
-		{"seqlen overrides cache", func(s *Shape) { s.Seqlen = 1024 }, 2, [3]int{2, 8, 1}, 8, 32768, 32768 + 256},
+		{"seqlen overrides cache", func(s *Shape) { s.Seqlen = 1024 }, 4, [3]int{4, 8, 1}, 8, 65536, 65536 + 512},
 		{"seqlen 0", func(s *Shape) { s.Seqlen = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
 		{"empty cache", func(s *Shape) { s.SeqlenCache = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
 		{"batch 64: no split", func(s *Shape) { s.Batch = 64 }, 1, [3]int{1, 8, 64}, 0, 0, 0},

@@ -32,8 +32,8 @@ type Variant struct {
 const (
 	splitKVStages      = 3
 	splitKVSharedBytes = splitKVStages * 2 * 8192 * 2
-	combineThreads     = 128 // kernels/combine.cuh FD_COMBINE_THREADS: one warp per row
-	combineRows        = combineThreads / 32
+	combineThreads     = 128 // kernels/combine.cuh FD_COMBINE_THREADS: 4 warps share a row's splits
+	combineRows        = 1   // one output row per combine block
 )
 
 // splitKV describes the stage-1 kernel fd_split_kv_<dtype>_d<headDim>_r<rows>.

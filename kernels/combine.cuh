@@ -10,18 +10,21 @@
 // empty gets out = 0 and lse = -inf. It writes out in q's dtype through the
 // out strides, and lse when p.lse is non-NULL.
 //
-// Launch shape. One warp per row, FD_COMBINE_ROWS rows per block:
-// grid ceil(batch * heads_q * seqlen_q / FD_COMBINE_ROWS), FD_COMBINE_THREADS
-// threads (core/variants.go CombineRows, CombineThreads); no shared memory.
-// It may be launched with programmatic dependent launch (sm_90): its blocks
-// then start while stage 1 drains and wait in fd_pdl_wait for its results,
-// which hides most of the second launch's latency.
+// Launch shape. One block of FD_COMBINE_THREADS (4 warps) per output row:
+// grid batch * heads_q * seqlen_q (core/variants.go CombineRows = 1,
+// CombineThreads); 3 KB of static shared memory. It may be launched with
+// programmatic dependent launch (sm_90): its blocks then start while stage 1
+// drains and wait in fd_pdl_wait for its results, which hides most of the
+// second launch's latency.
 //
 // Why it is fast enough. It reads num_splits * head_dim * 4 bytes per row, a
-// small fraction of the KV cache stage 1 read; lanes load float4 columns
-// (coalesced 512-byte rows), each lane computes one split's weight once, and
-// the warp keeps 8 splits' loads in flight, so a row costs a few L2 round
-// trips rather than one per split.
+// small fraction of the KV cache stage 1 read, so its time is L2 round trips,
+// not bytes. Every warp first merges all splits' LSEs (lanes take every 32nd
+// split: one round trip), then the 4 warps share the splits, each keeping
+// FD_COMBINE_UNROLL float4 loads per lane in flight (coalesced 512-byte
+// rows), so 32 splits cost one more round trip; a shared-memory sum of the 4
+// warps' rows finishes. One row per block also spreads a small batch (b=1:
+// 32 rows) over 32 SMs instead of 8.
 #ifndef FLASHDECODE_COMBINE_CUH
 #define FLASHDECODE_COMBINE_CUH
 
@@ -30,19 +33,22 @@
 #include "state.cuh"
 
 #define FD_COMBINE_THREADS 128
-#define FD_COMBINE_ROWS (FD_COMBINE_THREADS / 32)
+#define FD_COMBINE_WARPS (FD_COMBINE_THREADS / 32)
+#define FD_COMBINE_UNROLL 8
 
 template <typename T>
 __device__ __forceinline__ void fd_combine(const fd_params &p) {
+    constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
+    __shared__ float4 sum[FD_COMBINE_WARPS - 1][kSlices * 32];
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
-    const int row = blockIdx.x * FD_COMBINE_ROWS + threadIdx.x / 32;
+    const int row = blockIdx.x;
+    const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
-    if (row >= rows_total) return;
     const float *lse_s = p.lse_partial + row;  // split s at lse_s[s * rows_total]
 
-    // The merged state of all splits: lanes take every 32nd split, then the
-    // warp merges its 32 states.
+    // The merged state of all splits, in every warp: lanes take every 32nd
+    // split, then the warp merges its 32 states.
     fd_state st = fd_state_empty();
     for (int s = lane; s < p.num_splits; s += 32) {
         const float m = lse_s[(long long)s * rows_total] * CUDART_L2E_F;
@@ -58,49 +64,62 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     }
     const float lse2 = fd_state_lse2(st);
 
-    // out = sum_s 2^(lse2_s - lse2) o_s, 32 splits at a time: lane j holds the
-    // weight of split s0 + j (0 for an empty split or one past the end) and
-    // the warp walks them 8 at a time, 8 independent float4 loads in flight
-    // per lane (a serial walk would wait one L2 round trip per split).
-    const int b = row / (p.heads_q * p.seqlen_q);
-    const int head = row / p.seqlen_q % p.heads_q;
-    const int qi = row % p.seqlen_q;
-    constexpr int kUnroll = 8;
-    constexpr int kSlices = 2;  // 2 x 128 columns cover head dims up to 256
+    // out = sum_s 2^(lse2_s - lse2) o_s: warp w takes splits w, w + 4, ...,
+    // FD_COMBINE_UNROLL of them per step with all their loads (the split's
+    // LSE, broadcast, and its float4 columns) issued before any is used. An
+    // empty split (-inf) weighs 0, and its o_s is 0 too.
     float4 acc[kSlices];
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < p.num_splits; s0 += 32) {
-        const int n = min(32, p.num_splits - s0);
-        const float m = lane < n ? lse_s[(long long)(s0 + lane) * rows_total] * CUDART_L2E_F
-                                 : -CUDART_INF_F;
-        const float w = m == -CUDART_INF_F ? 0.f : exp2f(m - lse2);
-        for (int j0 = 0; j0 < n; j0 += kUnroll) {
-            float4 x[kUnroll][kSlices];
-            float wj[kUnroll];
+    for (int s0 = warp; s0 < p.num_splits; s0 += FD_COMBINE_WARPS * FD_COMBINE_UNROLL) {
+        float4 x[FD_COMBINE_UNROLL][kSlices];
+        float m[FD_COMBINE_UNROLL];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int j = j0 + u;
-                wj[u] = __shfl_sync(0xffffffffu, w, j % 32);
-                const float *src = p.o_partial + ((long long)(s0 + j) * rows_total + row) * p.head_dim;
+        for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
+            const int s = s0 + u * FD_COMBINE_WARPS;
+            const bool live = s < p.num_splits;
+            m[u] = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
+            const float *src = p.o_partial + ((long long)s * rows_total + row) * p.head_dim;
 #pragma unroll
-                for (int i = 0; i < kSlices; ++i) {
-                    const int d = lane * 4 + 128 * i;
-                    x[u][i] = j < n && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
-                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
+            for (int i = 0; i < kSlices; ++i) {
+                const int d = lane * 4 + 128 * i;
+                x[u][i] = live && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
+                                                 : make_float4(0.f, 0.f, 0.f, 0.f);
             }
+        }
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
+        for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
+            const float w = m[u] == -CUDART_INF_F ? 0.f : exp2f(m[u] - lse2);
 #pragma unroll
-                for (int i = 0; i < kSlices; ++i) {
-                    acc[i].x += wj[u] * x[u][i].x;
-                    acc[i].y += wj[u] * x[u][i].y;
-                    acc[i].z += wj[u] * x[u][i].z;
-                    acc[i].w += wj[u] * x[u][i].w;
-                }
+            for (int i = 0; i < kSlices; ++i) {
+                acc[i].x += w * x[u][i].x;
+                acc[i].y += w * x[u][i].y;
+                acc[i].z += w * x[u][i].z;
+                acc[i].w += w * x[u][i].w;
+            }
         }
     }
+
+    // Warps 1..3 hand their sums to warp 0, which adds them and writes.
+    if (warp > 0) {
+#pragma unroll
+        for (int i = 0; i < kSlices; ++i) sum[warp - 1][i * 32 + lane] = acc[i];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int w = 0; w < FD_COMBINE_WARPS - 1; ++w)
+#pragma unroll
+        for (int i = 0; i < kSlices; ++i) {
+            const float4 o = sum[w][i * 32 + lane];
+            acc[i].x += o.x;
+            acc[i].y += o.y;
+            acc[i].z += o.z;
+            acc[i].w += o.w;
+        }
+    const int b = row / (p.heads_q * p.seqlen_q);
+    const int head = row / p.seqlen_q % p.heads_q;
+    const int qi = row % p.seqlen_q;
     T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
              head * p.out_head_stride;
 #pragma unroll

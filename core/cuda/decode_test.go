@@ -115,7 +115,7 @@ func contiguous(p cu.DevicePtr, seq, heads, dim int) core.Tensor {
 }
 
 func TestDecodeMatchesNaiveAttention(t *testing.T) {
-	gpu(t)
+	gpu(t) // skips without a GPU
 	tests := []struct {
 		name   string
 		shape  core.Shape
@@ -131,6 +131,7 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			gpu(t) // a subtest runs on its own goroutine: lock it and make the context current
 			s := tc.shape
 			h := core.HostProblem{Shape: s, CacheSeqlens: tc.lens, Causal: tc.causal,
 				Q: randomExact(r, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDim),

@@ -2,6 +2,11 @@ package cuda_test
 
 import (
 	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
 
 	"github.com/flash-decode/flash-decode/core"
 	"github.com/flash-decode/flash-decode/core/cuda"
@@ -13,6 +18,8 @@ import (
 // stream of device 0.
 func ExampleDecode() {
 	const batch, headsQ, headsKV, dim, cacheLen = 4, 32, 8, 128, 4096
+	runtime.LockOSThread() // a CUDA context is current per OS thread
+	defer runtime.UnlockOSThread()
 	dev, _ := cu.Device(0).RetainPrimaryCtx() // the context PyTorch would use too
 	cu.SetCurrentContext(dev)
 
@@ -41,4 +48,26 @@ func ExampleDecode() {
 	}
 	cu.Synchronize() // only to read the result on the host; Decode itself never waits
 	fmt.Println(plan)
+}
+
+// TestExampleDecode runs ExampleDecode where there is a GPU (examples without
+// an Output comment are only compiled by go test).
+func TestExampleDecode(t *testing.T) {
+	if n, err := cu.NumDevices(); err != nil || n == 0 {
+		t.Skip("no CUDA device")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	ExampleDecode()
+	os.Stdout = stdout
+	w.Close()
+	printed, _ := io.ReadAll(r)
+	t.Logf("ExampleDecode printed: %s", printed)
+	if !strings.Contains(string(printed), "fd_split_kv_f16_d128") {
+		t.Fatalf("ExampleDecode printed %q, want its plan", printed)
+	}
 }
