@@ -35,14 +35,18 @@ const (
 	// of under 1/4 would mostly not materialize and would not pay for the
 	// partials and the combine launch. To be tuned on the H200.
 	busySlotsPct = 80
-	// targetBlocksPerSM is how many resident stage-1 blocks per SM the
-	// heuristic fills: one. A block's 3-stage cp.async pipeline keeps 64 KiB
-	// of K/V in flight, enough on its own to cover HBM latency, while every
-	// extra split costs partial traffic and combine work. Measured on the
-	// H200 (b=1, 32/8 heads, d128, 32768 keys, fp16): stage 1 alone streams
-	// 3.84 TB/s with 16 splits (one block per SM) and 3.79 TB/s with 33 (two),
-	// and stage 1 + combine 3.24 against 2.89 TB/s.
-	targetBlocksPerSM = 1
+	// targetWarpsPerSM is how many resident stage-1 warps per SM the
+	// heuristic fills, in whole blocks: one block of 4 or more warps, two of
+	// the 2-warp head-dim-256 kernel. A block's 3-stage cp.async pipeline
+	// keeps 64 KiB of K/V in flight, enough on its own to cover HBM latency,
+	// while every extra split costs partial traffic and combine work.
+	// Measured on the H200 (b=1, 32/8 heads, 32768 keys, fp16): at d128
+	// (4 warps) stage 1 streams 3.84 TB/s with 16 splits (one block per SM)
+	// and 3.79 TB/s with 33 (two), and stage 1 + combine 3.24 against 2.89
+	// TB/s; at d256 (2 warps) one block per SM leaves its warps stalled on
+	// fixed-latency dependencies (Nsight Compute: 44% issue-active, DRAM at
+	// 52%), and 8192 keys take 26.4 us in 32 splits against 28.6 us in 16.
+	targetWarpsPerSM = 4
 )
 
 // Occupancy returns how many blocks of the stage-1 kernel of v can be
@@ -171,7 +175,7 @@ func planVariant(op string, s Shape, v Variant, sms, blocksPerSM int) (Plan, err
 	} else {
 		blocks := s.Batch * s.HeadsKV * rowTiles
 		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
-		splits = autoSplits(blocks, sms*min(blocksPerSM, targetBlocksPerSM), tiles, maxN)
+		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), tiles, maxN)
 	}
 
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
@@ -261,7 +265,8 @@ func splitCost(blocks, slots, tiles, n int) int {
 //     smallest n within splitTolerancePct of it (fewer partials), which
 //     favours whole waves and splits that divide the tiles evenly.
 //
-// (planVariant passes slots = SMs x min(blocks per SM, targetBlocksPerSM).)
+// (planVariant passes slots = SMs x targetBlocks: one block per SM for the
+// kernels of 4 or more warps.)
 //
 // Worked example: batch 1, 32 query and 8 K/V heads (one row tile of 4
 // rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 1 block = 132
@@ -288,6 +293,13 @@ func autoSplits(blocks, slots, tiles, maxN int) int {
 		}
 	}
 	return 1 // unreachable: the best cost itself qualifies
+}
+
+// targetBlocks is how many resident blocks of v per SM the heuristic fills:
+// enough for targetWarpsPerSM warps, at least one, at most blocksPerSM.
+func targetBlocks(v Variant, blocksPerSM int) int {
+	warps := max(1, ceilDiv(v.Threads, 32))
+	return max(1, min(blocksPerSM, ceilDiv(targetWarpsPerSM, warps)))
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

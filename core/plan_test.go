@@ -348,3 +348,21 @@ func TestPlanJSONAndString(t *testing.T) {
 		t.Errorf("String() = %q", str)
 	}
 }
+
+func TestTargetBlocks(t *testing.T) {
+	for _, tt := range []struct {
+		threads, blocksPerSM, want int
+	}{
+		{256, 2, 1}, // d64: 8 warps
+		{128, 2, 1}, // d128: 4 warps
+		{64, 2, 2},  // d256: 2 warps, two blocks fill 4 warps
+		{64, 1, 1},  // but never more than fit
+		{32, 8, 4},
+		{0, 3, 3}, // a degenerate variant still gets at least one warp's worth
+	} {
+		v := Variant{Threads: tt.threads}
+		if got := targetBlocks(v, tt.blocksPerSM); got != tt.want {
+			t.Errorf("targetBlocks(%d threads, %d/SM) = %d, want %d", tt.threads, tt.blocksPerSM, got, tt.want)
+		}
+	}
+}
