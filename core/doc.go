@@ -44,10 +44,10 @@
 // number of key tiles of the length the shape promises (Seqlen, or
 // SeqlenCache when per-sequence lengths live on the device).
 // It never splits when the unsplit grid already keeps 80% of those
-// block slots busy, never makes a split shorter than 256 keys (the partials
-// and the combine would cost more than the split saves) or more than
-// MaxSplits, and otherwise takes the count that streams the cache in the
-// fewest, fullest waves. See autoSplits in plan.go for the model and a
+// block slots busy, never makes a split shorter than 64 keys (16 per packed
+// query row, so the fp32 partials stay under 1/8 of the K/V traffic) or more
+// than MaxSplits, and otherwise takes the count that streams the cache in the
+// fewest, fullest waves, counting the combine's extra L2 round trips. See autoSplits in plan.go for the model and a
 // worked example; batch 1, 32/8 heads, head dim 128, 32768 keys on 132 SMs
 // gives 16 splits: 128 blocks, one wave, 2048 keys each. A requested num_splits n > 0 is clamped to
 // [1, min(MaxSplits, key tiles)].

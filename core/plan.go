@@ -15,16 +15,22 @@ const MaxSplits = 128
 // Split heuristic constants (see autoSplits).
 const (
 	// minSplitKeys is the fewest keys a split gets from the automatic
-	// heuristic. A split of a block with r packed rows writes r*d fp32 partial
-	// outputs and the combine reads them back (8*r*d bytes) while it reads
-	// 4*keys*d bytes of fp16/bf16 K and V; 256 keys keeps that extra traffic
-	// at or below 1/8 for r <= 16 (and 16*r keys keeps it there for bigger
-	// tiles). Measured on the H200 (b=1, 32/8 heads, d128): 1024 keys run in
-	// 8.3 us with 4 splits of 256 keys against 10.2 us with 2 of 512, 2048
-	// keys in 9.6 us with 8 splits against 10.8 us with 4; with 64/8 heads
-	// and 4 query tokens (32 rows), 8192 keys take 22.5 us in 16 splits of
-	// 512 keys against 27.2 us in 8 of 1024.
-	minSplitKeys = 256
+	// heuristic: one 64-key tile at head dim 128. A split of a block with r
+	// packed rows writes r*d fp32 partial outputs and the combine reads them
+	// back (8*r*d bytes) while it reads 4*keys*d bytes of fp16/bf16 K and V,
+	// so minKeysPerSplit also asks for 16*r keys, which keeps that extra
+	// traffic at or below 1/8. The combine's own cost grows with the splits
+	// and is in the cost model (combineRoundCost) rather than in this floor.
+	// Measured on the H200 (b=1, 32/8 heads, d128): 1024 keys run in 7.4 us
+	// with 16 splits of 64 keys, 8.0 us with 4 of 256, 10.2 us with 2 of 512.
+	minSplitKeys = 64
+	// combineRoundCost is what one round of the combine costs in the
+	// half-tile units of splitCost: a combine block fetches 32 splits of a
+	// row per L2 round trip (4 warps x 8 loads), about 2.5 tile loads of a
+	// slot. Fitted on the H200, MQA 8/1, b=1, 16384 keys: 11.3, 10.5 and
+	// 12.3 us with 32, 64 and 128 splits.
+	combineRoundCost      = 5
+	combineSplitsPerRound = 32
 	// splitTolerancePct: among split counts whose modelled time is within
 	// this many percent of the best, the smallest wins (fewer partials, a
 	// cheaper combine).
@@ -243,13 +249,18 @@ func clampSplits(n, tiles int) int {
 	return max(1, min(n, MaxSplits, tiles))
 }
 
-// splitCost models stage-1 time, in key-tile loads of one block slot, when
-// blocks (batch x K/V heads x row tiles) are each split n ways over slots
-// resident block slots (SMs x blocks per SM): the waves it takes times the
-// tiles each split streams, ceil(blocks*n/slots) * ceil(tiles/n). Decode is
-// memory-bound, so a slot's time is the bytes it streams.
+// splitCost models the time of a decode, in half key-tile loads of one
+// block slot, when blocks (batch x K/V heads x row tiles) are each split n
+// ways over slots resident block slots: stage 1 takes the waves times the
+// tiles each split streams, 2 * ceil(blocks*n/slots) * ceil(tiles/n) (decode
+// is memory-bound, so a slot's time is the bytes it streams), and with n > 1
+// the combine adds combineRoundCost per combineSplitsPerRound splits.
 func splitCost(blocks, slots, tiles, n int) int {
-	return ceilDiv(blocks*n, slots) * ceilDiv(tiles, n)
+	cost := 2 * ceilDiv(blocks*n, slots) * ceilDiv(tiles, n)
+	if n > 1 {
+		cost += combineRoundCost * ceilDiv(n, combineSplitsPerRound)
+	}
+	return cost
 }
 
 // autoSplits is the num_splits=0 heuristic. Decode streams the whole K/V
@@ -270,13 +281,13 @@ func splitCost(blocks, slots, tiles, n int) int {
 //
 // Worked example: batch 1, 32 query and 8 K/V heads (one row tile of 4
 // rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 1 block = 132
-// slots. blocks = 8; a split holds >= 256 keys = 4 tiles, so maxN =
-// min(128, 512/4) = 128. For n <= 16 the 8n blocks fit one wave and cost
-// ceil(512/n): 512 at n=1, 32 at n=16; more splits take more waves and
-// never cost less (n=32: 2 waves x 16 = 32; n=128: 8 x 4 = 32). The
-// smallest n at the least cost is 16: grid (16, 8, 1), 128 of 132 SMs
-// busy, 2048 keys each. With batch 16 (128 blocks >= 80% of 132) it is 1;
-// with 1024 keys (16 tiles) maxN = 4, so 4.
+// slots. blocks = 8; a split holds >= 64 keys = 1 tile, so maxN = 128.
+// For n <= 16 the 8n blocks fit one wave: cost 2*ceil(512/n) + 5, which is
+// 69 at n=16; more splits take more waves and never cost less (n=32:
+// 2*2*16 + 5 = 69; n=128: 2*8*4 + 4*5 = 84). The smallest n at the least
+// cost is 16: grid (16, 8, 1), 128 of 132 SMs busy, 2048 keys each. With
+// batch 16 (128 blocks >= 80% of 132) it is 1; with 1024 keys (16 tiles)
+// it is 16 again: one tile each, cost 2 + 5.
 func autoSplits(blocks, slots, tiles, maxN int) int {
 	if maxN <= 1 || blocks*100 >= slots*busySlotsPct {
 		return 1

@@ -28,14 +28,14 @@ func TestAutoSplits(t *testing.T) {
 		{"24 blocks short of a wave", 240, 264, 512, 64, 1},
 		{"just over 80% of a wave", 212, 264, 512, 64, 1},
 		{"just under 80% of a wave", 211, 264, 512, 64, 5},
-		{"200 blocks", 200, 264, 512, 64, 9},
+		{"200 blocks", 200, 264, 512, 64, 5},
 		{"full wave", 264, 264, 512, 64, 1},
 		{"more than a wave", 512, 264, 512, 64, 1},
 		{"1024 keys: at most 2", 8, 264, 16, 2, 2},
 		{"4096 keys: limited by min chunk", 8, 264, 64, 8, 8},
 		{"too short to split", 8, 264, 5, 1, 1},
 		{"empty cache", 8, 264, 0, 1, 1},
-		{"MQA 128K keys: cap", 1, 132, 2048, 128, 128},
+		{"MQA 128K keys: cap", 1, 132, 2048, 128, 121},
 		{"uneven tiles", 16, 132, 100, 12, 8},
 	}
 	for _, tt := range tests {
@@ -74,8 +74,9 @@ func TestAutoSplitsProperties(t *testing.T) {
 
 func TestSplitHelpers(t *testing.T) {
 	for _, tt := range []struct{ blocks, slots, tiles, n, want int }{
-		{8, 264, 512, 1, 512}, {8, 264, 512, 32, 16}, {8, 264, 512, 33, 16},
-		{8, 264, 512, 34, 32}, {8, 264, 512, 64, 16}, {200, 264, 512, 9, 399}, {1, 1, 0, 1, 0},
+		// 2 x waves x tiles per split, plus 5 per 32 splits of combine.
+		{8, 264, 512, 1, 1024}, {8, 264, 512, 32, 37}, {8, 264, 512, 33, 42},
+		{8, 264, 512, 34, 74}, {8, 264, 512, 64, 42}, {200, 264, 512, 9, 803}, {1, 1, 0, 1, 0},
 	} {
 		if got := splitCost(tt.blocks, tt.slots, tt.tiles, tt.n); got != tt.want {
 			t.Errorf("splitCost(%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.tiles, tt.n, got, tt.want)
@@ -96,7 +97,7 @@ func TestSplitHelpers(t *testing.T) {
 			t.Errorf("maxAutoSplits(%d, %d) = %d, want %d", tt.tiles, tt.minTiles, got, tt.want)
 		}
 	}
-	for _, tt := range []struct{ rows, want int }{{1, 256}, {16, 256}, {17, 272}, {64, 1024}} {
+	for _, tt := range []struct{ rows, want int }{{1, 64}, {4, 64}, {16, 256}, {17, 272}, {64, 1024}} {
 		if got := minKeysPerSplit(tt.rows); got != tt.want {
 			t.Errorf("minKeysPerSplit(%d) = %d, want %d", tt.rows, got, tt.want)
 		}
@@ -158,7 +159,7 @@ func TestPlanVariant(t *testing.T) {
 		lseOff, ws  int
 	}{
 		{"doc example", func(s *Shape) {}, 16, [3]int{16, 8, 1}, 8, 262144, 264192},
-		{"seqlen overrides cache", func(s *Shape) { s.Seqlen = 1024 }, 4, [3]int{4, 8, 1}, 8, 65536, 65536 + 512},
+		{"seqlen overrides cache", func(s *Shape) { s.Seqlen = 1024 }, 16, [3]int{16, 8, 1}, 8, 262144, 262144 + 2048},
 		{"seqlen 0", func(s *Shape) { s.Seqlen = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
 		{"empty cache", func(s *Shape) { s.SeqlenCache = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
 		{"batch 64: no split", func(s *Shape) { s.Batch = 64 }, 1, [3]int{1, 8, 64}, 0, 0, 0},
