@@ -154,6 +154,10 @@ def test_binding_with_fake_driver():
         assert p["num_splits"] >= 1 and len(p["grid"]) == 3 and p["grid"][0] == p["num_splits"]
         assert isinstance(p["kernel"], str) and p["kernel"]
         assert (p["workspace_bytes"] == 0) == (p["num_splits"] == 1)
+    # The README's answer to "what does num_splits=0 pick" for b=1, 32/8 heads, 32K tokens.
+    readme = {"num_splits": 16, "grid": [16, 8, 1], "workspace_bytes": 264192,
+              "kernel": "fd_split_kv_f16_d128_r16"}
+    assert {k: report["plan"][k] for k in readme} == readme
     assert report["plan_1"]["num_splits"] == 1
     p = report["plan_4"]
     assert p["num_splits"] == 4
