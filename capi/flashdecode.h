@@ -94,18 +94,20 @@ typedef struct fd_args {
 /* The launch fd_decode would run (mirrors core.Plan). */
 typedef struct fd_plan_info {
     char kernel[64];            /* stage-1 (split-KV) kernel name */
-    char combine[64];           /* stage-2 (combine) kernel name; runs only when num_splits > 1 */
+    char combine[64];           /* stage-2 (combine) kernel name; runs only when combine_grid > 0 */
     int32_t num_splits;         /* splits of each sequence's keys: grid[0] */
     int32_t row_tiles;          /* tiles of packed query rows per K/V head */
     int32_t grid[3];            /* stage-1 grid (num_splits, heads_kv * row_tiles, batch) */
     int32_t threads;            /* stage-1 threads per block */
     int32_t shared_bytes;       /* stage-1 dynamic shared memory per block */
-    int32_t combine_grid;       /* combine blocks (0 when num_splits == 1) */
-    int32_t combine_threads;    /* combine threads per block (0 when num_splits == 1) */
+    int32_t cluster;            /* stage-1 cluster size along x: num_splits when the splits
+                                   merge inside stage 1 (sm_90), else 1 */
+    int32_t combine_grid;       /* combine blocks (0 when num_splits == 1 or cluster > 1) */
+    int32_t combine_threads;    /* combine threads per block (0 when combine_grid == 0) */
     int32_t sms;                /* SM count planned for */
     int32_t blocks_per_sm;      /* resident stage-1 blocks per SM planned for */
     int64_t lse_partial_offset; /* byte offset of the partial LSEs in the workspace */
-    int64_t workspace_bytes;    /* workspace fd_decode needs (0 when num_splits == 1) */
+    int64_t workspace_bytes;    /* workspace fd_decode needs (0 when combine_grid == 0) */
 } fd_plan_info;
 
 #ifndef FD_CGO_EXPORTS /* capi's Go code declares these itself (cgo has no const) */

@@ -172,6 +172,7 @@ func fd_plan(args *C.fd_args, out *C.fd_plan_info) (ret C.int) {
 	}
 	out.threads = C.int32_t(pl.Threads)
 	out.shared_bytes = C.int32_t(pl.SharedBytes)
+	out.cluster = C.int32_t(pl.Cluster)
 	out.combine_grid = C.int32_t(pl.CombineGrid)
 	out.combine_threads = C.int32_t(pl.CombineThreads)
 	out.sms = C.int32_t(pl.SMs)

@@ -34,6 +34,14 @@
 // combine runs. ReferenceDecode does exactly this on the CPU and the tests
 // check it against NaiveAttention.
 //
+// On sm_90 (H100/H200) short splits can skip the second stage: the splits
+// of one (sequence, K/V head, row tile) run as one thread-block cluster,
+// park their rows in shared memory, and after a cluster barrier each block
+// merges a slice of the rows over all of them through distributed shared
+// memory, with the same formula (kernels/split_kv.cuh,
+// fd_split_kv_cluster_merge). No workspace, no second launch, no partials
+// through HBM; Plan.Cluster says when a plan does it.
+//
 // # How num_splits = 0 picks
 //
 // MakePlan chooses the kernel variant, then the split count from the grid's
@@ -47,10 +55,14 @@
 // block slots busy, never makes a split shorter than 64 keys (16 per packed
 // query row, so the fp32 partials stay under 1/8 of the K/V traffic) or more
 // than MaxSplits, and otherwise takes the count that streams the cache in the
-// fewest, fullest waves, counting the combine's extra L2 round trips. See autoSplits in plan.go for the model and a
-// worked example; batch 1, 32/8 heads, head dim 128, 32768 keys on 132 SMs
-// gives 16 splits: 128 blocks, one wave, 2048 keys each. A requested num_splits n > 0 is clamped to
-// [1, min(MaxSplits, key tiles)].
+// fewest, fullest waves, counting a fixed cost per wave and the merge: the
+// combine's launch and L2 round trips, or a cluster's barriers where the
+// device runs every cluster at once (Device.Clusters) and the splits are
+// short. See autoSplits in plan.go for the model and a worked example;
+// batch 1, 32/8 heads, head dim 128, 32768 keys on an H200 gives 16 splits
+// and the combine: 128 blocks, one wave, 2048 keys each; 1024 keys give 8
+// splits merged in clusters of 8. A requested num_splits n > 0 is clamped
+// to [1, min(MaxSplits, key tiles)].
 //
 // Launch shapes depend on shapes only, never on device data, so a Plan can
 // be computed once per shape and reused for every layer, and a captured CUDA

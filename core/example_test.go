@@ -7,46 +7,61 @@ import (
 	"github.com/flash-decode/flash-decode/core"
 )
 
-// Plan batch 1 with 32 query heads over 8 K/V heads, head dim 128, a
-// 32768-token cache, on an H200 (132 SMs), occupancy estimated without a GPU.
+// Plan batch 1 with 32 query heads over 8 K/V heads, head dim 128, on an
+// H200 (132 SMs; occupancy and cluster counts as measured there, without
+// asking a GPU). A 32768-token cache gets 16 splits and the combine kernel;
+// a 1024-token one 8 splits merged inside their thread-block clusters, with
+// no combine kernel and no workspace.
 func ExampleMakePlan() {
 	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
 		SeqlenCache: 32768, Seqlen: -1}
-	p, err := core.MakePlan(s, 132, core.DefaultOccupancy)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	fmt.Println("kernel:", p.Variant.Kernel)
-	fmt.Println("num_splits:", p.NumSplits, "grid:", p.Grid)
-	fmt.Println("workspace bytes:", p.WorkspaceBytes)
-	// Output:
-	// kernel: fd_split_kv_f16_d128_r16
-	// num_splits: 16 grid: [16 8 1]
-	// workspace bytes: 264192
-}
-
-// Plan a variant of one's choosing, here on a GPU that holds 2 of its blocks
-// per SM: the worked example of the split heuristic.
-func ExamplePlanVariant() {
-	v := core.Variant{Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: core.Float16,
-		HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 98304,
-		CombineThreads: 128, CombineRows: 4}
-	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
-		SeqlenCache: 32768, Seqlen: -1}
-	for _, n := range []int{0, 1, 1000} {
-		s.NumSplits = n
-		p, err := core.PlanVariant(s, v, 132, 2)
+	for _, n := range []int{32768, 1024} {
+		s.SeqlenCache = n
+		p, err := core.MakePlan(s, core.H200)
 		if err != nil {
 			fmt.Println(err)
 			return
 		}
-		fmt.Printf("num_splits=%d: %v\n", n, p)
+		fmt.Printf("%d tokens: %s, num_splits %d, grid %v, cluster %d, workspace %d B\n",
+			n, p.Variant.Kernel, p.NumSplits, p.Grid, p.Cluster, p.WorkspaceBytes)
 	}
 	// Output:
-	// num_splits=0: fd_split_kv_f16_d128_r16 grid (16,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 16 splits; combine fd_combine_f16 8 x 128 threads; workspace 264192 B (lse_partial at 262144)
-	// num_splits=1: fd_split_kv_f16_d128_r16 grid (1,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 1 split, no combine, no workspace
-	// num_splits=1000: fd_split_kv_f16_d128_r16 grid (128,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 128 splits; combine fd_combine_f16 8 x 128 threads; workspace 2113536 B (lse_partial at 2097152)
+	// 32768 tokens: fd_split_kv_f16_d128_r16, num_splits 16, grid [16 8 1], cluster 1, workspace 264192 B
+	// 1024 tokens: fd_split_kv_f16_d128_r16, num_splits 8, grid [8 8 1], cluster 8, workspace 0 B
+}
+
+// Plan a variant of one's choosing on a device of one's choosing: the worked
+// example of the split heuristic on a GPU that holds 2 of its blocks per SM,
+// with the H200's clusters (sm_90) and without (sm_80).
+func ExamplePlanVariant() {
+	v := core.Variant{Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: core.Float16,
+		HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 98304,
+		ClusterSharedBytes: 122880, CombineThreads: 128, CombineRows: 4}
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
+		SeqlenCache: 32768, Seqlen: -1}
+	twoPerSM := func(core.Variant) int { return 2 }
+	sm90 := core.Device{SMs: 132, Occupancy: twoPerSM, Clusters: core.DefaultClusters}
+	sm80 := core.Device{SMs: 132, Occupancy: twoPerSM}
+	for _, c := range []struct {
+		dev         core.Device
+		name        string
+		keys, split int
+	}{{sm90, "sm_90", 32768, 0}, {sm90, "sm_90", 32768, 1}, {sm90, "sm_90", 32768, 1000},
+		{sm90, "sm_90", 1024, 0}, {sm80, "sm_80", 1024, 0}} {
+		s.SeqlenCache, s.NumSplits = c.keys, c.split
+		p, err := core.PlanVariant(s, v, c.dev)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("%s, %d keys, num_splits=%d: %v\n", c.name, c.keys, c.split, p)
+	}
+	// Output:
+	// sm_90, 32768 keys, num_splits=0: fd_split_kv_f16_d128_r16 grid (16,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 16 splits; combine fd_combine_f16 8 x 128 threads; workspace 264192 B (lse_partial at 262144)
+	// sm_90, 32768 keys, num_splits=1: fd_split_kv_f16_d128_r16 grid (1,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 1 split, no combine, no workspace
+	// sm_90, 32768 keys, num_splits=1000: fd_split_kv_f16_d128_r16 grid (128,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 128 splits; combine fd_combine_f16 8 x 128 threads; workspace 2113536 B (lse_partial at 2097152)
+	// sm_90, 1024 keys, num_splits=0: fd_split_kv_f16_d128_r16 grid (8,8,1) x 128 threads, 122880 B shared, 2/SM on 132 SMs; 8 splits merged in clusters of 8, no combine, no workspace
+	// sm_80, 1024 keys, num_splits=0: fd_split_kv_f16_d128_r16 grid (16,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 16 splits; combine fd_combine_f16 8 x 128 threads; workspace 264192 B (lse_partial at 262144)
 }
 
 // Errors name the argument and wrap a sentinel that tells its kind.

@@ -6,6 +6,11 @@ import (
 	"strings"
 )
 
+// MaxCluster is the largest cluster a plan uses: kernels/split_kv.cuh
+// merges at most 16 blocks (fd_split_kv_config::kMaxCluster), the most sm_90
+// runs in one cluster.
+const MaxCluster = 16
+
 // MaxSplits is the most splits of one sequence's keys the planner makes or
 // accepts: the combine reads every split of a row, and beyond 128 splits the
 // partials cost more memory traffic than a split saves on any cache the
@@ -31,6 +36,33 @@ const (
 	// 12.3 us with 32, 64 and 128 splits.
 	combineRoundCost      = 5
 	combineSplitsPerRound = 32
+	// combineLaunchCost is the fixed cost of the combine kernel: a second
+	// launch (partly hidden by programmatic dependent launch) and one L2
+	// round trip before its first load.
+	combineLaunchCost = 4
+	// clusterMergeCost is what merging the splits inside stage 1 costs (a
+	// cluster launch, see Device.Clusters): two cluster barriers, one round
+	// trip of distributed shared memory, and every block of a cluster held
+	// until the slowest is done. Measured on the H200 (b=1, 32/8, d128,
+	// 256 keys): 5.5 us in a cluster of 4 against 5.1 us unsplit.
+	clusterMergeCost = 6
+	// clusterMaxTiles: splits merge in clusters only when each streams at
+	// most this many tiles. A cluster saves the combine's fixed cost, about
+	// a microsecond, and that only matters for short splits; longer ones
+	// ran no faster, or slower, in clusters (H200, 48 heads, 8192 keys,
+	// b=1, 2 splits of 64 tiles: 55.2 us in clusters of 2, 52.3 us with
+	// the combine).
+	clusterMaxTiles = 16
+	// blockCost is what a wave of blocks costs besides its tiles, in the
+	// same units: the pipelines' ramp-up and drain, loading Q, the merge of
+	// the warps and the write of the rows, and the bandwidth a wave of
+	// short blocks loses to its uneven end. It makes extra waves cost what
+	// they do: with 48 heads, 8192 keys, b=1 (48 blocks unsplit) 2 splits
+	// run in 52 us and 4 to 8 in 55-65 us, which a model of tiles alone
+	// ranks the other way round. Fitted, with clusterMergeCost and
+	// clusterMaxTiles, to a sweep of num_splits over 15 shapes on the H200:
+	// the choice is within 2% of the sweep's best on each.
+	blockCost = 24
 	// splitTolerancePct: among split counts whose modelled time is within
 	// this many percent of the best, the smallest wins (fewer partials, a
 	// cheaper combine).
@@ -60,6 +92,58 @@ const (
 // (cuOccupancyMaxActiveBlocksPerMultiprocessor); DefaultOccupancy estimates it
 // without one.
 type Occupancy func(v Variant) int
+
+// ClusterOccupancy returns how many thread-block clusters of size blocks of
+// v's stage-1 kernel, launched with v.ClusterSharedBytes each, the GPU runs
+// at once (cuOccupancyMaxActiveClusters); 0 when it cannot run them.
+type ClusterOccupancy func(v Variant, size int) int
+
+// Device is what the planner knows about a GPU.
+type Device struct {
+	SMs int // streaming multiprocessors
+	// Occupancy tells the resident stage-1 blocks of a variant per SM; nil
+	// means DefaultOccupancy.
+	Occupancy Occupancy
+	// Clusters tells how many thread-block clusters of stage 1 run at once
+	// (sm_90 and newer); nil where the GPU has none. A plan of n short
+	// splits (at most 16 key tiles each), 2 <= n <= MaxCluster, whose
+	// clusters (one per sequence, K/V head and row tile) all run at once,
+	// merges its splits inside stage 1 (see Plan.Cluster); other plans use
+	// the combine kernel.
+	Clusters ClusterOccupancy
+}
+
+// H200 is an NVIDIA H200 (and H100 SXM) as the planner sees it without
+// asking the GPU: 132 SMs, occupancy from DefaultOccupancy, clusters from
+// DefaultClusters.
+var H200 = Device{SMs: 132, Clusters: DefaultClusters}
+
+// DefaultClusters is ClusterOccupancy on an H200 without asking the GPU:
+// what cuOccupancyMaxActiveClusters answered there for clusters of 1 and 2
+// blocks per SM (at v.ClusterSharedBytes, see DefaultOccupancy), by size.
+// A cluster lies within one GPC, so 16 blocks at one per SM fit only 7
+// times on 132 SMs. Other blocks per SM: 132 * blocks per SM / size.
+func DefaultClusters(v Variant, size int) int {
+	if size < 1 || size > MaxCluster {
+		return 0
+	}
+	v.SharedBytes = v.ClusterSharedBytes
+	switch bps := DefaultOccupancy(v); bps {
+	case 1:
+		return h200Clusters[0][size]
+	case 2:
+		return h200Clusters[1][size]
+	default:
+		return 132 * bps / size
+	}
+}
+
+// h200Clusters[b-1][size]: clusters of size blocks at b blocks per SM that
+// run at once on an H200 (measured; size 1 is every SM's blocks).
+var h200Clusters = [2][MaxCluster + 1]int{
+	{0, 132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7},
+	{0, 264, 132, 79, 62, 47, 39, 32, 30, 23, 21, 16, 16, 14, 14, 14, 14},
+}
 
 // Per-SM limits of sm_90 (H100/H200) used by DefaultOccupancy.
 const (
@@ -94,24 +178,28 @@ type Plan struct {
 	Grid        [3]int `json:"grid"`
 	Threads     int    `json:"threads"`      // stage-1 threads per block
 	SharedBytes int    `json:"shared_bytes"` // stage-1 dynamic shared memory per block
+	// Cluster is the thread-block cluster size along x: NumSplits when the
+	// splits of each (sequence, K/V head, row tile) run as one cluster and
+	// merge their outputs through distributed shared memory at the end of
+	// stage 1 (no combine kernel, no workspace), else 1.
+	Cluster int `json:"cluster"`
 	// CombineGrid blocks of CombineThreads run the combine; both are 0 when
-	// NumSplits == 1 (stage 1 then writes out and lse itself).
+	// NumSplits == 1 (stage 1 then writes out and lse itself) or Cluster > 1.
 	CombineGrid    int `json:"combine_grid"`
 	CombineThreads int `json:"combine_threads"`
 	// The workspace holds o_partial, float32 [NumSplits][rows][HeadDim]
 	// at offset 0, and lse_partial, float32 [NumSplits][rows] at
 	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ and
 	// HeadDim the problem's own (not the variant's padded) head dim. Both are
-	// 0 when NumSplits == 1.
+	// 0 when no combine runs.
 	LSEPartialOffset int `json:"lse_partial_offset"`
 	WorkspaceBytes   int `json:"workspace_bytes"`
 	SMs              int `json:"sms"`           // SM count planned for
 	BlocksPerSM      int `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
 }
 
-// MakePlan picks the kernel variant for s (SelectVariant), asks occ how many
-// of its blocks fit on an SM (nil means DefaultOccupancy), and plans the
-// launch on a device of sms SMs with PlanVariant.
+// MakePlan picks the kernel variant for s (SelectVariant) and plans its
+// launch on device d with PlanVariant.
 //
 // With s.NumSplits == 0 the split count comes from the heuristic described
 // in the package documentation and at autoSplits. A request n > 0 is
@@ -119,42 +207,47 @@ type Plan struct {
 // ceil(length/Variant.KeysPerTile) for the length the plan uses (Seqlen if
 // >= 0, else SeqlenCache): more splits than tiles would only add empty
 // splits.
-func MakePlan(s Shape, sms int, occ Occupancy) (Plan, error) {
+func MakePlan(s Shape, d Device) (Plan, error) {
 	const op = "plan"
 	if err := s.validate(op); err != nil {
 		return Plan{}, err
 	}
-	if sms < 1 {
-		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", sms))
+	if d.SMs < 1 {
+		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", d.SMs))
 	}
 	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ)
 	if err != nil {
 		return Plan{}, &Error{Op: op, Arg: "headdim", Err: ErrUnsupported,
 			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}
 	}
-	if occ == nil {
-		occ = DefaultOccupancy
-	}
-	bps := occ(v)
-	if bps < 1 {
+	if bps := d.blocksPerSM(v); bps < 1 {
 		return Plan{}, unsupported(op, "", fmt.Sprintf("kernel %s does not fit on an SM of this device (occupancy %d)", v.Kernel, bps))
 	}
-	return planVariant(op, s, v, sms, bps)
+	return planVariant(op, s, v, d)
 }
 
-// PlanVariant plans s for the given variant on a device of sms SMs holding
-// blocksPerSM resident blocks of it each. MakePlan calls it after choosing
-// the variant; tuning tools and tests call it to plan a variant of their
-// choice. Splits are chosen or clamped as MakePlan describes.
-func PlanVariant(s Shape, v Variant, sms, blocksPerSM int) (Plan, error) {
+// PlanVariant plans s for the given variant on device d. MakePlan calls it
+// after choosing the variant; tuning tools and tests call it to plan a
+// variant of their choice. Splits are chosen or clamped as MakePlan
+// describes.
+func PlanVariant(s Shape, v Variant, d Device) (Plan, error) {
 	const op = "plan"
 	if err := s.validate(op); err != nil {
 		return Plan{}, err
 	}
-	return planVariant(op, s, v, sms, blocksPerSM)
+	return planVariant(op, s, v, d)
 }
 
-func planVariant(op string, s Shape, v Variant, sms, blocksPerSM int) (Plan, error) {
+// blocksPerSM is d's occupancy of v.
+func (d Device) blocksPerSM(v Variant) int {
+	if d.Occupancy == nil {
+		return DefaultOccupancy(v)
+	}
+	return d.Occupancy(v)
+}
+
+func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
+	sms, blocksPerSM := d.SMs, d.blocksPerSM(v)
 	if sms < 1 {
 		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", sms))
 	}
@@ -175,13 +268,19 @@ func planVariant(op string, s Shape, v Variant, sms, blocksPerSM int) (Plan, err
 	}
 	tiles := ceilDiv(length, v.KeysPerTile)
 
+	// Unsplit, the grid has `blocks` blocks; split n ways, as many clusters
+	// of n, which merge their splits themselves if they all run at once.
+	blocks := s.Batch * s.HeadsKV * rowTiles
+	fused := func(n int) bool {
+		return n >= 2 && n <= MaxCluster && ceilDiv(tiles, n) <= clusterMaxTiles &&
+			d.Clusters != nil && blocks <= d.Clusters(v, n)
+	}
 	splits := s.NumSplits
 	if splits > 0 {
 		splits = clampSplits(splits, tiles)
 	} else {
-		blocks := s.Batch * s.HeadsKV * rowTiles
 		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
-		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), tiles, maxN)
+		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), tiles, maxN, fused)
 	}
 
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
@@ -192,11 +291,16 @@ func planVariant(op string, s Shape, v Variant, sms, blocksPerSM int) (Plan, err
 		Grid:        [3]int{splits, s.HeadsKV * rowTiles, s.Batch},
 		Threads:     v.Threads,
 		SharedBytes: v.SharedBytes,
+		Cluster:     1,
 		SMs:         sms,
 		BlocksPerSM: blocksPerSM,
 	}
-	p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
-	if splits > 1 {
+	switch {
+	case fused(splits):
+		p.Cluster = splits
+		p.SharedBytes = v.ClusterSharedBytes
+	case splits > 1:
+		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
 		p.CombineGrid = ceilDiv(rows, v.CombineRows)
 		p.CombineThreads = v.CombineThreads
 	}
@@ -251,14 +355,21 @@ func clampSplits(n, tiles int) int {
 
 // splitCost models the time of a decode, in half key-tile loads of one
 // block slot, when blocks (batch x K/V heads x row tiles) are each split n
-// ways over slots resident block slots: stage 1 takes the waves times the
-// tiles each split streams, 2 * ceil(blocks*n/slots) * ceil(tiles/n) (decode
-// is memory-bound, so a slot's time is the bytes it streams), and with n > 1
-// the combine adds combineRoundCost per combineSplitsPerRound splits.
-func splitCost(blocks, slots, tiles, n int) int {
-	cost := 2 * ceilDiv(blocks*n, slots) * ceilDiv(tiles, n)
-	if n > 1 {
-		cost += combineRoundCost * ceilDiv(n, combineSplitsPerRound)
+// ways over slots resident block slots: stage 1 takes the waves times what
+// a block costs, ceil(blocks*n/slots) * (2*ceil(tiles/n) + blockCost)
+// (decode is memory-bound, so a slot's time is the bytes it streams). With
+// n > 1 the splits merge inside stage 1 when fused (a cluster launch whose
+// clusters all run at once: one wave, plus clusterMergeCost), else the
+// combine kernel adds combineLaunchCost plus combineRoundCost per
+// combineSplitsPerRound splits.
+func splitCost(blocks, slots, tiles, n int, fused bool) int {
+	cost := ceilDiv(blocks*n, slots) * (2*ceilDiv(tiles, n) + blockCost)
+	switch {
+	case n == 1:
+	case fused:
+		cost = 2*ceilDiv(tiles, n) + blockCost + clusterMergeCost
+	default:
+		cost += combineLaunchCost + combineRoundCost*ceilDiv(n, combineSplitsPerRound)
 	}
 	return cost
 }
@@ -279,23 +390,25 @@ func splitCost(blocks, slots, tiles, n int) int {
 // (planVariant passes slots = SMs x targetBlocks: one block per SM for the
 // kernels of 4 or more warps.)
 //
-// Worked example: batch 1, 32 query and 8 K/V heads (one row tile of 4
-// rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 1 block = 132
-// slots. blocks = 8; a split holds >= 64 keys = 1 tile, so maxN = 128.
-// For n <= 16 the 8n blocks fit one wave: cost 2*ceil(512/n) + 5, which is
-// 69 at n=16; more splits take more waves and never cost less (n=32:
-// 2*2*16 + 5 = 69; n=128: 2*8*4 + 4*5 = 84). The smallest n at the least
-// cost is 16: grid (16, 8, 1), 128 of 132 SMs busy, 2048 keys each. With
-// batch 16 (128 blocks >= 80% of 132) it is 1; with 1024 keys (16 tiles)
-// it is 16 again: one tile each, cost 2 + 5.
-func autoSplits(blocks, slots, tiles, maxN int) int {
+// Worked example, on an H200: batch 1, 32 query and 8 K/V heads (one row
+// tile of 4 rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 1 block
+// = 132 slots. blocks = 8; a split holds >= 64 keys = 1 tile, so maxN =
+// 128. No split of at most 16 tiles fits a cluster of at most 16, so the
+// combine kernel merges: 16 splits make 128 blocks, one wave, 2*32 + 24 +
+// 4 + 5 = 97; 32 take two waves (2*(32 + 24) + 4 + 10 = 126), 128 take
+// eight (280), 1 split costs 1048. The least cost is 16: grid (16, 8, 1),
+// 128 of 132 SMs busy, 2048 keys each, then the combine. With batch 16 (128
+// blocks >= 80% of 132) it is 1. With 1024 keys (16 tiles), 8 splits in
+// clusters of 8 cost 4 + 24 + 6 = 34, 16 with the combine 2 + 24 + 9 = 35,
+// 1 split 32 + 24 = 56: 8 splits, merged inside stage 1.
+func autoSplits(blocks, slots, tiles, maxN int, fused func(n int) bool) int {
 	if maxN <= 1 || blocks*100 >= slots*busySlotsPct {
 		return 1
 	}
 	costs := make([]int, maxN+1)
-	best := splitCost(blocks, slots, tiles, 1)
+	best := splitCost(blocks, slots, tiles, 1, false)
 	for n := 1; n <= maxN; n++ {
-		costs[n] = splitCost(blocks, slots, tiles, n)
+		costs[n] = splitCost(blocks, slots, tiles, n, fused(n))
 		best = min(best, costs[n])
 	}
 	for n := 1; n <= maxN; n++ {
@@ -340,6 +453,10 @@ func (p Plan) String() string {
 		b.WriteString("; 1 split, no combine, no workspace")
 		return b.String()
 	}
+	if p.Cluster > 1 {
+		fmt.Fprintf(&b, "; %d splits merged in clusters of %d, no combine, no workspace", p.NumSplits, p.Cluster)
+		return b.String()
+	}
 	fmt.Fprintf(&b, "; %d splits; combine %s %d x %d threads; workspace %d B (lse_partial at %d)",
 		p.NumSplits, p.Variant.Combine, p.CombineGrid, p.CombineThreads, p.WorkspaceBytes, p.LSEPartialOffset)
 	return b.String()
@@ -355,6 +472,7 @@ type variantJSON struct {
 	Threads        int    `json:"threads"`
 	KeysPerTile    int    `json:"keys_per_tile"`
 	SharedBytes    int    `json:"shared_bytes"`
+	ClusterShared  int    `json:"cluster_shared_bytes"`
 	CombineThreads int    `json:"combine_threads"`
 	CombineRows    int    `json:"combine_rows"`
 }
@@ -368,5 +486,5 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		Variant variantJSON `json:"variant"`
 		plain
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
-		v.KeysPerTile, v.SharedBytes, v.CombineThreads, v.CombineRows}, plain(p)})
+		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.CombineThreads, v.CombineRows}, plain(p)})
 }

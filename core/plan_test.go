@@ -12,36 +12,64 @@ import (
 var testVariant = Variant{
 	Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: Float16,
 	HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 32768,
-	CombineThreads: 128, CombineRows: 4,
+	ClusterSharedBytes: 122880, CombineThreads: 128, CombineRows: 4,
 }
+
+// twoPerSM is a device of 132 SMs holding 2 blocks of any variant per SM,
+// without clusters (the combine kernel merges every split), and clustered
+// the same with clusters of up to 16 (an H200).
+var (
+	twoPerSM  = Device{SMs: 132, Occupancy: func(Variant) int { return 2 }}
+	clustered = Device{SMs: 132, Occupancy: func(Variant) int { return 2 }, Clusters: clustersUpTo(16, 1000)}
+)
+
+// clustersUpTo is a ClusterOccupancy of n clusters of every size up to max.
+func clustersUpTo(max, n int) ClusterOccupancy {
+	return func(_ Variant, size int) int {
+		if size > max {
+			return 0
+		}
+		return n
+	}
+}
+
+// fusedUpTo is autoSplits' fused for clusters of up to mc splits.
+func fusedUpTo(mc int) func(int) bool { return func(n int) bool { return n >= 2 && n <= mc } }
 
 func TestAutoSplits(t *testing.T) {
 	tests := []struct {
-		name                     string
-		blocks, slots, tiles, mx int
-		want                     int
+		name                         string
+		blocks, slots, tiles, mx, mc int
+		want                         int
 	}{
-		{"doc example: b=1, 8 kv heads, 32K keys", 8, 264, 512, 64, 32},
-		{"b=16: one wave of 256", 128, 264, 512, 64, 2},
-		{"b=4", 32, 264, 512, 64, 8},
-		{"b=5", 40, 264, 512, 64, 13},
-		{"24 blocks short of a wave", 240, 264, 512, 64, 1},
-		{"just over 80% of a wave", 212, 264, 512, 64, 1},
-		{"just under 80% of a wave", 211, 264, 512, 64, 5},
-		{"200 blocks", 200, 264, 512, 64, 5},
-		{"full wave", 264, 264, 512, 64, 1},
-		{"more than a wave", 512, 264, 512, 64, 1},
-		{"1024 keys: at most 2", 8, 264, 16, 2, 2},
-		{"4096 keys: limited by min chunk", 8, 264, 64, 8, 8},
-		{"too short to split", 8, 264, 5, 1, 1},
-		{"empty cache", 8, 264, 0, 1, 1},
-		{"MQA 128K keys: cap", 1, 132, 2048, 128, 121},
-		{"uneven tiles", 16, 132, 100, 12, 8},
+		{"doc example: b=1, 8 kv heads, 32K keys", 8, 132, 512, 128, 16, 16},
+		{"doc example without clusters", 8, 132, 512, 128, 1, 16},
+		{"two blocks per SM", 8, 264, 512, 64, 16, 31},
+		{"b=16: one wave of 256", 128, 264, 512, 64, 1, 2},
+		{"b=4", 32, 264, 512, 64, 1, 8},
+		{"b=5: 6 splits fill one wave", 40, 264, 512, 64, 1, 6},
+		{"24 blocks short of a wave", 240, 264, 512, 64, 16, 1},
+		{"just over 80% of a wave", 212, 264, 512, 64, 16, 1},
+		{"just under 80% of a wave", 211, 264, 512, 64, 1, 5},
+		{"200 blocks", 200, 264, 512, 64, 1, 5},
+		{"full wave", 264, 264, 512, 64, 16, 1},
+		{"more than a wave", 512, 264, 512, 64, 16, 1},
+		{"1024 keys: at most 2", 8, 264, 16, 2, 1, 2},
+		{"1024 keys in clusters: one tile each", 8, 132, 16, 16, 16, 16},
+		{"4096 keys: limited by min chunk", 8, 264, 64, 8, 1, 8},
+		{"too short to split", 8, 264, 5, 1, 16, 1},
+		{"empty cache", 8, 264, 0, 1, 16, 1},
+		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 2048, 128, 16, 114},
+		{"uneven tiles", 16, 132, 100, 12, 1, 8},
+		// 256 keys: neither the combine nor a cluster merge pays for 3 saved tiles.
+		{"4 tiles, no clusters", 8, 132, 4, 4, 1, 1},
+		{"4 tiles in clusters", 8, 132, 4, 4, 16, 1},
+		{"16 tiles in clusters of up to 8", 8, 132, 16, 16, 8, 8},
 	}
 	for _, tt := range tests {
-		got := autoSplits(tt.blocks, tt.slots, tt.tiles, tt.mx)
+		got := autoSplits(tt.blocks, tt.slots, tt.tiles, tt.mx, fusedUpTo(tt.mc))
 		if got != tt.want {
-			t.Errorf("%s: autoSplits(%d, %d, %d, %d) = %d, want %d", tt.name, tt.blocks, tt.slots, tt.tiles, tt.mx, got, tt.want)
+			t.Errorf("%s: autoSplits(%d, %d, %d, %d, %d) = %d, want %d", tt.name, tt.blocks, tt.slots, tt.tiles, tt.mx, tt.mc, got, tt.want)
 		}
 	}
 }
@@ -52,19 +80,21 @@ func TestAutoSplitsProperties(t *testing.T) {
 	for _, blocks := range []int{1, 2, 3, 7, 8, 32, 100, 131, 263, 264, 1000} {
 		for _, slots := range []int{108, 132, 264, 528} {
 			for _, tiles := range []int{0, 1, 8, 9, 100, 512, 2048, 4096} {
-				mx := maxAutoSplits(tiles, 8)
-				n := autoSplits(blocks, slots, tiles, mx)
-				if n < 1 || n > mx || n > MaxSplits {
-					t.Fatalf("autoSplits(%d,%d,%d,%d) = %d out of [1,%d]", blocks, slots, tiles, mx, n, mx)
-				}
-				if blocks*100 >= slots*busySlotsPct && n != 1 {
-					t.Fatalf("autoSplits(%d,%d,%d,%d) = %d with a full wave", blocks, slots, tiles, mx, n)
-				}
-				c := splitCost(blocks, slots, tiles, n)
-				optimize := blocks*100 < slots*busySlotsPct
-				for m := 1; m <= mx && optimize; m++ {
-					if best := splitCost(blocks, slots, tiles, m); c*100 > best*(100+splitTolerancePct) {
-						t.Fatalf("autoSplits(%d,%d,%d,%d) = %d costs %d; %d costs %d", blocks, slots, tiles, mx, n, c, m, best)
+				for _, mc := range []int{1, 8, 16} {
+					mx := maxAutoSplits(tiles, 8)
+					n := autoSplits(blocks, slots, tiles, mx, fusedUpTo(mc))
+					if n < 1 || n > mx || n > MaxSplits {
+						t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d out of [1,%d]", blocks, slots, tiles, mx, mc, n, mx)
+					}
+					if blocks*100 >= slots*busySlotsPct && n != 1 {
+						t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d with a full wave", blocks, slots, tiles, mx, mc, n)
+					}
+					c := splitCost(blocks, slots, tiles, n, fusedUpTo(mc)(n))
+					optimize := blocks*100 < slots*busySlotsPct
+					for m := 1; m <= mx && optimize; m++ {
+						if best := splitCost(blocks, slots, tiles, m, fusedUpTo(mc)(m)); c*100 > best*(100+splitTolerancePct) {
+							t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d costs %d; %d costs %d", blocks, slots, tiles, mx, mc, n, c, m, best)
+						}
 					}
 				}
 			}
@@ -73,13 +103,17 @@ func TestAutoSplitsProperties(t *testing.T) {
 }
 
 func TestSplitHelpers(t *testing.T) {
-	for _, tt := range []struct{ blocks, slots, tiles, n, want int }{
-		// 2 x waves x tiles per split, plus 5 per 32 splits of combine.
-		{8, 264, 512, 1, 1024}, {8, 264, 512, 32, 37}, {8, 264, 512, 33, 42},
-		{8, 264, 512, 34, 74}, {8, 264, 512, 64, 42}, {200, 264, 512, 9, 803}, {1, 1, 0, 1, 0},
+	for _, tt := range []struct{ blocks, slots, tiles, n, mc, want int }{
+		// waves x (2 x tiles per split + 24), plus 6 for a cluster merge, or
+		// 4 and 5 per 32 splits for the combine kernel.
+		{8, 264, 512, 1, 16, 1048}, {8, 264, 512, 16, 16, 94}, {8, 264, 512, 16, 1, 97},
+		{8, 264, 512, 32, 16, 65}, {8, 264, 512, 33, 16, 70}, {8, 264, 512, 34, 16, 126},
+		{8, 264, 512, 64, 16, 94}, {200, 264, 512, 9, 1, 975}, {1, 1, 0, 1, 16, 24},
+		// Fused means every cluster runs at once: one wave whatever blocks.
+		{200, 264, 512, 9, 16, 144},
 	} {
-		if got := splitCost(tt.blocks, tt.slots, tt.tiles, tt.n); got != tt.want {
-			t.Errorf("splitCost(%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.tiles, tt.n, got, tt.want)
+		if got := splitCost(tt.blocks, tt.slots, tt.tiles, tt.n, fusedUpTo(tt.mc)(tt.n)); got != tt.want {
+			t.Errorf("splitCost(%d,%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.tiles, tt.n, tt.mc, got, tt.want)
 		}
 	}
 	for _, tt := range []struct{ n, tiles, want int }{
@@ -178,7 +212,7 @@ func TestPlanVariant(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := base
 			tt.edit(&s)
-			p, err := PlanVariant(s, testVariant, 132, 2)
+			p, err := PlanVariant(s, testVariant, twoPerSM)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -198,14 +232,71 @@ func TestPlanVariant(t *testing.T) {
 	}
 }
 
+// TestPlanClusters: on a device with clusters, 2 to 16 splits (chosen or
+// requested) of at most 16 tiles merge inside stage 1, with no combine and
+// no workspace; more splits, longer ones, or a device without clusters, use
+// the combine kernel.
+func TestPlanClusters(t *testing.T) {
+	base := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 2048, Seqlen: -1}
+	tests := []struct {
+		name            string
+		dev             Device
+		splits, request int
+		cluster         int
+	}{
+		{"auto: 16", clustered, 16, 0, 16},
+		{"requested 2", clustered, 2, 2, 2},
+		{"requested 16", clustered, 16, 16, 16},
+		{"requested 17: combine", clustered, 17, 17, 1},
+		{"requested 1", clustered, 1, 1, 1},
+		{"clusters of 8", Device{SMs: 132, Clusters: clustersUpTo(8, 1000)}, 8, 8, 8},
+		{"clusters of 8, 9 splits", Device{SMs: 132, Clusters: clustersUpTo(8, 1000)}, 9, 9, 1},
+		{"clusters above the kernels' 16", Device{SMs: 132, Clusters: clustersUpTo(64, 1000)}, 32, 32, 1},
+		{"8 clusters fit at once", Device{SMs: 132, Clusters: clustersUpTo(16, 8)}, 16, 16, 16},
+		{"7 clusters fit at once: combine", Device{SMs: 132, Clusters: clustersUpTo(16, 7)}, 16, 16, 1},
+		{"no clusters", twoPerSM, 16, 0, 1},
+		{"long splits: combine", clustered, 16, 16, 1}, // with 32768 keys below
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			s.NumSplits = tt.request
+			if strings.HasPrefix(tt.name, "long") {
+				s.SeqlenCache = 32768 // 32 tiles a split
+			}
+			p, err := PlanVariant(s, testVariant, tt.dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.NumSplits != tt.splits || p.Cluster != tt.cluster {
+				t.Fatalf("splits %d cluster %d, want %d %d", p.NumSplits, p.Cluster, tt.splits, tt.cluster)
+			}
+			fused := p.Cluster > 1
+			if fused && (p.Cluster != p.Grid[0] || p.WorkspaceBytes != 0 || p.LSEPartialOffset != 0 || p.CombineGrid != 0 || p.CombineThreads != 0) {
+				t.Fatalf("clustered plan %v has a combine or workspace, or a cluster that is not grid.x", p)
+			}
+			want := testVariant.SharedBytes
+			if fused {
+				want = testVariant.ClusterSharedBytes
+			}
+			if p.SharedBytes != want {
+				t.Fatalf("shared bytes %d, want %d", p.SharedBytes, want)
+			}
+			if !fused && p.NumSplits > 1 && (p.WorkspaceBytes == 0 || p.CombineGrid == 0) {
+				t.Fatalf("combined plan %v lacks the combine or workspace", p)
+			}
+		})
+	}
+}
+
 // TestPlanIgnoresDeviceData: a Shape differing only in what the device holds
 // (CacheSeqlens contents) cannot exist, but a Problem's pointers and options
 // must not change the plan either.
 func TestPlanIgnoresDeviceData(t *testing.T) {
 	p1, p2 := validProblem(), validProblem()
 	p2.CacheSeqlens, p2.LSE, p2.Causal, p2.Scale = 0x1000, 0x2000, true, 0.5
-	a, err1 := PlanVariant(p1.Shape, testVariant, 132, 2)
-	b, err2 := PlanVariant(p2.Shape, testVariant, 132, 2)
+	a, err1 := PlanVariant(p1.Shape, testVariant, twoPerSM)
+	b, err2 := PlanVariant(p2.Shape, testVariant, twoPerSM)
 	if err1 != nil || err2 != nil || a != b {
 		t.Fatalf("plans differ: %v %v / %v %v", a, err1, b, err2)
 	}
@@ -241,7 +332,8 @@ func TestPlanVariantErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := PlanVariant(tt.s, tt.v, tt.sms, tt.bpsm)
+			bpsm := tt.bpsm
+			_, err := PlanVariant(tt.s, tt.v, Device{SMs: tt.sms, Occupancy: func(Variant) int { return bpsm }})
 			checkErr(t, err, tt.arg, tt.want)
 			if !strings.HasPrefix(err.Error(), "flashdecode: plan: ") {
 				t.Errorf("error %q does not name the plan operation", err)
@@ -252,30 +344,37 @@ func TestPlanVariantErrors(t *testing.T) {
 
 func TestMakePlan(t *testing.T) {
 	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
-	if _, err := MakePlan(s, 0, nil); !errors.Is(err, ErrInvalid) {
+	if _, err := MakePlan(s, Device{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("sms 0: %v", err)
 	}
 	bad := s
 	bad.HeadDim = 100
-	if _, err := MakePlan(bad, 132, nil); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "headdim") {
+	if _, err := MakePlan(bad, H200); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "headdim") {
 		t.Errorf("headdim 100: %v", err)
 	}
 	v, err := SelectVariant(s.DType, s.HeadDim, 4)
 	if err != nil {
 		// variants.go's table is still empty: MakePlan must say so as ErrUnsupported.
-		_, err := MakePlan(s, 132, nil)
+		_, err := MakePlan(s, H200)
 		checkErr(t, err, "headdim", ErrUnsupported)
 		t.Skipf("no variant table yet: %v", err)
 	}
-	got, err := MakePlan(s, 132, nil)
+	got, err := MakePlan(s, H200)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := PlanVariant(s, v, 132, DefaultOccupancy(v))
+	want, err := PlanVariant(s, v, H200)
 	if err != nil || got != want {
 		t.Fatalf("MakePlan = %v, PlanVariant = %v (%v)", got, want, err)
 	}
-	if _, err := MakePlan(s, 132, func(Variant) int { return 0 }); !errors.Is(err, ErrUnsupported) {
+	if got.BlocksPerSM != DefaultOccupancy(v) || got.Cluster != 1 || got.NumSplits != 16 {
+		t.Fatalf("MakePlan on an H200 = %v: want DefaultOccupancy and 16 splits without clusters (8 of 16 do not fit)", got)
+	}
+	s.SeqlenCache = 1024
+	if got, err = MakePlan(s, H200); err != nil || got.Cluster != 8 || got.NumSplits != 8 || got.SharedBytes != v.ClusterSharedBytes {
+		t.Fatalf("MakePlan(1024 keys) on an H200 = %v, %v: want 8 splits in clusters of 8", got, err)
+	}
+	if _, err := MakePlan(s, Device{SMs: 132, Occupancy: func(Variant) int { return 0 }}); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("occupancy 0: %v", err)
 	}
 }
@@ -291,7 +390,7 @@ func TestVariantTable(t *testing.T) {
 			for _, g := range []int{1, 4, 5, 7, 8, 12, 16} {
 				for _, sq := range []int{1, 4, 16} {
 					s := Shape{DType: dt, Batch: 2, SeqlenQ: sq, HeadsQ: 8 * g, HeadsKV: 8, HeadDim: d, SeqlenCache: 4096, Seqlen: -1}
-					p, err := MakePlan(s, 132, nil)
+					p, err := MakePlan(s, H200)
 					if err != nil {
 						t.Fatalf("%+v: %v", s, err)
 					}
@@ -306,7 +405,7 @@ func TestVariantTable(t *testing.T) {
 
 func TestPlanJSONAndString(t *testing.T) {
 	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
-	p, err := PlanVariant(s, testVariant, 132, 2)
+	p, err := PlanVariant(s, testVariant, twoPerSM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,18 +417,18 @@ func TestPlanJSONAndString(t *testing.T) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"variant", "num_splits", "row_tiles", "grid", "threads", "shared_bytes", "combine_grid",
-		"combine_threads", "lse_partial_offset", "workspace_bytes", "sms", "blocks_per_sm"} {
+	for _, k := range []string{"variant", "num_splits", "row_tiles", "grid", "threads", "shared_bytes", "cluster",
+		"combine_grid", "combine_threads", "lse_partial_offset", "workspace_bytes", "sms", "blocks_per_sm"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON %s lacks %q", b, k)
 		}
 	}
-	if len(m) != 12 {
-		t.Errorf("JSON %s has %d keys, want 12", b, len(m))
+	if len(m) != 13 {
+		t.Errorf("JSON %s has %d keys, want 13", b, len(m))
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
-		"shared_bytes", "combine_threads", "combine_rows"} {
+		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows"} {
 		if _, ok := v[k]; !ok {
 			t.Errorf("variant JSON %v lacks %q", v, k)
 		}
@@ -343,10 +442,34 @@ func TestPlanJSONAndString(t *testing.T) {
 			t.Errorf("String() = %q lacks %q", str, want)
 		}
 	}
+	s.SeqlenCache = 1024
+	p, _ = PlanVariant(s, testVariant, clustered)
+	if str := p.String(); !strings.Contains(str, "16 splits merged in clusters of 16, no combine, no workspace") {
+		t.Errorf("String() = %q", str)
+	}
 	s.NumSplits = 1
-	p, _ = PlanVariant(s, testVariant, 132, 2)
+	p, _ = PlanVariant(s, testVariant, twoPerSM)
 	if str := p.String(); !strings.Contains(str, "1 split, no combine") || strings.Contains(str, "\n") {
 		t.Errorf("String() = %q", str)
+	}
+}
+
+func TestDefaultClusters(t *testing.T) {
+	v := testVariant // 122880 B in a cluster launch: one block per SM
+	for _, tt := range []struct{ size, want int }{
+		{0, 0}, {1, 132}, {2, 66}, {3, 39}, {8, 15}, {16, 7}, {17, 0},
+	} {
+		if got := DefaultClusters(v, tt.size); got != tt.want {
+			t.Errorf("DefaultClusters(size %d) = %d, want %d", tt.size, got, tt.want)
+		}
+	}
+	v.ClusterSharedBytes = 98304 // two blocks per SM
+	if got := DefaultClusters(v, 16); got != 14 {
+		t.Errorf("two blocks per SM: DefaultClusters(16) = %d, want 14", got)
+	}
+	v.ClusterSharedBytes, v.Threads = 40000, 32 // five per SM: no measurement, an estimate
+	if got := DefaultClusters(v, 4); got != 132*5/4 {
+		t.Errorf("five blocks per SM: DefaultClusters(4) = %d, want %d", got, 132*5/4)
 	}
 }
 

@@ -129,8 +129,19 @@ func (s Shape) validate(op string) error {
 // does not overlap itself; lse and cache_seqlens are 4-byte aligned; the
 // scale is finite and not negative. What cannot be checked from the host
 // (that the memory is allocated, on the right device, and large enough) is
-// the caller's part.
+// the caller's part. Validate is ValidateLayout then CheckPointers.
 func (p *Problem) Validate() error {
+	if err := p.ValidateLayout(); err != nil {
+		return err
+	}
+	return p.CheckPointers()
+}
+
+// ValidateLayout is Validate without the device addresses: the Shape, the
+// strides and the scale. A caller that decodes the same layout every step
+// checks it once and then only CheckPointers per call (see
+// cuda.Prepare).
+func (p *Problem) ValidateLayout() error {
 	const op = "decode"
 	if p == nil {
 		return invalid(op, "", "nil Problem")
@@ -139,7 +150,7 @@ func (p *Problem) Validate() error {
 		return err
 	}
 	s := p.Shape
-	tensors := []struct {
+	for _, x := range [...]struct {
 		name string
 		t    Tensor
 		seq  int
@@ -149,10 +160,34 @@ func (p *Problem) Validate() error {
 		{"k_cache", p.K, s.SeqlenCache, s.HeadsKV},
 		{"v_cache", p.V, s.SeqlenCache, s.HeadsKV},
 		{"out", p.Out, s.SeqlenQ, s.HeadsQ},
-	}
-	for _, x := range tensors {
-		if err := checkTensor(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.name == "out"); err != nil {
+	} {
+		if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.name == "out"); err != nil {
 			return err
+		}
+	}
+	if sc := float64(p.Scale); math.IsNaN(sc) || math.IsInf(sc, 0) || sc < 0 {
+		return invalid(op, "softmax_scale", fmt.Sprintf("%v; must be finite and not negative", p.Scale))
+	}
+	return nil
+}
+
+// CheckPointers checks p's device addresses: q, k_cache, v_cache and out
+// non-null and 16-byte aligned, lse and cache_seqlens (optional) 4-byte
+// aligned.
+func (p *Problem) CheckPointers() error {
+	const op = "decode"
+	if p == nil {
+		return invalid(op, "", "nil Problem")
+	}
+	for _, x := range [...]struct {
+		name string
+		ptr  uintptr
+	}{{"q", p.Q.Ptr}, {"k_cache", p.K.Ptr}, {"v_cache", p.V.Ptr}, {"out", p.Out.Ptr}} {
+		if x.ptr == 0 {
+			return invalid(op, x.name, "null device pointer")
+		}
+		if x.ptr%16 != 0 {
+			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a .contiguous() copy is aligned)", x.ptr))
 		}
 	}
 	if p.LSE%4 != 0 {
@@ -161,21 +196,13 @@ func (p *Problem) Validate() error {
 	if p.CacheSeqlens%4 != 0 {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("address %#x is not 4-byte aligned", p.CacheSeqlens))
 	}
-	if sc := float64(p.Scale); math.IsNaN(sc) || math.IsInf(sc, 0) || sc < 0 {
-		return invalid(op, "softmax_scale", fmt.Sprintf("%v; must be finite and not negative", p.Scale))
-	}
 	return nil
 }
 
-// checkTensor checks one (batch, seq, heads, head_dim) tensor with the given
-// sizes; exclusive means it is written and must not overlap itself.
-func checkTensor(op, name string, t Tensor, size [4]int, exclusive bool) error {
-	if t.Ptr == 0 {
-		return invalid(op, name, "null device pointer")
-	}
-	if t.Ptr%16 != 0 {
-		return unsupported(op, name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a .contiguous() copy is aligned)", t.Ptr))
-	}
+// checkStrides checks the strides of one (batch, seq, heads, head_dim)
+// tensor with the given sizes; exclusive means it is written and must not
+// overlap itself.
+func checkStrides(op, name string, t Tensor, size [4]int, exclusive bool) error {
 	stride := [4]int64{t.BatchStride, t.SeqStride, t.HeadStride, 1}
 	dims := [3]string{"batch", "seq", "head"}
 	for i, st := range stride[:3] {

@@ -7,16 +7,20 @@ import "fmt"
 // The numbers mirror the constants in kernels/; a change there changes this
 // table in the same commit.
 type Variant struct {
-	Kernel         string // stage-1 (split-KV) function name in the fatbin
-	Combine        string // stage-2 (combine) function name in the fatbin
-	DType          DType  // element type of q, k, v and out
-	HeadDim        int    // head dim the kernel is compiled for; smaller multiples of 8 run padded
-	Rows           int    // query rows (group x seqlen_q) one block holds; more rows use more blocks
-	Threads        int    // stage-1 threads per block
-	KeysPerTile    int    // keys a block loads per pipeline step; splits are whole tiles
-	SharedBytes    int    // stage-1 dynamic shared memory per block
-	CombineThreads int    // stage-2 threads per block
-	CombineRows    int    // output rows one stage-2 block merges
+	Kernel      string // stage-1 (split-KV) function name in the fatbin
+	Combine     string // stage-2 (combine) function name in the fatbin
+	DType       DType  // element type of q, k, v and out
+	HeadDim     int    // head dim the kernel is compiled for; smaller multiples of 8 run padded
+	Rows        int    // query rows (group x seqlen_q) one block holds; more rows use more blocks
+	Threads     int    // stage-1 threads per block
+	KeysPerTile int    // keys a block loads per pipeline step; splits are whole tiles
+	SharedBytes int    // stage-1 dynamic shared memory per block
+	// ClusterSharedBytes is the dynamic shared memory a cluster launch of
+	// stage 1 asks for (the kernel uses SharedBytes of it); more than half
+	// an SM's keeps the blocks of a cluster on separate SMs.
+	ClusterSharedBytes int
+	CombineThreads     int // stage-2 threads per block
+	CombineRows        int // output rows one stage-2 block merges
 }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv.cuh,
@@ -34,23 +38,37 @@ const (
 	splitKVSharedBytes = splitKVStages * 2 * 8192 * 2
 	combineThreads     = 128 // kernels/combine.cuh FD_COMBINE_THREADS: 4 warps share a row's splits
 	combineRows        = 1   // one output row per combine block
+
+	// oneBlockPerSMBytes is shared memory of which an sm_90 SM (228 KB,
+	// 1 KB reserved per block) holds one block only. A cluster's blocks are
+	// placed together in one GPC, and two of them sharing an SM while other
+	// SMs idle would halve their bandwidth, so a cluster launch of a kernel
+	// of 4 or more warps (one block per SM is its target, see
+	// targetWarpsPerSM) asks for this much.
+	oneBlockPerSMBytes = 120 * 1024
 )
 
 // splitKV describes the stage-1 kernel fd_split_kv_<dtype>_d<headDim>_r<rows>.
 func splitKV(dt DType, headDim, rows int) Variant {
 	name := map[DType]string{Float16: "f16", BFloat16: "bf16"}[dt]
 	keys := 8192 / headDim
+	threads := 32 * keys / 16
+	clusterShared := splitKVSharedBytes
+	if threads >= 32*targetWarpsPerSM {
+		clusterShared = oneBlockPerSMBytes
+	}
 	return Variant{
-		Kernel:         fmt.Sprintf("fd_split_kv_%s_d%d_r%d", name, headDim, rows),
-		Combine:        "fd_combine_" + name,
-		DType:          dt,
-		HeadDim:        headDim,
-		Rows:           rows,
-		Threads:        32 * keys / 16,
-		KeysPerTile:    keys,
-		SharedBytes:    splitKVSharedBytes,
-		CombineThreads: combineThreads,
-		CombineRows:    combineRows,
+		Kernel:             fmt.Sprintf("fd_split_kv_%s_d%d_r%d", name, headDim, rows),
+		Combine:            "fd_combine_" + name,
+		DType:              dt,
+		HeadDim:            headDim,
+		Rows:               rows,
+		Threads:            threads,
+		KeysPerTile:        keys,
+		SharedBytes:        splitKVSharedBytes,
+		ClusterSharedBytes: clusterShared,
+		CombineThreads:     combineThreads,
+		CombineRows:        combineRows,
 	}
 }
 

@@ -4,8 +4,10 @@
 // Two stages (see each header for its launch shape and why it is fast):
 //   split_kv.cuh  stage 1: fd_split_kv_<dtype>_d<D>_r<ROWS>, one block per
 //                 (split, KV head x row tile, batch); writes out/lse when
-//                 num_splits == 1, else fp32 partials and their LSE
+//                 num_splits == 1, else fp32 partials and their LSE, or, in
+//                 a cluster launch (sm_90), merges the splits itself
 //   combine.cuh   stage 2: fd_combine_<dtype>, merges the partials by LSE
+//                 (the reduce kernel, when the splits did not merge in stage 1)
 //   state.cuh     the online-softmax state and merge both stages share
 //   ptx.cuh       cp.async / ldmatrix / mma wrappers and the dtype pieces
 //

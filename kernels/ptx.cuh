@@ -6,6 +6,9 @@
 //   ldmatrix (.trans)          8x8 b16 tiles from shared memory into mma fragments
 //   mma.sync m16n8k16          tensor-core multiply with fp32 accumulation
 //   griddepcontrol             programmatic dependent launch (sm_90+)
+//   barrier.cluster, mapa,     thread-block clusters (sm_90+): a barrier over the
+//   ld.shared::cluster         blocks of a cluster and loads from another block's
+//                              shared memory (distributed shared memory)
 //
 // Shared-memory tiles are rows of D b16 elements stored in 16-byte chunks with
 // an XOR swizzle (chunk c of row r lives at chunk c ^ (r % 8)), so the eight
@@ -78,6 +81,73 @@ __device__ __forceinline__ void fd_pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// Thread-block clusters (sm_90+). A kernel launched with cluster dims
+// (n, 1, 1) runs n blocks at once on one GPC, and each may read the others'
+// shared memory. Without a cluster launch (and before sm_90) a block is a
+// cluster of one: rank 0 of size 1, and fd_cluster_sync is never needed.
+__device__ __forceinline__ int fd_cluster_size() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+    return static_cast<int>(n);
+#else
+    return 1;
+#endif
+}
+
+__device__ __forceinline__ int fd_cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return static_cast<int>(r);
+#else
+    return 0;
+#endif
+}
+
+// Every thread of every block of the cluster arrives, then waits for all:
+// shared-memory writes before it are visible to the cluster's reads after it.
+__device__ __forceinline__ void fd_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+// The shared::cluster address of `local` (an address in this block's shared
+// memory) in the shared memory of cluster block `rank`.
+__device__ __forceinline__ uint32_t fd_cluster_addr(const void *local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(fd_smem_addr(local)), "r"(rank));
+    return a;
+#else
+    return fd_smem_addr(local);
+#endif
+}
+
+__device__ __forceinline__ float fd_cluster_ld(uint32_t addr) {
+    float x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+#else
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+#endif
+    return x;
+}
+
+__device__ __forceinline__ float4 fd_cluster_ld4(uint32_t addr) {
+    float4 x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(addr) : "memory");
+#else
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(addr) : "memory");
+#endif
+    return x;
 }
 
 // The element types. Each provides

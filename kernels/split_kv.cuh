@@ -5,8 +5,11 @@
 // query head kv_head*group + r/seqlen_q, query token r%seqlen_q, so every
 // query head sharing the KV head (times every query token) rides on one read
 // of K and V. It computes softmax(q k^T * scale) v over its keys with an
-// online softmax and writes either the final output (one split) or a
-// normalized fp32 partial output and its natural-log LSE for the combine.
+// online softmax and writes either the final output (one split), or a
+// normalized fp32 partial output and its natural-log LSE for the combine,
+// or, launched in clusters of num_splits blocks (sm_90), merges the splits
+// with the other blocks of its cluster and writes the final output (see
+// fd_split_kv_cluster_merge).
 //
 // Launch shape. grid (num_splits, heads_kv * row_tiles, batch);
 // blockIdx.y = kv_head * row_tiles + row_tile. Threads = 32 * WARPS with
@@ -20,7 +23,10 @@
 // fit on an H100/H200 SM (228 KB) and one on sm_86/sm_89 (99 KB a block).
 // The split of the keys happens here at run time from the actual length, so
 // a captured CUDA graph stays right when cache_seqlens changes: the length's
-// key tiles are dealt in runs of ceil(tiles / num_splits) to the splits.
+// key tiles are dealt in runs of ceil(tiles / num_splits) to the splits. A
+// cluster launch (cluster dims (num_splits, 1, 1)) asks for 120 KB of
+// dynamic shared memory (core/variants.go ClusterSharedBytes) so that the
+// blocks of a cluster land on separate SMs; the kernel still uses 96 KB.
 //
 // Why it is fast. Decode attention reads each K/V byte once and does little
 // math with it, so the kernel is a streaming read: a 3-stage cp.async
@@ -61,9 +67,81 @@ struct fd_split_kv_config {
     // unnormalized output (rows padded by 8 floats) and its max and sum.
     static constexpr int kMergeStride = D + 8;
     static constexpr int kMergeBytes = (kWarps * ROWS * kMergeStride + 2 * kWarps * ROWS) * 4;
+    // With a cluster launch, each block's merged rows for the other blocks of
+    // its cluster: normalized output [ROWS][D] and base-2 LSE [ROWS], after
+    // the merge scratch.
+    static constexpr int kMaxCluster = 16;                // non-portable cluster size on sm_90
+    static constexpr int kParkBytes = (ROWS * D + ROWS) * 4;
     static_assert(kThreads % kChunks == 0, "a thread copies the same chunk of every key it copies");
-    static_assert(kMergeBytes <= kSharedBytes, "merge scratch must fit in the pipeline buffers");
+    static_assert(kMergeBytes + kParkBytes <= kSharedBytes, "merge scratch must fit in the pipeline buffers");
 };
+
+// Stage 2 inside stage 1, for a cluster launch (sm_90): the num_splits blocks
+// of one (batch, KV head, row tile) form one cluster (cluster dims
+// (num_splits, 1, 1)), and each has parked its normalized rows `park_o` and
+// their base-2 LSEs `park_lse` in its shared memory. After a cluster barrier,
+// block `rank` takes a contiguous 1/num_splits of the tile's (row, 4 columns)
+// items and merges them over every block through distributed shared memory,
+// exactly as the combine kernel does over the workspace:
+//     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s,
+// then writes out (and lse). A second barrier keeps every block's shared
+// memory alive until the others have read it. No workspace, no second launch,
+// no partials through HBM: what a small cache gains most from splitting.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void fd_split_kv_cluster_merge(const fd_params &p, const float *park_o,
+                                                          const float *park_lse, int b,
+                                                          int kv_head, int row0) {
+    using C = fd_split_kv_config<D, ROWS>;
+    const int n = fd_cluster_size();
+    const int rank = fd_cluster_rank();
+    const int packed_rows = p.group * p.seqlen_q;
+    constexpr int kItems = ROWS * (D / 4);
+    const int per_block = (kItems + n - 1) / n;
+    const int end = min((rank + 1) * per_block, kItems);
+    fd_cluster_sync();  // every block's rows are parked
+    for (int idx = rank * per_block + threadIdx.x; idx < end; idx += C::kThreads) {
+        const int row = idx / (D / 4);
+        const int d = (idx % (D / 4)) * 4;
+        const int r = row0 + row;
+        if (r >= packed_rows || d >= p.head_dim) continue;
+        float lse2[C::kMaxCluster];
+        float m = -CUDART_INF_F;
+#pragma unroll
+        for (int s = 0; s < C::kMaxCluster; ++s) {
+            lse2[s] = s < n ? fd_cluster_ld(fd_cluster_addr(park_lse + row, s)) : -CUDART_INF_F;
+            m = fmaxf(m, lse2[s]);
+        }
+        const float off = fd_state_offset(m);
+        float sum = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int s = 0; s < C::kMaxCluster; ++s) {
+            if (s < n) {
+                const float w = exp2f(lse2[s] - off);  // 0 for a split that saw no key
+                const float4 x = fd_cluster_ld4(fd_cluster_addr(park_o + row * D + d, s));
+                sum += w;
+                acc.x += w * x.x;
+                acc.y += w * x.y;
+                acc.z += w * x.z;
+                acc.w += w * x.w;
+            }
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;  // no visible key: output 0
+        acc.x *= inv;
+        acc.y *= inv;
+        acc.z *= inv;
+        acc.w *= inv;
+        const int head = kv_head * p.group + r / p.seqlen_q;
+        const int qi = r % p.seqlen_q;
+        T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
+                 head * p.out_head_stride + d;
+        fd_store4(out, acc);
+        if (d == 0 && p.lse != nullptr)
+            p.lse[(b * p.heads_q + head) * p.seqlen_q + qi] =
+                sum > 0.f ? (off + log2f(sum)) * CUDART_LN2_F : -CUDART_INF_F;
+    }
+    fd_cluster_sync();  // the others have read this block's rows: it may exit
+}
 
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
@@ -279,8 +357,13 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     }
     __syncthreads();
 
-    // Merge the warps and write 4 columns of one row per thread and step.
+    // Merge the warps and write 4 columns of one row per thread and step:
+    // the output itself (one split), the partials for the combine kernel, or,
+    // in a cluster launch, the block's parked rows for the cluster merge.
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    const bool clustered = fd_cluster_size() > 1;
+    float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
+    float *park_lse = park_o + ROWS * D;      // [ROWS]
     for (int idx = threadIdx.x; idx < ROWS * (D / 4); idx += C::kThreads) {
         const int row = idx / (D / 4);
         const int d = (idx % (D / 4)) * 4;
@@ -304,6 +387,11 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
         acc.y *= inv;
         acc.z *= inv;
         acc.w *= inv;
+        if (clustered) {
+            *reinterpret_cast<float4 *>(park_o + row * D + d) = acc;
+            if (d == 0) park_lse[row] = fd_state_lse2(st);
+            continue;
+        }
         const float lse = fd_state_lse2(st) * CUDART_LN2_F;  // natural log; -inf stays -inf
         const int head = kv_head * p.group + r / p.seqlen_q;
         const int qi = r % p.seqlen_q;
@@ -319,6 +407,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             if (d == 0) p.lse_partial[prow] = lse;
         }
     }
+    if (clustered) fd_split_kv_cluster_merge<T, D, ROWS>(p, park_o, park_lse, b, kv_head, row0);
 }
 
 #endif  // FLASHDECODE_SPLIT_KV_CUH

@@ -78,7 +78,7 @@ def test_seqlen_q(seqlen_q, causal):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("num_splits", [0, 1, 2, 3, 16, 100, 100000])
+@pytest.mark.parametrize("num_splits", [0, 1, 2, 3, 16, 17, 100, 100000])
 @pytest.mark.parametrize("causal", [False, True])
 def test_num_splits(dtype, num_splits, causal):
     q, k, v = make(3, 2, 32, 8, 128, 4099, dtype)
@@ -140,7 +140,7 @@ def test_out_given(return_softmax_lse):
     assert_matches_reference(out, None, q, k, v)
 
 
-@pytest.mark.parametrize("num_splits", [0, 1, 8])
+@pytest.mark.parametrize("num_splits", [0, 1, 8, 32])
 def test_cuda_graph_replay_with_new_lengths(num_splits):
     q, k, v = make(3, 4, 32, 8, 128, 2048)
     cache_seqlens = lengths(2048, 5, 0)
@@ -165,6 +165,9 @@ def test_side_stream():
     q, k, v = make(2, 2, 32, 8, 128, 4096)
     _, k_new, v_new = make(2, 2, 32, 8, 128, 4096, seed=20)
     cache_seqlens = lengths(4096, 1234)
+    # A first call on the default stream: the side-stream call below reuses its
+    # cached layout, and must still read the stream of the moment.
+    flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens, return_softmax_lse=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -179,13 +182,39 @@ def test_side_stream():
     assert_matches_reference(out, lse, q, k_new, v_new, cache_seqlens=cache_seqlens)
 
 
+@pytest.mark.parametrize("cache_seqlens", [None, 1000])
+def test_full_layout_table_falls_back_to_one_shot_calls(monkeypatch, cache_seqlens):
+    from flash_decode import _api, _native
+    monkeypatch.setattr(_native.binding(), "Prepare", lambda *args: -1)  # as when the core's table is full
+    monkeypatch.setattr(_api, "_prepared", {})
+    q, k, v = make(2, 1, 32, 8, 128, 3000, seed=5)
+    for _ in range(2):  # the second call takes the cached fallback
+        run_and_check(q, k, v, cache_seqlens=cache_seqlens, num_splits=20)
+
+
+def test_layouts_are_cached_per_signature():
+    from flash_decode import _api
+    q, k, v = make(1, 1, 32, 8, 128, 2048, seed=6)
+    run_and_check(q, k, v)
+    n = len(_api._prepared)
+    run_and_check(q, k.clone(), v.clone())  # new addresses, same layout
+    assert len(_api._prepared) == n
+    run_and_check(q, k, v, cache_seqlens=700)  # an int length is part of the layout
+    run_and_check(q, k, v, cache_seqlens=701)
+    assert len(_api._prepared) == n + 2
+
+
 def test_plan():
     p = flash_decode.plan(1, 1, 32, 8, 128, 32768)
     for key in ("num_splits", "grid", "workspace_bytes", "kernel"):
         assert key in p
     assert p["num_splits"] >= 1 and p["grid"][0] == p["num_splits"]
-    assert (p["workspace_bytes"] == 0) == (p["num_splits"] == 1)
+    assert (p["workspace_bytes"] == 0) == (p["num_splits"] == 1 or p["cluster"] > 1)
     assert flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=1)["workspace_bytes"] == 0
+    if torch.cuda.get_device_capability() >= (9, 0):  # clusters: up to 16 splits merge in stage 1
+        assert flash_decode.plan(1, 1, 16, 4, 128, 8192, num_splits=16)["cluster"] == 16
+    p = flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=17)
+    assert p["cluster"] == 1 and p["combine_grid"] == 32 and p["workspace_bytes"] > 0
     assert flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=5, device="cuda:0")["num_splits"] == 5
     p = flash_decode.plan(4, 2, 40, 8, 64, 8192, dtype=torch.bfloat16, device=torch.device("cuda"),
                           seqlen=100)

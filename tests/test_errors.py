@@ -182,3 +182,26 @@ def test_works_after_errors():
     out, lse = call(dict(args, return_softmax_lse=True))
     assert_matches_reference(out, lse, args["q"], args["k_cache"], args["v_cache"],
                              cache_seqlens=args["cache_seqlens"])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case_id, mutate, exc, name, cpu_ok", CASES, ids=IDS)
+def test_bad_input_after_good_call(case_id, mutate, exc, name, cpu_ok):
+    # The good call's layout is now cached (later calls skip the Python checks): a bad
+    # call must still be caught, with the same message.
+    call(valid_args("cuda"))
+    check_raises("cuda", mutate, exc, name)
+
+
+@pytest.mark.cuda
+def test_misaligned_address_after_good_call():
+    args = valid_args("cuda")
+    call(args)
+    q = args["q"]
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
+    shifted = buf[1:].view(q.shape)  # q's shape and strides (its cached layout), 2 bytes off
+    shifted.copy_(q)
+    with pytest.raises(NotImplementedError, match=r"\bq\b.*not 16-byte aligned"):
+        call(dict(args, q=shifted))
+    out, lse = call(dict(args, return_softmax_lse=True))
+    assert_matches_reference(out, lse, q, args["k_cache"], args["v_cache"], cache_seqlens=args["cache_seqlens"])

@@ -126,8 +126,9 @@ report["gc_collect0_us"] = (time.perf_counter() - start) / 200 * 1e6
 report["version"] = native.Version()
 report["plan"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, device=-1)
 report["plan_1"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=1, device=-1)
-report["plan_4"] = flash_decode.plan(2, 4, 40, 8, 128, 32768, num_splits=4, device=-1,
+report["plan_4"] = flash_decode.plan(2, 4, 40, 8, 128, 1024, num_splits=4, device=-1,
                                      dtype=__import__("torch").bfloat16)
+report["plan_40"] = flash_decode.plan(2, 4, 40, 8, 128, 32768, num_splits=40, device=-1)
 for name, args in [("heads", (1, 1, 12, 5, 128, 1024)), ("batch", (0, 1, 32, 8, 128, 1024))]:
     try:
         flash_decode.plan(*args, device=-1)
@@ -149,20 +150,23 @@ def test_binding_with_fake_driver():
     assert report["gc_collect0_us"] < 50, report["gc_collect0_us"]
     assert isinstance(report["version"], str) and report["version"]
 
-    for key in ("plan", "plan_1", "plan_4"):
+    for key in ("plan", "plan_1", "plan_4", "plan_40"):
         p = report[key]
         assert p["num_splits"] >= 1 and len(p["grid"]) == 3 and p["grid"][0] == p["num_splits"]
         assert isinstance(p["kernel"], str) and p["kernel"]
-        assert (p["workspace_bytes"] == 0) == (p["num_splits"] == 1)
+        # A workspace only for the combine kernel: not for 1 split, nor for a cluster's merge.
+        assert (p["workspace_bytes"] == 0) == (p["num_splits"] == 1 or p["cluster"] > 1)
     # The README's answer to "what does num_splits=0 pick" for b=1, 32/8 heads, 32K tokens.
-    readme = {"num_splits": 16, "grid": [16, 8, 1], "workspace_bytes": 264192,
+    readme = {"num_splits": 16, "grid": [16, 8, 1], "cluster": 1, "workspace_bytes": 264192,
               "kernel": "fd_split_kv_f16_d128_r16"}
     assert {k: report["plan"][k] for k in readme} == readme
     assert report["plan_1"]["num_splits"] == 1
     p = report["plan_4"]
-    assert p["num_splits"] == 4
-    assert p["workspace_bytes"] >= 4 * (2 * 40 * 4) * 128 * 4  # splits * rows * headdim * fp32
+    assert p["num_splits"] == 4 and p["cluster"] == 4 and p["workspace_bytes"] == 0
     assert "bf16" in p["kernel"]
+    p = report["plan_40"]  # beyond a cluster: the combine kernel and its workspace
+    assert p["num_splits"] == 40 and p["cluster"] == 1 and p["combine_grid"] == 2 * 40 * 4
+    assert p["workspace_bytes"] >= 40 * (2 * 40 * 4) * 128 * 4  # splits * rows * headdim * fp32
 
     assert report["error_heads"][0] == "ValueError" and "invalid argument" in report["error_heads"][1]
     assert report["error_batch"][0] == "ValueError"

@@ -70,9 +70,12 @@ static void test_plan(void) {
     CHECK(p.grid[0] == p.num_splits && p.grid[2] == a.batch, "grid (%d,%d,%d)", p.grid[0], p.grid[1], p.grid[2]);
     CHECK(p.grid[1] == a.heads_kv * p.row_tiles, "grid.y %d != heads_kv*row_tiles %d", p.grid[1], a.heads_kv * p.row_tiles);
     CHECK(p.threads > 0 && p.sms > 0 && p.blocks_per_sm > 0, "threads %d sms %d blocks/SM %d", p.threads, p.sms, p.blocks_per_sm);
-    CHECK((p.num_splits == 1) == (p.workspace_bytes == 0), "workspace %lld for %d splits",
-          (long long)p.workspace_bytes, p.num_splits);
-    if (p.num_splits > 1) {
+    CHECK(p.cluster == 1 || p.cluster == p.num_splits, "cluster %d for %d splits", p.cluster, p.num_splits);
+    CHECK((p.combine_grid > 0) == (p.num_splits > 1 && p.cluster == 1), "combine grid %d for %d splits, cluster %d",
+          p.combine_grid, p.num_splits, p.cluster);
+    CHECK((p.combine_grid == 0) == (p.workspace_bytes == 0), "workspace %lld for combine grid %d",
+          (long long)p.workspace_bytes, p.combine_grid);
+    if (p.combine_grid > 0) {
         int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q;
         CHECK(p.lse_partial_offset >= p.num_splits * rows * a.head_dim * 4 && p.lse_partial_offset % 256 == 0,
               "lse_partial_offset %lld", (long long)p.lse_partial_offset);
@@ -429,6 +432,7 @@ static void test_gpu(void) {
         {"f16 d128 gqa4 7 splits", FD_FLOAT16, 2, 1, 32, 8, 128, 4096, -1, lens2, 0, 7, 3},
         {"bf16 d128 gqa5 sq16 causal", FD_BFLOAT16, 1, 16, 10, 2, 128, 777, -1, NULL, 1, 0, 0},
         {"f16 d96 (padded variant)", FD_FLOAT16, 1, 1, 4, 2, 96, 500, -1, NULL, 0, 0, 0},
+        {"bf16 d64 gqa4 40 splits (combine kernel)", FD_BFLOAT16, 2, 1, 16, 4, 64, 5000, -1, lens2, 0, 40, 0},
     };
     CUdevice dev;
     CUcontext ctx = NULL;

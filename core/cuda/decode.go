@@ -1,66 +1,34 @@
 package cuda
 
 import (
-	"fmt"
-	"runtime"
-
 	"github.com/flash-decode/flash-decode/core"
-	"gorgonia.org/cu"
 )
 
 // Decode computes flash-decoding attention for p on GPU device, launching on
 // stream (a CUstream handle; 0 is the legacy default stream) and returning the
 // plan it ran. workspace must hold at least Plan.WorkspaceBytes bytes of
-// device memory (PlanFor tells how many; 0 bytes when the plan does not
-// split); its contents need no initialization. Decode never synchronizes with
+// device memory (PlanFor tells how many; 0 bytes unless the plan runs the
+// combine kernel); its contents need no initialization. Decode never synchronizes with
 // the host and allocates no device memory: out and the optional LSE are
 // ready when the stream reaches this point.
 func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, stream uintptr) (core.Plan, error) {
 	if err := p.Validate(); err != nil {
 		return core.Plan{}, err
 	}
-	d, err := getDevice(device)
-	if err != nil {
-		return core.Plan{}, err
-	}
-	pd, err := d.plan(p.Shape)
-	if err != nil {
-		return core.Plan{}, err
-	}
-	pl := &pd.plan
-	if workspaceBytes < pl.WorkspaceBytes || (pl.WorkspaceBytes > 0 && workspace == 0) {
-		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
-			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
-	}
-	// The context is current per OS thread: keep this goroutine on one
-	// thread from making it current to the launches. The calling thread may
-	// have another context (or none) current.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
-		return core.Plan{}, fmt.Errorf("flashdecode: device %d: %w", device, err)
-	}
-	k := params(p, pl, workspace)
-	if err := d.launch(&k, pl, pd.fns, stream); err != nil {
-		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)
-	}
-	return *pl, nil
+	return run(p, workspace, workspaceBytes, device, stream)
 }
 
-// Default device facts PlanFor uses when asked about no particular device
-// (device < 0): an H200's SM count, with occupancy estimated from each
-// variant's threads and shared memory.
-const defaultSMs = 132
-
 // PlanFor returns the plan Decode would run for shape s on GPU device: the
-// kernel variant, the split count num_splits=0 picks, the grid and the
-// workspace size. With device < 0 it plans for an H200 without touching a GPU.
+// kernel variant, the split count num_splits=0 picks, the grid, the cluster
+// size and the workspace size. With device < 0 it plans for core.H200 (132
+// SMs, clusters of 16, occupancy estimated from each variant's threads and
+// shared memory) without touching a GPU.
 func PlanFor(s core.Shape, device int) (core.Plan, error) {
 	if err := s.Validate(); err != nil {
 		return core.Plan{}, err
 	}
 	if device < 0 {
-		return core.MakePlan(s, defaultSMs, core.DefaultOccupancy)
+		return core.MakePlan(s, core.H200)
 	}
 	d, err := getDevice(device)
 	if err != nil {

@@ -117,21 +117,29 @@ func contiguous(p cu.DevicePtr, seq, heads, dim int) core.Tensor {
 func TestDecodeMatchesNaiveAttention(t *testing.T) {
 	gpu(t) // skips without a GPU
 	tests := []struct {
-		name   string
-		shape  core.Shape
-		lens   []int32 // nil: Shape.Seqlen for every sequence
-		causal bool
+		name      string
+		shape     core.Shape
+		lens      []int32 // nil: Shape.Seqlen for every sequence
+		causal    bool
+		noCluster bool // plan as on a GPU without clusters: the combine kernel merges
 	}{
-		{"fp16 gqa4 auto", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 3000, Seqlen: -1}, []int32{2999, 1}, false},
-		{"bf16 gqa5 causal ragged", core.Shape{DType: core.BFloat16, Batch: 3, SeqlenQ: 4, HeadsQ: 20, HeadsKV: 4, HeadDim: 64, SeqlenCache: 777, Seqlen: -1, NumSplits: 7}, []int32{0, 5, 777}, true},
-		{"fp16 mqa sq16 causal d256", core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 16, HeadsQ: 8, HeadsKV: 1, HeadDim: 256, SeqlenCache: 4096, Seqlen: 4000}, nil, true},
-		{"fp16 mha d96 one split", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 2, HeadsQ: 4, HeadsKV: 4, HeadDim: 96, SeqlenCache: 300, Seqlen: -1, NumSplits: 1}, nil, false},
-		{"bf16 gqa8 many splits", core.Shape{DType: core.BFloat16, Batch: 1, SeqlenQ: 1, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 20000, Seqlen: -1, NumSplits: 100}, []int32{19999}, false},
+		{"fp16 gqa4 auto", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 3000, Seqlen: -1}, []int32{2999, 1}, false, false},
+		{"bf16 gqa5 causal ragged", core.Shape{DType: core.BFloat16, Batch: 3, SeqlenQ: 4, HeadsQ: 20, HeadsKV: 4, HeadDim: 64, SeqlenCache: 777, Seqlen: -1, NumSplits: 7}, []int32{0, 5, 777}, true, false},
+		{"fp16 mqa sq16 causal d256", core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 16, HeadsQ: 8, HeadsKV: 1, HeadDim: 256, SeqlenCache: 4096, Seqlen: 4000}, nil, true, false},
+		{"fp16 mha d96 one split", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 2, HeadsQ: 4, HeadsKV: 4, HeadDim: 96, SeqlenCache: 300, Seqlen: -1, NumSplits: 1}, nil, false, false},
+		{"bf16 gqa8 many splits", core.Shape{DType: core.BFloat16, Batch: 1, SeqlenQ: 1, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 20000, Seqlen: -1, NumSplits: 100}, []int32{19999}, false, false},
+		{"fp16 gqa8 ragged clusters of 16", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 16, HeadsKV: 2, HeadDim: 128, SeqlenCache: 5000, Seqlen: -1, NumSplits: 16}, []int32{5000, 17}, false, false},
+		{"fp16 r32 causal cluster of 5", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 4, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 1500, Seqlen: 1499, NumSplits: 5}, nil, true, false},
+		{"bf16 gqa5 causal ragged combine", core.Shape{DType: core.BFloat16, Batch: 3, SeqlenQ: 4, HeadsQ: 20, HeadsKV: 4, HeadDim: 64, SeqlenCache: 777, Seqlen: -1, NumSplits: 7}, []int32{0, 5, 777}, true, true},
+		{"fp16 auto without clusters", core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}, nil, false, true},
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			gpu(t) // a subtest runs on its own goroutine: lock it and make the context current
+			d := gpu(t) // a subtest runs on its own goroutine: lock it and make the context current
+			if tc.noCluster {
+				withoutClusters(t, d)
+			}
 			s := tc.shape
 			h := core.HostProblem{Shape: s, CacheSeqlens: tc.lens, Causal: tc.causal,
 				Q: randomExact(r, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDim),
@@ -155,38 +163,98 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 				t.Fatal(err)
 			}
 			ws := upload(t, make([]byte, pl.WorkspaceBytes))
-			if _, err := Decode(&p, uintptr(ws), pl.WorkspaceBytes, 0, 0); err != nil {
-				t.Fatal(err)
-			}
-			if err := cu.Synchronize(); err != nil {
-				t.Fatal(err)
-			}
-			outBits := make([]uint16, len(want))
-			download(t, cu.DevicePtr(p.Out.Ptr), outBits)
-			lse := make([]float32, len(wantLSE))
-			download(t, cu.DevicePtr(p.LSE), lse)
-			tol := 2e-3
-			if s.DType == core.BFloat16 {
-				tol = 1.6e-2
-			}
-			for i, got := range decode(s.DType, outBits) {
-				if d := math.Abs(float64(got) - want[i]); !(d <= tol) {
-					t.Fatalf("%v: out[%d] = %v, want %v", pl, i, got, want[i])
+			// Both entry points: Decode, and Prepare once then Run.
+			for _, prepared := range []bool{false, true} {
+				if err := cu.MemsetD8(cu.DevicePtr(p.Out.Ptr), 0xff, int64(len(h.Q)*2)); err != nil {
+					t.Fatal(err)
 				}
-			}
-			for i, got := range lse {
-				w := wantLSE[i]
-				if math.IsInf(w, -1) != math.IsInf(float64(got), -1) || (!math.IsInf(w, -1) && math.Abs(float64(got)-w) > 1e-3*max(1, math.Abs(w))) {
-					t.Fatalf("%v: lse[%d] = %v, want %v", pl, i, got, w)
+				var ran core.Plan
+				var err error
+				if prepared {
+					var r *Prepared
+					if r, err = Prepare(&p, 0); err == nil {
+						ran, err = r.Run(&Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE,
+							CacheSeqlens: p.CacheSeqlens, Seqlen: s.Seqlen, Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, 0)
+					}
+				} else {
+					ran, err = Decode(&p, uintptr(ws), pl.WorkspaceBytes, 0, 0)
 				}
+				if err != nil {
+					t.Fatal(err)
+				} else if ran != pl || (tc.noCluster && pl.Cluster != 1) || (s.NumSplits == 16 && pl.Cluster != 16) {
+					t.Fatalf("ran %v, planned %v", ran, pl)
+				}
+				if err := cu.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				checkOutputs(t, &p, pl, want, wantLSE)
 			}
 		})
 	}
 }
 
+// checkOutputs compares p's out and lse on the device with the reference.
+func checkOutputs(t *testing.T, p *core.Problem, pl core.Plan, want, wantLSE []float64) {
+	t.Helper()
+	s := p.Shape
+	outBits := make([]uint16, len(want))
+	download(t, cu.DevicePtr(p.Out.Ptr), outBits)
+	lse := make([]float32, len(wantLSE))
+	download(t, cu.DevicePtr(p.LSE), lse)
+	tol := 2e-3
+	if s.DType == core.BFloat16 {
+		tol = 1.6e-2
+	}
+	for i, got := range decode(s.DType, outBits) {
+		if d := math.Abs(float64(got) - want[i]); !(d <= tol) {
+			t.Fatalf("%v: out[%d] = %v, want %v", pl, i, got, want[i])
+		}
+	}
+	for i, got := range lse {
+		w := wantLSE[i]
+		if math.IsInf(w, -1) != math.IsInf(float64(got), -1) || (!math.IsInf(w, -1) && math.Abs(float64(got)-w) > 1e-3*max(1, math.Abs(w))) {
+			t.Fatalf("%v: lse[%d] = %v, want %v", pl, i, got, w)
+		}
+	}
+}
+
+// withoutClusters makes d plan as a GPU without clusters until the test ends.
+func withoutClusters(t *testing.T, d *device) {
+	old := d.maxCluster
+	d.mu.Lock()
+	d.maxCluster, d.plans = 1, map[core.Shape]planned{}
+	d.mu.Unlock()
+	t.Cleanup(func() {
+		d.mu.Lock()
+		d.maxCluster, d.plans = old, map[core.Shape]planned{}
+		d.mu.Unlock()
+	})
+}
+
+func TestDeviceClusters(t *testing.T) {
+	d := gpu(t)
+	major, err := cu.Device(0).Attribute(cu.ComputeCapabilityMajor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if major < 9 {
+		if d.maxCluster != 1 {
+			t.Fatalf("sm_%d0: maxCluster %d, want 1", major, d.maxCluster)
+		}
+		return
+	}
+	for _, v := range core.Variants() {
+		k := d.fns[v.Kernel]
+		t.Logf("%s (%d B in a cluster launch): clusters at once by size 2..16: %v", v.Kernel, v.ClusterSharedBytes, k.clusters[2:])
+		if clusterLimit() == core.MaxCluster && (k.clusters[2] < 1 || k.clusters[8] < 1) {
+			t.Errorf("%s: no clusters of 2 or 8 on sm_%d0: %v", v.Kernel, major, k.clusters)
+		}
+	}
+}
+
 func TestDecodeRejectsSmallWorkspace(t *testing.T) {
 	gpu(t)
-	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 8, HeadDim: 64, SeqlenCache: 1 << 16, Seqlen: -1, NumSplits: 8}
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 8, HeadDim: 64, SeqlenCache: 1 << 16, Seqlen: -1, NumSplits: 32}
 	q := upload(t, make([]uint16, 8*64))
 	kv := upload(t, make([]uint16, 1<<16*8*64))
 	out := upload(t, make([]uint16, 8*64))

@@ -2,6 +2,8 @@ package cuda
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -13,17 +15,21 @@ import (
 type kernels struct {
 	split, combine function
 	blocksPerSM    int // stage-1 blocks of this variant resident per SM
+	// clusters[n]: clusters of n stage-1 blocks (at the variant's
+	// ClusterSharedBytes) that run at once; all 0 without clusters.
+	clusters [core.MaxCluster + 1]int
 }
 
 // device is what flash-decode keeps per GPU: its primary context, the loaded
 // module, the kernel handles and the plans made so far. It is built once, on
 // the first call for that GPU, and never freed (like a loaded library).
 type device struct {
-	ordinal int
-	ctx     cu.CUContext
-	sms     int
-	pdl     bool                // programmatic dependent launch (sm_90 and newer)
-	fns     map[string]*kernels // by Variant.Kernel; read-only after init
+	ordinal    int
+	ctx        cu.CUContext
+	sms        int
+	pdl        bool                // programmatic dependent launch (sm_90 and newer)
+	maxCluster int                 // largest stage-1 cluster a plan may use; 1: none
+	fns        map[string]*kernels // by Variant.Kernel; read-only after init
 
 	mu    sync.RWMutex
 	plans map[core.Shape]planned
@@ -94,7 +100,11 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
 	}
-	d := &device{ordinal: ordinal, ctx: ctx, sms: sms, pdl: major >= 9, fns: map[string]*kernels{}, plans: map[core.Shape]planned{}}
+	d := &device{ordinal: ordinal, ctx: ctx, sms: sms, pdl: major >= 9, maxCluster: 1,
+		fns: map[string]*kernels{}, plans: map[core.Shape]planned{}}
+	if major >= 9 {
+		d.maxCluster = min(core.MaxCluster, clusterLimit())
+	}
 	for _, v := range core.Variants() {
 		split, err := mod.Function(v.Kernel)
 		if err != nil {
@@ -105,8 +115,8 @@ func openDevice(ordinal int) (*device, error) {
 			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Combine, err)
 		}
 		k := &kernels{split: handle(split), combine: handle(combine)}
-		if v.SharedBytes > 48<<10 {
-			if err := setMaxDynamicShared(k.split, v.SharedBytes); err != nil {
+		if shared := max(v.SharedBytes, v.ClusterSharedBytes); shared > 48<<10 {
+			if err := setMaxDynamicShared(k.split, shared); err != nil {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
 			}
 		}
@@ -117,9 +127,53 @@ func openDevice(ordinal int) (*device, error) {
 		if k.blocksPerSM < 1 {
 			return nil, fmt.Errorf("flashdecode: kernel %s cannot run on device %d (%d threads, %d B shared memory)", v.Kernel, ordinal, v.Threads, v.SharedBytes)
 		}
+		if d.maxCluster > 1 {
+			if err := k.measureClusters(v); err != nil {
+				return nil, fmt.Errorf("flashdecode: clusters of %s: %w", v.Kernel, err)
+			}
+		}
 		d.fns[v.Kernel] = k
 	}
 	return d, nil
+}
+
+// clusterLimit is the FLASH_DECODE_MAX_CLUSTER environment variable, read
+// when a device is first used: the largest cluster a plan may merge its
+// splits in (1 turns the clusters off, so the combine kernel merges every
+// split: for comparisons and tuning). Unset or invalid: no limit.
+func clusterLimit() int {
+	if n, err := strconv.Atoi(os.Getenv("FLASH_DECODE_MAX_CLUSTER")); err == nil && n >= 1 {
+		return n
+	}
+	return core.MaxCluster
+}
+
+// measureClusters asks the driver how many clusters of 2 to MaxCluster
+// stage-1 blocks of v run at once (sizes above 8 need the non-portable
+// attribute; a size the GPU cannot run counts 0).
+func (k *kernels) measureClusters(v core.Variant) error {
+	large := allowLargeClusters(k.split) == nil
+	for n := 2; n <= core.MaxCluster; n++ {
+		if n > 8 && !large {
+			break
+		}
+		c, err := maxActiveClusters(k.split, n, v.Threads, v.ClusterSharedBytes)
+		if err != nil {
+			return err
+		}
+		k.clusters[n] = c
+	}
+	return nil
+}
+
+// clusters is the device's core.ClusterOccupancy: the measured counts, for
+// sizes up to maxCluster.
+func (d *device) clusters(v core.Variant, size int) int {
+	k := d.fns[v.Kernel]
+	if k == nil || size < 2 || size > d.maxCluster {
+		return 0
+	}
+	return k.clusters[size]
 }
 
 // occupancy reports the measured blocks per SM of a variant.
@@ -138,7 +192,11 @@ func (d *device) plan(s core.Shape) (planned, error) {
 	if ok {
 		return p, nil
 	}
-	pl, err := core.MakePlan(s, d.sms, d.occupancy)
+	dev := core.Device{SMs: d.sms, Occupancy: d.occupancy}
+	if d.maxCluster > 1 {
+		dev.Clusters = d.clusters
+	}
+	pl, err := core.MakePlan(s, dev)
 	if err != nil {
 		return planned{}, err
 	}

@@ -3,8 +3,8 @@ package cuda
 // What gorgonia.org/cu lacks, in a few lines of C: launching a kernel whose
 // one argument is the fd_params struct by value (cu.Function.Launch passes
 // every argument as 8 bytes and mallocs per call) with programmatic
-// dependent launch, and raising a kernel's dynamic shared memory limit above
-// 48 KB.
+// dependent launch and thread-block clusters, raising a kernel's dynamic
+// shared memory limit above 48 KB, and asking how many clusters fit.
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../kernels
@@ -16,13 +16,25 @@ package cuda
 // With pdl set (sm_90+), the kernel may be scheduled while the previous
 // kernel in the stream drains; the kernels start with griddepcontrol.wait, so
 // they read nothing before that kernel has finished. It hides most of the
-// combine's launch latency behind stage 1's tail.
+// combine's launch latency behind stage 1's tail. With cluster > 1 (sm_90+)
+// every `cluster` blocks along x run together as one thread-block cluster.
 static CUresult fd_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
-                          unsigned smem, CUstream stream, int pdl, fd_params *p) {
+                          unsigned smem, CUstream stream, int pdl, unsigned cluster, fd_params *p) {
 	void *args[1] = {p};
-	CUlaunchAttribute attr;
-	attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-	attr.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchAttribute attrs[2];
+	unsigned n = 0;
+	if (pdl) {
+		attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+		attrs[n].value.programmaticStreamSerializationAllowed = 1;
+		n++;
+	}
+	if (cluster > 1) {
+		attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+		attrs[n].value.clusterDim.x = cluster;
+		attrs[n].value.clusterDim.y = 1;
+		attrs[n].value.clusterDim.z = 1;
+		n++;
+	}
 	CUlaunchConfig cfg = {0};
 	cfg.gridDimX = gx;
 	cfg.gridDimY = gy;
@@ -32,13 +44,40 @@ static CUresult fd_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, u
 	cfg.blockDimZ = 1;
 	cfg.sharedMemBytes = smem;
 	cfg.hStream = stream;
-	cfg.attrs = &attr;
-	cfg.numAttrs = pdl ? 1 : 0;
+	cfg.attrs = attrs;
+	cfg.numAttrs = n;
 	return cuLaunchKernelEx(&cfg, f, args, NULL);
 }
 
 static CUresult fd_set_max_dynamic_smem(CUfunction f, int bytes) {
 	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+}
+
+// Lets f run in clusters of more than 8 blocks (sm_90: up to 16).
+static CUresult fd_allow_large_clusters(CUfunction f) {
+	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+}
+
+// How many clusters of `cluster` blocks of f (threads, smem each) the GPU
+// runs at once; 0 when such a cluster cannot be scheduled at all.
+static CUresult fd_max_active_clusters(CUfunction f, unsigned cluster, unsigned threads,
+                                       unsigned smem, int *n) {
+	CUlaunchAttribute attr;
+	attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+	attr.value.clusterDim.x = cluster;
+	attr.value.clusterDim.y = 1;
+	attr.value.clusterDim.z = 1;
+	CUlaunchConfig cfg = {0};
+	cfg.gridDimX = cluster;
+	cfg.gridDimY = 1;
+	cfg.gridDimZ = 1;
+	cfg.blockDimX = threads;
+	cfg.blockDimY = 1;
+	cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	cfg.attrs = &attr;
+	cfg.numAttrs = 1;
+	return cuOccupancyMaxActiveClusters(n, f, &cfg);
 }
 
 static const char *fd_error_string(CUresult r) {
@@ -72,6 +111,20 @@ func setMaxDynamicShared(f function, bytes int) error {
 	return check("cuFuncSetAttribute", C.fd_set_max_dynamic_smem(C.CUfunction(f), C.int(bytes)))
 }
 
+// allowLargeClusters lets f run in clusters of more than 8 blocks.
+func allowLargeClusters(f function) error {
+	return check("cuFuncSetAttribute", C.fd_allow_large_clusters(C.CUfunction(f)))
+}
+
+// maxActiveClusters is how many clusters of `cluster` blocks of f, each of
+// threads threads and smem bytes of dynamic shared memory, run at once.
+func maxActiveClusters(f function, cluster, threads, smem int) (int, error) {
+	var n C.int
+	err := check("cuOccupancyMaxActiveClusters",
+		C.fd_max_active_clusters(C.CUfunction(f), C.uint(cluster), C.uint(threads), C.uint(smem), &n))
+	return int(n), err
+}
+
 // check turns a CUresult into an error naming the driver call.
 func check(call string, r C.CUresult) error {
 	if r == C.CUDA_SUCCESS {
@@ -89,7 +142,7 @@ func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
 	setPtr(unsafe.Pointer(&k.cache_seqlens), p.CacheSeqlens)
 	setPtr(unsafe.Pointer(&k.out), p.Out.Ptr)
 	setPtr(unsafe.Pointer(&k.lse), p.LSE)
-	if pl.NumSplits > 1 {
+	if pl.CombineGrid > 0 {
 		setPtr(unsafe.Pointer(&k.o_partial), workspace)
 		setPtr(unsafe.Pointer(&k.lse_partial), workspace+uintptr(pl.LSEPartialOffset))
 	}
@@ -129,8 +182,9 @@ func strides(t core.Tensor) (C.longlong, C.longlong, C.longlong) {
 	return C.longlong(t.BatchStride), C.longlong(t.SeqStride), C.longlong(t.HeadStride)
 }
 
-// launch runs the plan's kernels on stream: stage 1, then the combine when the
-// plan splits the cache.
+// launch runs the plan's kernels on stream: stage 1 (in clusters of
+// pl.Cluster blocks when its splits merge themselves), then the combine when
+// the plan has one.
 func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uintptr) error {
 	s := *(*C.CUstream)(unsafe.Pointer(&stream))
 	pdl := C.int(0)
@@ -138,14 +192,14 @@ func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uint
 		pdl = 1
 	}
 	r := C.fd_launch(C.CUfunction(fns.split), C.uint(pl.Grid[0]), C.uint(pl.Grid[1]), C.uint(pl.Grid[2]),
-		C.uint(pl.Threads), C.uint(pl.SharedBytes), s, pdl, k)
+		C.uint(pl.Threads), C.uint(pl.SharedBytes), s, pdl, C.uint(pl.Cluster), k)
 	if err := check("launch "+pl.Variant.Kernel, r); err != nil {
 		return err
 	}
-	if pl.NumSplits == 1 {
+	if pl.CombineGrid == 0 {
 		return nil
 	}
 	r = C.fd_launch(C.CUfunction(fns.combine), C.uint(pl.CombineGrid), 1, 1,
-		C.uint(pl.CombineThreads), 0, s, pdl, k)
+		C.uint(pl.CombineThreads), 0, s, pdl, 1, k)
 	return check("launch "+pl.Variant.Combine, r)
 }
