@@ -58,9 +58,11 @@ def test_parse_args_options():
     assert str(args.out) == "/tmp/x"
     assert bench.parse_args(["--peers", "none"]).peers == []
     assert {dt for _, dt in bench.parse_args(["--dtypes", "bf16"]).cases} == {"bf16"}
+    assert args.num_splits == [] and bench.parse_args(["--num-splits", "0,1,16"]).num_splits == [0, 1, 16]
 
 
-@pytest.mark.parametrize("argv", [["--peers", "cudnn,magic"], ["--dtypes", "fp8"], ["--shapes", "q=1"]])
+@pytest.mark.parametrize("argv", [["--peers", "cudnn,magic"], ["--dtypes", "fp8"], ["--shapes", "q=1"],
+                                  ["--num-splits", "1,x"], ["--num-splits", "-1"], ["--num-splits", ","]])
 def test_parse_args_errors_exit(argv, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
@@ -108,10 +110,12 @@ def test_layer_count_rotates_past_l2_within_memory():
     assert bench.layer_count(100e9, free) == 0                                    # does not fit
 
 
-def row(b=1, L=32768, dtype="fp16", ours=30.0, kv_mb=134.0, **peers):
+def row(b=1, L=32768, dtype="fp16", ours=30.0, kv_mb=134.0, sweep_us=None, **peers):
     """A synthetic result row; peers as name=µs."""
     r = dict(dtype=dtype, b=b, hq=32, hkv=8, d=128, L=L, sq=1, kv_mb=kv_mb, layers=3, num_splits=66,
              kernel="k", check="ok", ours_us=ours, ours_tbs=kv_mb / ours, ours_pct=90.0)
+    if sweep_us:
+        r["sweep_us"] = sweep_us
     for name, us in peers.items():
         r.update({f"{name}_us": us, f"{name}_tbs": kv_mb / us, f"{name}_ratio": us / ours,
                   f"{name}_note": "gqa"})
@@ -146,7 +150,8 @@ def test_summarize_pass_and_fail():
 
 
 def test_write_results_json_and_csv(tmp_path):
-    rows = [row(cudnn=40.0), dict(row(), check="n/a (cache does not fit)", cudnn_note="n/a (why, not)")]
+    rows = [row(cudnn=40.0, sweep_us={1: 50.0, 16: 30.25}),
+            dict(row(), check="n/a (cache does not fit)", cudnn_note="n/a (why, not)")]
     summary = bench.summarize(rows, None)
     bench.write_results(tmp_path / "o", rows, {"ceiling_tbs": 4.4}, summary, ["cudnn", "flex"])
     data = json.loads((tmp_path / "o" / "results.json").read_text())
@@ -157,6 +162,8 @@ def test_write_results_json_and_csv(tmp_path):
     assert list(lines[0]) == bench.csv_columns(["cudnn", "flex"])
     assert lines[0]["cudnn_ratio"] == "1.333" and lines[0]["flex_us"] == ""
     assert lines[1]["cudnn_note"] == "n/a (why, not)"
+    assert lines[0]["sweep_us"] == "1:50 16:30.25" and lines[1]["sweep_us"] == ""
+    assert data["rows"][0]["sweep_us"] == {"1": 50.0, "16": 30.25}
 
 
 def test_format_row_shows_peers_and_na():
@@ -164,6 +171,7 @@ def test_format_row_shows_peers_and_na():
     r["flex_note"] = "n/a (too big)"
     text = bench.format_row(r, ["cudnn", "flash", "flex"])
     assert "30.0us" in text and "cudnn 1.33x" in text and "flex n/a (too big)" in text
+    assert "splits 2:31.0 4:29.5" in bench.format_row(row(sweep_us={2: 31.0, 4: 29.5}), [])
     bare = {k: v for k, v in r.items() if not k.startswith("ours")} | {"check": "MISMATCH: 1"}
     assert "MISMATCH: 1" in bench.format_row(bare, ["cudnn"])
 

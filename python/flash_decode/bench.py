@@ -4,6 +4,7 @@
     python -m flash_decode.bench --quick --out /tmp/fdbench
     python -m flash_decode.bench --shapes "b=1,hq=32,hkv=8,d=128,L=32768,sq=1" --dtypes fp16,bf16
     python -m flash_decode.bench --shapes "b=1/8,L=1k/32k;hq=48,hkv=48,L=8k,sq=10" --peers cudnn,flash
+    python -m flash_decode.bench --shapes "b=1,L=1k/32k" --num-splits 1,2,4,8,16,32 --peers none
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
@@ -136,6 +137,16 @@ def _csv_arg(choices):
     return parse
 
 
+def _splits_arg(text):
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma list of integers: {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"num_splits must be 0 (the planner's choice) or more: {text!r}")
+    return values
+
+
 def _shapes_arg(text):
     try:
         return parse_shapes(text)
@@ -146,7 +157,7 @@ def _shapes_arg(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="flash-decode-bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[1:8]))
+                                epilog="\n".join(__doc__.split("\n")[1:9]))
     p.add_argument("--shapes", type=_shapes_arg, action="append",
                    help="shape specs, e.g. 'b=1,hq=32,hkv=8,d=128,L=32768,sq=1'; ';' separates "
                         "shapes, '/' lists alternatives (default: the built-in matrix)")
@@ -159,6 +170,9 @@ def parse_args(argv=None):
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
                    help="cache layout: bhsd (SDPA's; flash_decode gets views) or bshd (the reverse)")
+    p.add_argument("--num-splits", type=_splits_arg, default=[], metavar="N,N,...",
+                   help="also time flash_decode at each of these num_splits (a sweep, e.g. "
+                        "'1,2,4,8,16,32'; combine with --peers none for a sweep alone)")
     args = p.parse_args(argv)
     if args.shapes:
         args.cases = [(s, dt) for s in itertools.chain(*args.shapes) for dt in args.dtypes or ["fp16"]]
@@ -362,6 +376,9 @@ def run_case(shape, dtype, peers, args):
         row["ours_tbs"] = tbs(nbytes, row["ours_us"])
         row["ours_pct"] = 100 * row["ours_tbs"] / args.ceiling
         row["ours_eager_us"] = time_eager(ours_call, ours)
+        if args.num_splits:  # the same timing at each requested split count
+            row["sweep_us"] = {n: time_kernel(lambda kv, n=n: flash_decode.flash_decode(
+                q_ours, kv[0], kv[1], num_splits=n), ours, args.repeats)[0] for n in args.num_splits}
     gqa = shape.hq != shape.hkv
     try:  # plain eager SDPA, default backend choice
         row["sdpa_eager_us"] = time_eager(lambda kv: F.scaled_dot_product_attention(q, *kv, enable_gqa=gqa), kvs)
@@ -428,7 +445,8 @@ def summarize(rows, eager):
 
 def csv_columns(peers):
     base = ["dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "check", "ours_us",
-            "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note"]
+            "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note",
+            "sweep_us"]
     return base + [f"{p}_{k}" for p in peers for k in ("us", "tbs", "ratio", "note")]
 
 
@@ -440,7 +458,16 @@ def write_results(out_dir, rows, meta, summary, peers):
     with open(out_dir / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, csv_columns(peers), restval="", extrasaction="ignore")
         writer.writeheader()
-        writer.writerows({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+        writer.writerows({k: _csv_value(v) for k, v in r.items()} for r in rows)
+
+
+def _csv_value(v):
+    """A CSV cell: floats to 4 digits, a sweep {num_splits: us} as 'n:us n:us'."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return " ".join(f"{n}:{us:.4g}" for n, us in v.items())
+    return v
 
 
 def plot(rows, ceiling, path, peers):
@@ -485,6 +512,8 @@ def format_row(r, peers):
                  f"{r['ours_tbs']:.2f}TB/s {r['ours_pct']:.0f}%")
     else:
         text += f" | {r.get('check')}"
+    if r.get("sweep_us"):
+        text += " | splits " + " ".join(f"{n}:{us:.1f}" for n, us in r["sweep_us"].items())
     for p in peers:
         if f"{p}_ratio" in r:
             text += f" | {p} {r[p + '_ratio']:.2f}x"
