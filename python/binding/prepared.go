@@ -19,7 +19,7 @@ const maxPrepared = 1 << 16
 var prepared struct {
 	mu      sync.Mutex
 	handles map[preparedKey]int
-	table   atomic.Pointer[[]*cuda.Prepared] // copy-on-write: Run reads it without a lock
+	table   atomic.Pointer[[]*cuda.Prepared] // append-only: Run reads it without a lock
 }
 
 type preparedKey struct {
@@ -62,7 +62,9 @@ func Prepare(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache int,
 	if prepared.handles == nil {
 		prepared.handles = map[preparedKey]int{}
 	}
-	table = append(table[:len(table):len(table)], r) // never write into a slice Run may be reading
+	// Appending writes only past the length Run's readers loaded, and Store
+	// publishes the new element with the new length.
+	table = append(table, r)
 	prepared.table.Store(&table)
 	prepared.handles[key] = len(table) - 1
 	return len(table) - 1, nil

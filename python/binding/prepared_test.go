@@ -35,3 +35,43 @@ func TestPrepareHandles(t *testing.T) {
 		t.Errorf("Run with a null q: %v", err)
 	}
 }
+
+// Layouts registered from several goroutines while others look handles up:
+// every handle stays valid and distinct (run with -race to check the table).
+func TestPrepareConcurrent(t *testing.T) {
+	const n = 64
+	handles := make([]int, n)
+	done := make(chan struct{})
+	go func() { // a reader: Run on every handle seen so far (a null q: an error before any GPU work)
+		defer close(done)
+		for range 200 {
+			for h := 0; h < n; h++ {
+				if _, err := Run(h, -1, 0, 16, 16, 16, 0, 0, 0, 0, 0); err == nil {
+					t.Error("Run with a null q succeeded")
+					return
+				}
+			}
+		}
+	}()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			h, err := prepare(1024+64*i, false)
+			handles[i] = h
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	seen := map[int]bool{}
+	for i, h := range handles {
+		if again, _ := prepare(1024+64*i, false); again != h || seen[h] {
+			t.Fatalf("layout %d: handle %d, again %d (seen before: %v)", i, h, again, seen[h])
+		}
+		seen[h] = true
+	}
+}
