@@ -200,14 +200,19 @@ def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
 
     Returns:
         dict: the core's plan, with at least ``num_splits``, ``grid``,
-        ``workspace_bytes`` and ``kernel`` (the stage-1 kernel's name).
+        ``cluster`` (the thread-block cluster size when the splits merge
+        inside the split kernel, else 1), ``workspace_bytes`` (0 unless the
+        combine kernel runs) and ``kernel`` (the stage-1 kernel's name).
 
-    Example::
+    Example (on an H200)::
 
         >>> import torch, flash_decode
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 32768)
-        >>> p["num_splits"], p["grid"], p["workspace_bytes"]  # doctest: +SKIP
-        (66, [66, 8, 1], 1074688)
+        >>> p["num_splits"], p["grid"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
+        (16, [16, 8, 1], 1, 264192)
+        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024)
+        >>> p["num_splits"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
+        (8, 8, 0)
     """
     if dtype not in _DTYPE_CODES:
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
