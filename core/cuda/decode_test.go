@@ -132,6 +132,10 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 		{"fp16 r32 causal cluster of 5", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 4, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 1500, Seqlen: 1499, NumSplits: 5}, nil, true, false},
 		{"bf16 gqa5 causal ragged combine", core.Shape{DType: core.BFloat16, Batch: 3, SeqlenQ: 4, HeadsQ: 20, HeadsKV: 4, HeadDim: 64, SeqlenCache: 777, Seqlen: -1, NumSplits: 7}, []int32{0, 5, 777}, true, true},
 		{"fp16 auto without clusters", core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}, nil, false, true},
+		// Many sequences of lengths ending anywhere in a key tile, in more
+		// blocks than SMs.
+		{"bf16 d256 ragged batch 36", core.Shape{DType: core.BFloat16, Batch: 36, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 4, HeadDim: 256, SeqlenCache: 200, Seqlen: -1, NumSplits: 1}, ragged(36, 200), false, false},
+		{"fp16 r32 causal ragged batch 9", core.Shape{DType: core.Float16, Batch: 9, SeqlenQ: 3, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 700, Seqlen: -1, NumSplits: 2}, ragged(9, 700), true, false},
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range tests {
@@ -191,6 +195,15 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ragged returns n lengths spread over [0, max], the last one max.
+func ragged(n, max int) []int32 {
+	lens := make([]int32, n)
+	for i := range lens {
+		lens[i] = int32(max * (i + 1) / n)
+	}
+	return lens
 }
 
 // checkOutputs compares p's out and lse on the device with the reference.
