@@ -197,11 +197,11 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 	}
 }
 
-// ragged returns n lengths spread over [0, max], the last one max.
-func ragged(n, max int) []int32 {
+// ragged returns n lengths spread over (0, longest], the last one longest.
+func ragged(n, longest int) []int32 {
 	lens := make([]int32, n)
 	for i := range lens {
-		lens[i] = int32(max * (i + 1) / n)
+		lens[i] = int32(longest * (i + 1) / n)
 	}
 	return lens
 }
