@@ -59,6 +59,7 @@ def test_parse_args_options():
     assert bench.parse_args(["--peers", "none"]).peers == []
     assert {dt for _, dt in bench.parse_args(["--dtypes", "bf16"]).cases} == {"bf16"}
     assert args.num_splits == [] and bench.parse_args(["--num-splits", "0,1,16"]).num_splits == [0, 1, 16]
+    assert not args.read_same_bytes and bench.parse_args(["--read-same-bytes"]).read_same_bytes
 
 
 @pytest.mark.parametrize("argv", [["--peers", "cudnn,magic"], ["--dtypes", "fp8"], ["--shapes", "q=1"],
@@ -166,12 +167,30 @@ def test_write_results_json_and_csv(tmp_path):
     assert data["rows"][0]["sweep_us"] == {"1": 50.0, "16": 30.25}
 
 
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_layer_bytes_views_each_layers_k_and_v(layout):
+    # make_tensors' layout: one buffer (layers, 2, b, ..., d), K then V per layer.
+    buf = torch.arange(3 * 2 * 2 * 4 * 5 * 8, dtype=torch.float32).to(torch.float16).view(3, 2, 2, 4, 5, 8)
+    kvs = [(buf[i, 0], buf[i, 1]) if layout == "bhsd" else (buf[i, 0].transpose(1, 2), buf[i, 1].transpose(1, 2))
+           for i in range(3)]
+    views = bench.layer_bytes(kvs, block=64)
+    assert len(views) == 3
+    for i, x in enumerate(views):
+        assert x.shape == (640,) and x.is_contiguous()  # 2 * 320 elements, a multiple of 64
+        assert torch.equal(x, buf[i].reshape(-1))
+    assert len(bench.layer_bytes(kvs, block=48)[0]) == 624  # cut to whole blocks
+    assert bench.layer_bytes(kvs, block=1024) == []  # a layer smaller than one block
+    with pytest.raises(ValueError):
+        bench.layer_bytes([(buf[0, 0], buf[1, 1])])
+
+
 def test_format_row_shows_peers_and_na():
     r = row(cudnn=40.0)
     r["flex_note"] = "n/a (too big)"
     text = bench.format_row(r, ["cudnn", "flash", "flex"])
     assert "30.0us" in text and "cudnn 1.33x" in text and "flex n/a (too big)" in text
     assert "splits 2:31.0 4:29.5" in bench.format_row(row(sweep_us={2: 31.0, 4: 29.5}), [])
+    assert "read 28.0us 95%" in bench.format_row(row() | {"read_us": 28.0, "read_pct": 95.2}, [])
     bare = {k: v for k, v in r.items() if not k.startswith("ours")} | {"check": "MISMATCH: 1"}
     assert "MISMATCH: 1" in bench.format_row(bare, ["cudnn"])
 

@@ -5,6 +5,7 @@
     python -m flash_decode.bench --shapes "b=1,hq=32,hkv=8,d=128,L=32768,sq=1" --dtypes fp16,bf16
     python -m flash_decode.bench --shapes "b=1/8,L=1k/32k;hq=48,hkv=48,L=8k,sq=10" --peers cudnn,flash
     python -m flash_decode.bench --shapes "b=1,L=1k/32k" --num-splits 1,2,4,8,16,32 --peers none
+    python -m flash_decode.bench --read-same-bytes --peers cudnn   # a plain read of each cache too
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
@@ -173,6 +174,10 @@ def parse_args(argv=None):
     p.add_argument("--num-splits", type=_splits_arg, default=[], metavar="N,N,...",
                    help="also time flash_decode at each of these num_splits (a sweep, e.g. "
                         "'1,2,4,8,16,32'; combine with --peers none for a sweep alone)")
+    p.add_argument("--read-same-bytes", action="store_true",
+                   help="also time the Triton streaming read over each case's own K/V bytes, same "
+                        "layers and graph timing: what a plain read reaches at that size, its fixed "
+                        "costs included (columns read_us, read_tbs, read_pct)")
     args = p.parse_args(argv)
     if args.shapes:
         args.cases = [(s, dt) for s in itertools.chain(*args.shapes) for dt in args.dtypes or ["fp16"]]
@@ -259,6 +264,13 @@ if triton is not None:
         tl.store(out_ptr + pid, tl.sum(x.to(tl.float32), axis=0))
 
 
+def triton_read(numel, block=8192):
+    """A call that streams the first numel (a multiple of block) elements of a
+    1-D tensor through the Triton read kernel."""
+    partial = torch.empty(numel // block, device="cuda", dtype=torch.float32)
+    return lambda x: _read_kernel[(numel // block,)](x, partial, BLOCK=block, num_warps=8)
+
+
 def read_ceiling(repeats, buffers=4, block=8192):
     """Streaming-read TB/s per method over rotating buffers of up to 1 GiB each."""
     free = torch.cuda.mem_get_info()[0]
@@ -266,9 +278,23 @@ def read_ceiling(repeats, buffers=4, block=8192):
     bufs = [torch.randn(numel, device="cuda", dtype=torch.float16) for _ in range(buffers)]
     methods = {"torch.sum": lambda x: x.sum(dtype=torch.float32)}
     if triton is not None:
-        partial = torch.empty(numel // block, device="cuda", dtype=torch.float32)
-        methods["triton"] = lambda x: _read_kernel[(numel // block,)](x, partial, BLOCK=block, num_warps=8)
+        methods["triton"] = triton_read(numel, block)
     return {name: tbs(numel * 2, time_kernel(fn, bufs, repeats)[0]) for name, fn in methods.items()}
+
+
+def layer_bytes(kvs, block=8192):
+    """Per layer, one 1-D view over its K and V storage (make_tensors puts a
+    layer's V right after its K), cut to a multiple of block elements; [] if
+    a layer is smaller than a block."""
+    views = []
+    for k, v in kvs:
+        if v.storage_offset() != k.storage_offset() + k.numel():
+            raise ValueError("a layer's V does not follow its K in memory")
+        numel = 2 * k.numel() // block * block
+        if numel == 0:
+            return []
+        views.append(k.as_strided((numel,), (1,), k.storage_offset()))
+    return views
 
 
 # ---- one case ----
@@ -379,6 +405,11 @@ def run_case(shape, dtype, peers, args):
         if args.num_splits:  # the same timing at each requested split count
             row["sweep_us"] = {n: time_kernel(lambda kv, n=n: flash_decode.flash_decode(
                 q_ours, kv[0], kv[1], num_splits=n), ours, args.repeats)[0] for n in args.num_splits}
+    flat = layer_bytes(kvs) if getattr(args, "read_same_bytes", False) and triton is not None else []
+    if flat:  # the same bytes, layers and timing through a plain streaming read
+        row["read_us"] = time_kernel(triton_read(flat[0].numel()), flat, args.repeats)[0]
+        row["read_tbs"] = tbs(flat[0].numel() * flat[0].element_size(), row["read_us"])
+        row["read_pct"] = 100 * row["read_tbs"] / args.ceiling
     gqa = shape.hq != shape.hkv
     try:  # plain eager SDPA, default backend choice
         row["sdpa_eager_us"] = time_eager(lambda kv: F.scaled_dot_product_attention(q, *kv, enable_gqa=gqa), kvs)
@@ -446,7 +477,7 @@ def summarize(rows, eager):
 def csv_columns(peers):
     base = ["dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "check", "ours_us",
             "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note",
-            "sweep_us"]
+            "sweep_us", "read_us", "read_tbs", "read_pct"]
     return base + [f"{p}_{k}" for p in peers for k in ("us", "tbs", "ratio", "note")]
 
 
@@ -514,6 +545,8 @@ def format_row(r, peers):
         text += f" | {r.get('check')}"
     if r.get("sweep_us"):
         text += " | splits " + " ".join(f"{n}:{us:.1f}" for n, us in r["sweep_us"].items())
+    if "read_us" in r:
+        text += f" | read {r['read_us']:.1f}us {r['read_pct']:.0f}%"
     for p in peers:
         if f"{p}_ratio" in r:
             text += f" | {p} {r[p + '_ratio']:.2f}x"
