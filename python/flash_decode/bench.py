@@ -405,7 +405,7 @@ def run_case(shape, dtype, peers, args):
         if args.num_splits:  # the same timing at each requested split count
             row["sweep_us"] = {n: time_kernel(lambda kv, n=n: flash_decode.flash_decode(
                 q_ours, kv[0], kv[1], num_splits=n), ours, args.repeats)[0] for n in args.num_splits}
-    flat = layer_bytes(kvs) if getattr(args, "read_same_bytes", False) and triton is not None else []
+    flat = layer_bytes(kvs) if args.read_same_bytes and triton is not None else []
     if flat:  # the same bytes, layers and timing through a plain streaming read
         row["read_us"] = time_kernel(triton_read(flat[0].numel()), flat, args.repeats)[0]
         row["read_tbs"] = tbs(flat[0].numel() * flat[0].element_size(), row["read_us"])
