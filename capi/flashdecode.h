@@ -94,7 +94,7 @@ typedef struct fd_args {
 /* The launch fd_decode would run (mirrors core.Plan). */
 typedef struct fd_plan_info {
     char kernel[64];            /* stage-1 (split-KV) kernel name */
-    char combine[64];           /* stage-2 (combine) kernel name; runs only when combine_grid > 0 */
+    char combine[64];           /* stage-2 (combine) kernel that runs; "" when combine_grid == 0 */
     int32_t num_splits;         /* splits of each sequence's keys: grid[0] */
     int32_t row_tiles;          /* tiles of packed query rows per K/V head */
     int32_t grid[3];            /* stage-1 grid (num_splits, heads_kv * row_tiles, batch) */

@@ -164,7 +164,7 @@ func fd_plan(args *C.fd_args, out *C.fd_plan_info) (ret C.int) {
 	}
 	*out = C.fd_plan_info{}
 	copyName(out.kernel[:], pl.Variant.Kernel)
-	copyName(out.combine[:], pl.Variant.Combine)
+	copyName(out.combine[:], pl.Combine)
 	out.num_splits = C.int32_t(pl.NumSplits)
 	out.row_tiles = C.int32_t(pl.RowTiles)
 	for i, g := range pl.Grid {

@@ -30,12 +30,11 @@ const (
 	// with 16 splits of 64 keys, 8.0 us with 4 of 256, 10.2 us with 2 of 512.
 	minSplitKeys = 64
 	// combineRoundCost is what one round of the combine costs in the
-	// half-tile units of splitCost: a combine block fetches 32 splits of a
-	// row per L2 round trip (4 warps x 8 loads), about 2.5 tile loads of a
-	// slot. Fitted on the H200, MQA 8/1, b=1, 16384 keys: 11.3, 10.5 and
-	// 12.3 us with 32, 64 and 128 splits.
-	combineRoundCost      = 5
-	combineSplitsPerRound = 32
+	// half-tile units of splitCost: one L2 round trip of a combine block
+	// (combineRounds), about 2.5 tile loads of a slot. Fitted on the H200,
+	// MQA 8/1, b=1, 16384 keys: 11.3, 10.5 and 12.3 us with 32, 64 and 128
+	// splits, when the combine had 4 warps only.
+	combineRoundCost = 5
 	// combineLaunchCost is the fixed cost of the combine kernel: a second
 	// launch (partly hidden by programmatic dependent launch) and one L2
 	// round trip before its first load.
@@ -183,10 +182,13 @@ type Plan struct {
 	// merge their outputs through distributed shared memory at the end of
 	// stage 1 (no combine kernel, no workspace), else 1.
 	Cluster int `json:"cluster"`
-	// CombineGrid blocks of CombineThreads run the combine; both are 0 when
-	// NumSplits == 1 (stage 1 then writes out and lse itself) or Cluster > 1.
-	CombineGrid    int `json:"combine_grid"`
-	CombineThreads int `json:"combine_threads"`
+	// CombineGrid blocks of CombineThreads run the combine kernel Combine
+	// (Variant.Combine, or Variant.CombineWide for more splits than
+	// Variant.Combine loads at once); all are zero when NumSplits == 1
+	// (stage 1 then writes out and lse itself) or Cluster > 1.
+	Combine        string `json:"combine"`
+	CombineGrid    int    `json:"combine_grid"`
+	CombineThreads int    `json:"combine_threads"`
 	// The workspace holds o_partial, float32 [NumSplits][rows][HeadDim]
 	// at offset 0, and lse_partial, float32 [NumSplits][rows] at
 	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ and
@@ -302,7 +304,10 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	case splits > 1:
 		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
 		p.CombineGrid = ceilDiv(rows, v.CombineRows)
-		p.CombineThreads = v.CombineThreads
+		p.Combine, p.CombineThreads = v.Combine, v.CombineThreads
+		if v.CombineWide != "" && v.CombineWideThreads > 0 && splits > combineSplitsPerStep(v.CombineThreads) {
+			p.Combine, p.CombineThreads = v.CombineWide, v.CombineWideThreads
+		}
 	}
 	return p, nil
 }
@@ -360,8 +365,8 @@ func clampSplits(n, tiles int) int {
 // (decode is memory-bound, so a slot's time is the bytes it streams). With
 // n > 1 the splits merge inside stage 1 when fused (a cluster launch whose
 // clusters all run at once: one wave, plus clusterMergeCost), else the
-// combine kernel adds combineLaunchCost plus combineRoundCost per
-// combineSplitsPerRound splits.
+// combine kernel adds combineLaunchCost plus combineRoundCost per round
+// trip (combineRounds).
 func splitCost(blocks, slots, tiles, n int, fused bool) int {
 	cost := ceilDiv(blocks*n, slots) * (2*ceilDiv(tiles, n) + blockCost)
 	switch {
@@ -369,9 +374,19 @@ func splitCost(blocks, slots, tiles, n int, fused bool) int {
 	case fused:
 		cost = 2*ceilDiv(tiles, n) + blockCost + clusterMergeCost
 	default:
-		cost += combineLaunchCost + combineRoundCost*ceilDiv(n, combineSplitsPerRound)
+		cost += combineLaunchCost + combineRoundCost*combineRounds(n)
 	}
 	return cost
+}
+
+// combineRounds is how many round trips to L2 the combine of n splits
+// makes: one for the 4-warp combine (up to 32 splits), else the 16-warp
+// one's ceil(n / 128).
+func combineRounds(n int) int {
+	if n <= combineSplitsPerStep(combineThreads) {
+		return 1
+	}
+	return ceilDiv(n, combineSplitsPerStep(combineWideThreads))
 }
 
 // autoSplits is the num_splits=0 heuristic. Decode streams the whole K/V
@@ -458,7 +473,7 @@ func (p Plan) String() string {
 		return b.String()
 	}
 	fmt.Fprintf(&b, "; %d splits; combine %s %d x %d threads; workspace %d B (lse_partial at %d)",
-		p.NumSplits, p.Variant.Combine, p.CombineGrid, p.CombineThreads, p.WorkspaceBytes, p.LSEPartialOffset)
+		p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.WorkspaceBytes, p.LSEPartialOffset)
 	return b.String()
 }
 
@@ -475,6 +490,8 @@ type variantJSON struct {
 	ClusterShared  int    `json:"cluster_shared_bytes"`
 	CombineThreads int    `json:"combine_threads"`
 	CombineRows    int    `json:"combine_rows"`
+	CombineWide    string `json:"combine_wide"`
+	CombineWideThr int    `json:"combine_wide_threads"`
 }
 
 // MarshalJSON encodes p with snake_case names throughout, the variant's
@@ -486,5 +503,6 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		Variant variantJSON `json:"variant"`
 		plain
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
-		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.CombineThreads, v.CombineRows}, plain(p)})
+		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.CombineThreads, v.CombineRows,
+		v.CombineWide, v.CombineWideThreads}, plain(p)})
 }

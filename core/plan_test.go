@@ -13,6 +13,7 @@ var testVariant = Variant{
 	Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: Float16,
 	HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 32768,
 	ClusterSharedBytes: 122880, CombineThreads: 128, CombineRows: 4,
+	CombineWide: "fd_combine_f16_w16", CombineWideThreads: 512,
 }
 
 // twoPerSM is a device of 132 SMs holding 2 blocks of any variant per SM,
@@ -59,7 +60,7 @@ func TestAutoSplits(t *testing.T) {
 		{"4096 keys: limited by min chunk", 8, 264, 64, 8, 1, 8},
 		{"too short to split", 8, 264, 5, 1, 16, 1},
 		{"empty cache", 8, 264, 0, 1, 16, 1},
-		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 2048, 128, 16, 114},
+		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 2048, 128, 16, 121},
 		{"uneven tiles", 16, 132, 100, 12, 1, 8},
 		// 256 keys: neither the combine nor a cluster merge pays for 3 saved tiles.
 		{"4 tiles, no clusters", 8, 132, 4, 4, 1, 1},
@@ -105,10 +106,12 @@ func TestAutoSplitsProperties(t *testing.T) {
 func TestSplitHelpers(t *testing.T) {
 	for _, tt := range []struct{ blocks, slots, tiles, n, mc, want int }{
 		// waves x (2 x tiles per split + 24), plus 6 for a cluster merge, or
-		// 4 and 5 per 32 splits for the combine kernel.
+		// 4 and 5 per round trip for the combine kernel (one for up to 32
+		// splits, else one per 128).
 		{8, 264, 512, 1, 16, 1048}, {8, 264, 512, 16, 16, 94}, {8, 264, 512, 16, 1, 97},
-		{8, 264, 512, 32, 16, 65}, {8, 264, 512, 33, 16, 70}, {8, 264, 512, 34, 16, 126},
-		{8, 264, 512, 64, 16, 94}, {200, 264, 512, 9, 1, 975}, {1, 1, 0, 1, 16, 24},
+		{8, 264, 512, 32, 16, 65}, {8, 264, 512, 33, 16, 65}, {8, 264, 512, 34, 16, 121},
+		{8, 264, 512, 64, 16, 89}, {1, 132, 2048, 128, 16, 65}, {1, 132, 2048, 129, 16, 70},
+		{200, 264, 512, 9, 1, 975}, {1, 1, 0, 1, 16, 24},
 		// Fused means every cluster runs at once: one wave whatever blocks.
 		{200, 264, 512, 9, 16, 144},
 	} {
@@ -225,10 +228,42 @@ func TestPlanVariant(t *testing.T) {
 				p.SMs != 132 || p.BlocksPerSM != 2 || p.Variant != testVariant {
 				t.Fatalf("plan %+v does not carry the variant and device facts", p)
 			}
-			if (p.NumSplits == 1) != (p.CombineThreads == 0) {
-				t.Fatalf("combine threads %d with %d splits", p.CombineThreads, p.NumSplits)
+			if (p.NumSplits == 1) != (p.CombineThreads == 0) || (p.NumSplits == 1) != (p.Combine == "") {
+				t.Fatalf("combine %q of %d threads with %d splits", p.Combine, p.CombineThreads, p.NumSplits)
 			}
 		})
+	}
+}
+
+// TestPlanCombineWidth: the 4-warp combine loads 32 splits per round trip to
+// L2; more splits take the 16-warp one, when the variant has it.
+func TestPlanCombineWidth(t *testing.T) {
+	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
+	noWide := testVariant
+	noWide.CombineWide, noWide.CombineWideThreads = "", 0
+	tests := []struct {
+		splits  int
+		v       Variant
+		combine string
+		threads int
+	}{
+		{1, testVariant, "", 0},
+		{2, testVariant, "fd_combine_f16", 128},
+		{32, testVariant, "fd_combine_f16", 128},
+		{33, testVariant, "fd_combine_f16_w16", 512},
+		{128, testVariant, "fd_combine_f16_w16", 512},
+		{33, noWide, "fd_combine_f16", 128},
+	}
+	for _, tt := range tests {
+		s.NumSplits = tt.splits
+		p, err := PlanVariant(s, tt.v, twoPerSM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.NumSplits != tt.splits || p.Combine != tt.combine || p.CombineThreads != tt.threads {
+			t.Errorf("%d splits (wide %q): %d splits, combine %q x %d; want %q x %d", tt.splits, tt.v.CombineWide,
+				p.NumSplits, p.Combine, p.CombineThreads, tt.combine, tt.threads)
+		}
 	}
 }
 
@@ -418,17 +453,17 @@ func TestPlanJSONAndString(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"variant", "num_splits", "row_tiles", "grid", "threads", "shared_bytes", "cluster",
-		"combine_grid", "combine_threads", "lse_partial_offset", "workspace_bytes", "sms", "blocks_per_sm"} {
+		"combine", "combine_grid", "combine_threads", "lse_partial_offset", "workspace_bytes", "sms", "blocks_per_sm"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON %s lacks %q", b, k)
 		}
 	}
-	if len(m) != 13 {
-		t.Errorf("JSON %s has %d keys, want 13", b, len(m))
+	if len(m) != 14 {
+		t.Errorf("JSON %s has %d keys, want 14", b, len(m))
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
-		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows"} {
+		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows", "combine_wide", "combine_wide_threads"} {
 		if _, ok := v[k]; !ok {
 			t.Errorf("variant JSON %v lacks %q", v, k)
 		}

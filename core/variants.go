@@ -21,6 +21,12 @@ type Variant struct {
 	ClusterSharedBytes int
 	CombineThreads     int // stage-2 threads per block
 	CombineRows        int // output rows one stage-2 block merges
+	// CombineWide, when set, is a wider combine (CombineWideThreads
+	// threads) that plans launch instead of Combine when their splits
+	// outnumber the ones Combine loads in one round trip to L2
+	// (combineSplitsPerStep).
+	CombineWide        string
+	CombineWideThreads int
 }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv.cuh,
@@ -36,8 +42,10 @@ type Variant struct {
 const (
 	splitKVStages      = 3
 	splitKVSharedBytes = splitKVStages * 2 * 8192 * 2
-	combineThreads     = 128 // kernels/combine.cuh FD_COMBINE_THREADS: 4 warps share a row's splits
+	combineThreads     = 128 // fd_combine_<dtype>: 4 warps share a row's splits
+	combineWideThreads = 512 // fd_combine_<dtype>_w16: 16 warps
 	combineRows        = 1   // one output row per combine block
+	combineUnroll      = 8   // kernels/combine.cuh FD_COMBINE_UNROLL: splits a warp loads at once
 
 	// oneBlockPerSMBytes is shared memory of which an sm_90 SM (228 KB,
 	// 1 KB reserved per block) holds one block only. A cluster's blocks are
@@ -69,8 +77,20 @@ func splitKV(dt DType, headDim, rows int) Variant {
 		ClusterSharedBytes: clusterShared,
 		CombineThreads:     combineThreads,
 		CombineRows:        combineRows,
+		CombineWide:        "fd_combine_" + name + "_w16",
+		CombineWideThreads: combineWideThreads,
 	}
 }
+
+// combineSplitsPerStep is how many splits a combine of `threads` threads
+// loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
+// round trip adds to every call, so plans with more splits than the 4-warp
+// combine takes at once (32) run the 16-warp one (128 at once): on the H200,
+// MQA at b=1 with 128K tokens (114 splits) took 23.6-23.8 us with it
+// against 27.1 us with 4 warps. At 16 splits 4 warps were faster (7.4
+// against 7.7 us at 1024 tokens): the extra warps only add to the final
+// merge.
+func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }
 
 // variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
 // these): SelectVariant takes the smallest HeadDim >= the head dim, then the

@@ -10,21 +10,28 @@
 // empty gets out = 0 and lse = -inf. It writes out in q's dtype through the
 // out strides, and lse when p.lse is non-NULL.
 //
-// Launch shape. One block of FD_COMBINE_THREADS (4 warps) per output row:
-// grid batch * heads_q * seqlen_q (core/variants.go CombineRows = 1,
-// CombineThreads); 3 KB of static shared memory. It may be launched with
+// Launch shape. One block of WARPS warps per output row: grid batch *
+// heads_q * seqlen_q (core/variants.go CombineRows = 1). WARPS is 4
+// (fd_combine_<dtype>, CombineThreads) or, for plans of more than 32
+// splits, 16 (fd_combine_<dtype>_w16, CombineWideThreads); 3 or 15 KB of
+// static shared memory. It may be launched with
 // programmatic dependent launch (sm_90): its blocks then start while stage 1
 // drains and wait in fd_pdl_wait for its results, which hides most of the
 // second launch's latency.
 //
 // Why it is fast enough. It reads num_splits * head_dim * 4 bytes per row, a
 // small fraction of the KV cache stage 1 read, so its time is L2 round trips,
-// not bytes. Every warp first merges all splits' LSEs (lanes take every 32nd
-// split: one round trip), then the 4 warps share the splits, each keeping
-// FD_COMBINE_UNROLL float4 loads per lane in flight (coalesced 512-byte
-// rows), so 32 splits cost one more round trip; a shared-memory sum of the 4
-// warps' rows finishes. One row per block also spreads a small batch (b=1:
-// 32 rows) over 32 SMs instead of 8.
+// not bytes, and it runs after stage 1 on every split call: each round trip
+// is time added to the call. So it takes one: warp w takes splits w,
+// w + WARPS, ..., each lane keeping FD_COMBINE_UNROLL float4 loads (coalesced
+// 512-byte rows) and their LSEs in flight, and merges them into its own
+// online-softmax state without waiting for the other warps; the warps'
+// states and rows meet once in shared memory at the end. So 8 * WARPS splits
+// (32 or 128) are a single round trip. A first version merged every split's
+// LSE before loading any row, and had only 4 warps: on the H200 that cost
+// 0.3-0.5 us more per call at 2-16 splits, and several us at 114 splits
+// (MQA, b=1, 128K tokens; BENCHMARKS.md). One row per block also spreads a
+// small batch (b=1: 32 rows) over 32 SMs instead of 8.
 #ifndef FLASHDECODE_COMBINE_CUH
 #define FLASHDECODE_COMBINE_CUH
 
@@ -32,14 +39,13 @@
 #include "ptx.cuh"
 #include "state.cuh"
 
-#define FD_COMBINE_THREADS 128
-#define FD_COMBINE_WARPS (FD_COMBINE_THREADS / 32)
-#define FD_COMBINE_UNROLL 8
+#define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
 
-template <typename T>
+template <typename T, int WARPS>
 __device__ __forceinline__ void fd_combine(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
-    __shared__ float4 sum[FD_COMBINE_WARPS - 1][kSlices * 32];
+    __shared__ float4 sum[WARPS - 1][kSlices * 32];
+    __shared__ fd_state part[WARPS - 1];
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
     const int row = blockIdx.x;
     const int warp = threadIdx.x / 32;
@@ -47,36 +53,22 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
     const float *lse_s = p.lse_partial + row;  // split s at lse_s[s * rows_total]
 
-    // The merged state of all splits, in every warp: lanes take every 32nd
-    // split, then the warp merges its 32 states.
+    // Warp w merges splits w, w + WARPS, ..., FD_COMBINE_UNROLL per step,
+    // into its own state (m = max base-2 LSE seen, d = sum 2^(lse_s - m)) and
+    // acc = sum 2^(lse_s - m) o_s. All of a step's loads (the splits' LSEs,
+    // broadcast, and their float4 columns) are issued before any is used, and
+    // nothing waits for the other warps first, so up to 8 * WARPS splits cost
+    // a single round trip to L2. An empty split (-inf) weighs 0; its o_s is 0.
     fd_state st = fd_state_empty();
-    for (int s = lane; s < p.num_splits; s += 32) {
-        const float m = lse_s[(long long)s * rows_total] * CUDART_L2E_F;
-        float sa, sb;
-        fd_state_merge(st, fd_state{m, m == -CUDART_INF_F ? 0.f : 1.f}, sa, sb);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-        const fd_state other{__shfl_xor_sync(0xffffffffu, st.m, off),
-                             __shfl_xor_sync(0xffffffffu, st.d, off)};
-        float sa, sb;
-        fd_state_merge(st, other, sa, sb);
-    }
-    const float lse2 = fd_state_lse2(st);
-
-    // out = sum_s 2^(lse2_s - lse2) o_s: warp w takes splits w, w + 4, ...,
-    // FD_COMBINE_UNROLL of them per step with all their loads (the split's
-    // LSE, broadcast, and its float4 columns) issued before any is used. An
-    // empty split (-inf) weighs 0, and its o_s is 0 too.
     float4 acc[kSlices];
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = warp; s0 < p.num_splits; s0 += FD_COMBINE_WARPS * FD_COMBINE_UNROLL) {
+    for (int s0 = warp; s0 < p.num_splits; s0 += WARPS * FD_COMBINE_UNROLL) {
         float4 x[FD_COMBINE_UNROLL][kSlices];
         float m[FD_COMBINE_UNROLL];
 #pragma unroll
         for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
-            const int s = s0 + u * FD_COMBINE_WARPS;
+            const int s = s0 + u * WARPS;
             const bool live = s < p.num_splits;
             m[u] = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
             const float *src = p.o_partial + ((long long)s * rows_total + row) * p.head_dim;
@@ -87,9 +79,23 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
             }
         }
+        float mx = st.m;
+#pragma unroll
+        for (int u = 0; u < FD_COMBINE_UNROLL; ++u) mx = fmaxf(mx, m[u]);
+        const float off = fd_state_offset(mx);
+        const float alpha = exp2f(st.m - off);  // rescales what the warp has so far
+        st = fd_state{mx, st.d * alpha};
+#pragma unroll
+        for (int i = 0; i < kSlices; ++i) {
+            acc[i].x *= alpha;
+            acc[i].y *= alpha;
+            acc[i].z *= alpha;
+            acc[i].w *= alpha;
+        }
 #pragma unroll
         for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
-            const float w = m[u] == -CUDART_INF_F ? 0.f : exp2f(m[u] - lse2);
+            const float w = exp2f(m[u] - off);  // 0 for an empty split
+            st.d += w;
 #pragma unroll
             for (int i = 0; i < kSlices; ++i) {
                 acc[i].x += w * x[u][i].x;
@@ -100,23 +106,29 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         }
     }
 
-    // Warps 1..3 hand their sums to warp 0, which adds them and writes.
+    // Warps 1.. hand their states and sums to warp 0, which merges them,
+    // normalizes and writes.
     if (warp > 0) {
 #pragma unroll
         for (int i = 0; i < kSlices; ++i) sum[warp - 1][i * 32 + lane] = acc[i];
+        if (lane == 0) part[warp - 1] = st;
     }
     __syncthreads();
     if (warp > 0) return;
 #pragma unroll
-    for (int w = 0; w < FD_COMBINE_WARPS - 1; ++w)
+    for (int w = 0; w < WARPS - 1; ++w) {
+        float sa, sb;
+        fd_state_merge(st, part[w], sa, sb);
 #pragma unroll
         for (int i = 0; i < kSlices; ++i) {
             const float4 o = sum[w][i * 32 + lane];
-            acc[i].x += o.x;
-            acc[i].y += o.y;
-            acc[i].z += o.z;
-            acc[i].w += o.w;
+            acc[i].x = acc[i].x * sa + o.x * sb;
+            acc[i].y = acc[i].y * sa + o.y * sb;
+            acc[i].z = acc[i].z * sa + o.z * sb;
+            acc[i].w = acc[i].w * sa + o.w * sb;
         }
+    }
+    const float inv = st.d > 0.f ? 1.f / st.d : 0.f;  // every split empty: output 0
     const int b = row / (p.heads_q * p.seqlen_q);
     const int head = row / p.seqlen_q % p.heads_q;
     const int qi = row % p.seqlen_q;
@@ -125,9 +137,13 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
+        acc[i].x *= inv;
+        acc[i].y *= inv;
+        acc[i].z *= inv;
+        acc[i].w *= inv;
         if (d < p.head_dim) fd_store4(out + d, acc[i]);
     }
-    if (lane == 0 && p.lse != nullptr) p.lse[row] = lse2 * CUDART_LN2_F;
+    if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 #endif  // FLASHDECODE_COMBINE_CUH

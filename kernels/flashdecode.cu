@@ -6,8 +6,9 @@
 //                 (split, KV head x row tile, batch); writes out/lse when
 //                 num_splits == 1, else fp32 partials and their LSE, or, in
 //                 a cluster launch (sm_90), merges the splits itself
-//   combine.cuh   stage 2: fd_combine_<dtype>, merges the partials by LSE
-//                 (the reduce kernel, when the splits did not merge in stage 1)
+//   combine.cuh   stage 2: fd_combine_<dtype> (4 warps) and _w16 (16 warps,
+//                 for more than 32 splits), merges the partials by LSE (the
+//                 reduce kernel, when the splits did not merge in stage 1)
 //   state.cuh     the online-softmax state and merge both stages share
 //   ptx.cuh       cp.async / ldmatrix / mma wrappers and the dtype pieces
 //
@@ -26,9 +27,9 @@
         fd_split_kv<T, D, ROWS>(p);                                                       \
     }
 
-#define FD_COMBINE(name, T)                                                        \
-    extern "C" __global__ void __launch_bounds__(FD_COMBINE_THREADS) name(const fd_params p) { \
-        fd_combine<T>(p);                                                          \
+#define FD_COMBINE(name, T, WARPS)                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS) name(const fd_params p) { \
+        fd_combine<T, WARPS>(p);                                                      \
     }
 
 //           kernel name                    dtype          D    ROWS
@@ -41,5 +42,8 @@ FD_SPLIT_KV(fd_split_kv_bf16_d128_r16,     __nv_bfloat16, 128, 16)
 FD_SPLIT_KV(fd_split_kv_bf16_d128_r32,     __nv_bfloat16, 128, 32)
 FD_SPLIT_KV(fd_split_kv_bf16_d256_r16,     __nv_bfloat16, 256, 16)
 
-FD_COMBINE(fd_combine_f16,  half)
-FD_COMBINE(fd_combine_bf16, __nv_bfloat16)
+//          kernel name           dtype          warps
+FD_COMBINE(fd_combine_f16,      half,          4)
+FD_COMBINE(fd_combine_bf16,     __nv_bfloat16, 4)
+FD_COMBINE(fd_combine_f16_w16,  half,          16)
+FD_COMBINE(fd_combine_bf16_w16, __nv_bfloat16, 16)

@@ -156,9 +156,10 @@ def test_binding_with_fake_driver():
         assert isinstance(p["kernel"], str) and p["kernel"]
         # A workspace only for the combine kernel: not for 1 split, nor for a cluster's merge.
         assert (p["workspace_bytes"] == 0) == (p["num_splits"] == 1 or p["cluster"] > 1)
+        assert (p["combine"] == "") == (p["workspace_bytes"] == 0)
     # The README's answer to "what does num_splits=0 pick" for b=1, 32/8 heads, 32K tokens.
     readme = {"num_splits": 16, "grid": [16, 8, 1], "cluster": 1, "workspace_bytes": 264192,
-              "kernel": "fd_split_kv_f16_d128_r16"}
+              "kernel": "fd_split_kv_f16_d128_r16", "combine": "fd_combine_f16"}
     assert {k: report["plan"][k] for k in readme} == readme
     assert report["plan_1"]["num_splits"] == 1
     p = report["plan_4"]
@@ -166,6 +167,8 @@ def test_binding_with_fake_driver():
     assert "bf16" in p["kernel"]
     p = report["plan_40"]  # beyond a cluster: the combine kernel and its workspace
     assert p["num_splits"] == 40 and p["cluster"] == 1 and p["combine_grid"] == 2 * 40 * 4
+    # more than 32 splits: the 16-warp combine, which loads them all in one round trip
+    assert p["combine"].endswith("_w16") and p["combine_threads"] == 512
     assert p["workspace_bytes"] >= 40 * (2 * 40 * 4) * 128 * 4  # splits * rows * headdim * fp32
 
     assert report["error_heads"][0] == "ValueError" and "invalid argument" in report["error_heads"][1]

@@ -11,10 +11,11 @@ import (
 	"gorgonia.org/cu"
 )
 
-// kernels are the two driver handles of one variant.
+// kernels are the driver handles of one variant: stage 1 and its two
+// combines (4 and 16 warps).
 type kernels struct {
-	split, combine function
-	blocksPerSM    int // stage-1 blocks of this variant resident per SM
+	split, combine, combineWide function
+	blocksPerSM                 int // stage-1 blocks of this variant resident per SM
 	// clusters[n]: clusters of n stage-1 blocks (at the variant's
 	// ClusterSharedBytes) that run at once; all 0 without clusters.
 	clusters [core.MaxCluster + 1]int
@@ -115,6 +116,13 @@ func openDevice(ordinal int) (*device, error) {
 			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Combine, err)
 		}
 		k := &kernels{split: handle(split), combine: handle(combine)}
+		if v.CombineWide != "" {
+			wide, err := mod.Function(v.CombineWide)
+			if err != nil {
+				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.CombineWide, err)
+			}
+			k.combineWide = handle(wide)
+		}
 		if shared := max(v.SharedBytes, v.ClusterSharedBytes); shared > 48<<10 {
 			if err := setMaxDynamicShared(k.split, shared); err != nil {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)

@@ -199,7 +199,11 @@ func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uint
 	if pl.CombineGrid == 0 {
 		return nil
 	}
-	r = C.fd_launch(C.CUfunction(fns.combine), C.uint(pl.CombineGrid), 1, 1,
+	combine := fns.combine
+	if pl.Combine == pl.Variant.CombineWide {
+		combine = fns.combineWide
+	}
+	r = C.fd_launch(C.CUfunction(combine), C.uint(pl.CombineGrid), 1, 1,
 		C.uint(pl.CombineThreads), 0, s, pdl, 1, k)
-	return check("launch "+pl.Variant.Combine, r)
+	return check("launch "+pl.Combine, r)
 }

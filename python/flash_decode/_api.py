@@ -202,14 +202,16 @@ def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
         dict: the core's plan, with at least ``num_splits``, ``grid``,
         ``cluster`` (the thread-block cluster size when the splits merge
         inside the split kernel, else 1), ``workspace_bytes`` (0 unless the
-        combine kernel runs) and ``kernel`` (the stage-1 kernel's name).
+        combine kernel runs), ``kernel`` (the stage-1 kernel's name) and
+        ``combine`` (the combine kernel's: 4 warps, or 16 above 32 splits;
+        "" when none runs).
 
     Example (on an H200)::
 
         >>> import torch, flash_decode
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 32768)
-        >>> p["num_splits"], p["grid"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
-        (16, [16, 8, 1], 1, 264192)
+        >>> p["num_splits"], p["grid"], p["cluster"], p["workspace_bytes"], p["combine"]  # doctest: +SKIP
+        (16, [16, 8, 1], 1, 264192, 'fd_combine_f16')
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024)
         >>> p["num_splits"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
         (8, 8, 0)
