@@ -50,8 +50,15 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     const int row = blockIdx.x;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
+    const int b = row / (p.heads_q * p.seqlen_q);
+    const int head = row / p.seqlen_q % p.heads_q;
+    const int qi = row % p.seqlen_q;
+    T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
+             head * p.out_head_stride;
     const float *lse_s = p.lse_partial + row;  // split s at lse_s[s * rows_total]
+    const float *o_row = p.o_partial + (long long)row * p.head_dim;  // split s at + s * rows_total * head_dim
+    fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
+    fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
 
     // Warp w merges splits w, w + WARPS, ..., FD_COMBINE_UNROLL per step,
     // into its own state (m = max base-2 LSE seen, d = sum 2^(lse_s - m)) and
@@ -71,7 +78,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
             const int s = s0 + u * WARPS;
             const bool live = s < p.num_splits;
             m[u] = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
-            const float *src = p.o_partial + ((long long)s * rows_total + row) * p.head_dim;
+            const float *src = o_row + (long long)s * rows_total * p.head_dim;
 #pragma unroll
             for (int i = 0; i < kSlices; ++i) {
                 const int d = lane * 4 + 128 * i;
@@ -129,11 +136,6 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         }
     }
     const float inv = st.d > 0.f ? 1.f / st.d : 0.f;  // every split empty: output 0
-    const int b = row / (p.heads_q * p.seqlen_q);
-    const int head = row / p.seqlen_q % p.heads_q;
-    const int qi = row % p.seqlen_q;
-    T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
-             head * p.out_head_stride;
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;

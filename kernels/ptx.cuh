@@ -77,6 +77,22 @@ __device__ __forceinline__ void fd_pdl_wait() {
 #endif
 }
 
+// Kernel arguments live in the constant bank, whose first read of each
+// 64-byte line on an SM misses to L2. fd_touch_params reads the given values
+// (computed from arguments: pass one from each line the kernel's first
+// instructions need) and stores their XOR to shared memory from one thread,
+// then fences: a side effect the compiler cannot move past the PDL wait that
+// follows (an unused value, or a plain store, it would sink below the wait),
+// so those misses overlap the wait instead of delaying the first loads
+// after it.
+template <typename... V>
+__device__ __forceinline__ void fd_touch_params(const V &...v) {
+    __shared__ unsigned long long sink;
+    const unsigned long long x = (0ull ^ ... ^ (unsigned long long)v);
+    if (threadIdx.x == 0) *static_cast<volatile unsigned long long *>(&sink) = x;
+    __threadfence_block();  // keeps the store (and the loads it needs) before what follows
+}
+
 __device__ __forceinline__ void fd_pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -158,6 +158,13 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int t4 = lane % 4;
     const int packed_rows = p.group * p.seqlen_q;
 
+    // Where this block reads, computed before the PDL wait so that the
+    // argument loads behind it overlap the wait (fd_touch_params, ptx.cuh).
+    const T *q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
+    const T *k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+    const T *v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+    fd_touch_params(q_base, k_base, v_base, p.seqlen);
+
     // With programmatic dependent launch: wait for the kernel that wrote q
     // (or the lengths), then let the combine be scheduled behind this grid.
     fd_pdl_wait();
@@ -178,7 +185,6 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // of each 16-wide slice of the head dim. Rows past the packed rows and
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
     // key_limit (bottom-right causal mask, capped by the split's end).
-    const T *q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
     uint32_t qf[C::kMTiles][D / 16][4];
     int key_limit[C::kMTiles][2];
 #pragma unroll
@@ -203,8 +209,6 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
 
     // The pipeline: stage s holds a K tile then a V tile, keys row-major.
     T *smem = reinterpret_cast<T *>(fd_dynamic_smem);
-    const T *k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
-    const T *v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
     const int copy_chunk = threadIdx.x % C::kChunks;
     const int copy_key = threadIdx.x / C::kChunks;
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
