@@ -31,8 +31,10 @@
 // A split that saw no key has LSE -inf and weight 0; a row that saw no key
 // at all (length 0, or masked by the causal mask) gets out = 0 and
 // LSE = -inf. With one split, stage 1 writes the output itself and no
-// combine runs. ReferenceDecode does exactly this on the CPU and the tests
-// check it against NaiveAttention.
+// combine runs. The combine has 4 warps, or 16 for more than 32 splits
+// (Plan.Combine names the one a plan runs), so that all of a row's splits
+// are loaded in one round trip to L2. ReferenceDecode does exactly this on
+// the CPU and the tests check it against NaiveAttention.
 //
 // On sm_90 (H100/H200) short splits can skip the second stage: the splits
 // of one (sequence, K/V head, row tile) run as one thread-block cluster,
