@@ -479,19 +479,19 @@ func (p Plan) String() string {
 
 // variantJSON is Variant with snake_case JSON names.
 type variantJSON struct {
-	Kernel         string `json:"kernel"`
-	Combine        string `json:"combine"`
-	DType          string `json:"dtype"`
-	HeadDim        int    `json:"head_dim"`
-	Rows           int    `json:"rows"`
-	Threads        int    `json:"threads"`
-	KeysPerTile    int    `json:"keys_per_tile"`
-	SharedBytes    int    `json:"shared_bytes"`
-	ClusterShared  int    `json:"cluster_shared_bytes"`
-	CombineThreads int    `json:"combine_threads"`
-	CombineRows    int    `json:"combine_rows"`
-	CombineWide    string `json:"combine_wide"`
-	CombineWideThr int    `json:"combine_wide_threads"`
+	Kernel             string `json:"kernel"`
+	Combine            string `json:"combine"`
+	DType              string `json:"dtype"`
+	HeadDim            int    `json:"head_dim"`
+	Rows               int    `json:"rows"`
+	Threads            int    `json:"threads"`
+	KeysPerTile        int    `json:"keys_per_tile"`
+	SharedBytes        int    `json:"shared_bytes"`
+	ClusterShared      int    `json:"cluster_shared_bytes"`
+	CombineThreads     int    `json:"combine_threads"`
+	CombineRows        int    `json:"combine_rows"`
+	CombineWide        string `json:"combine_wide"`
+	CombineWideThreads int    `json:"combine_wide_threads"`
 }
 
 // MarshalJSON encodes p with snake_case names throughout, the variant's
