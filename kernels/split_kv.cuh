@@ -49,6 +49,14 @@
 
 extern __shared__ __align__(128) unsigned char fd_dynamic_smem[];
 
+// FD_TRACE(i): a timestamp hook for kernels/trace/trace.cu, which defines it
+// to record %globaltimer per block at four points (1: released from the PDL
+// wait, 2: first tile landed, 3: loop done, 4: rows written). Empty in the
+// library build.
+#ifndef FD_TRACE
+#define FD_TRACE(i)
+#endif
+
 // Compile-time shape of a stage-1 variant.
 template <int D, int ROWS>
 struct fd_split_kv_config {
@@ -169,6 +177,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // (or the lengths), then let the combine be scheduled behind this grid.
     fd_pdl_wait();
     fd_pdl_launch_dependents();
+    FD_TRACE(1);
 
     // This split's keys, from the actual length (never from the host).
     int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
@@ -251,6 +260,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     for (int it = 0; it < n_tiles; ++it) {
         fd_cp_async_wait<C::kStages - 2>();
         __syncthreads();  // tile `it` landed for all; tile it-1's buffer is free
+        if (it == 0) FD_TRACE(2);
         const int next = it + C::kStages - 1;
         if (next < n_tiles) load_tile(tile_begin + next, next % C::kStages);
         fd_cp_async_commit();
@@ -336,6 +346,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     }
     fd_cp_async_wait<0>();
     __syncthreads();  // pipeline buffers are now the merge scratch
+    FD_TRACE(3);
 
     // Each warp parks its state and unnormalized output in shared memory.
     float *so = reinterpret_cast<float *>(fd_dynamic_smem);  // [warp][row][D + 8]
@@ -411,6 +422,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             if (d == 0) p.lse_partial[prow] = lse;
         }
     }
+    FD_TRACE(4);
     if (clustered) fd_split_kv_cluster_merge<T, D, ROWS>(p, park_o, park_lse, b, kv_head, row0);
 }
 

@@ -1,0 +1,402 @@
+// trace.cu: where one call's time goes, block by block (a developer tool,
+// not part of the library).
+//
+// It compiles the library's own stage-1 and combine code with the FD_TRACE
+// hooks of split_kv.cuh defined, launches them exactly as the Go core does
+// (programmatic dependent launch, the same grids, clusters where asked) in a
+// CUDA graph of 20 calls over rotating layers, as the benchmark does, and
+// records %globaltimer per block: entering, released from the PDL wait,
+// first tile landed, loop done, rows written, exit. It prints, per scenario,
+// the event time per call and the medians over calls of those moments,
+// counted from the end of the previous call, next to a plain streaming
+// read of the same bytes. fp16, head dim 128, (batch, heads, seq, dim)
+// layout, zero data. BENCHMARKS.md ("Per block: a trace of one call") shows
+// what it found.
+//
+//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace kernels/trace/trace.cu && ./trace
+//
+// The globaltimer ticks in 0.256 us steps on the H200.
+#include <cstdint>
+
+// One timestamp per block and hook, into the per-call buffer the wrapper
+// kernels below set.
+__shared__ unsigned long long *fd_trace_ts;
+__device__ __forceinline__ unsigned long long fd_trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define FD_TRACE(i)                                                                             \
+    do {                                                                                        \
+        if (threadIdx.x == 0)                                                                   \
+            fd_trace_ts[8 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) + \
+                        (i)] = fd_trace_now();                                                  \
+    } while (0)
+#include "../flashdecode.cu"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                               \
+    do {                                                                                    \
+        cudaError_t e = (x);                                                                \
+        if (e != cudaSuccess) {                                                             \
+            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+typedef unsigned long long u64;
+__device__ __forceinline__ u64 gtime() { return fd_trace_now(); }
+__device__ __forceinline__ unsigned smid() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+__device__ __forceinline__ int flat_block() {
+    return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+// 8 stamps per block: 0 enter, 1 after griddepcontrol.wait, 2 first tile
+// landed, 3 loop done, 4 rows written, 5 exit, 6 smid
+#define NS 8
+__device__ __forceinline__ void stamp(u64 *ts, u64 t0, u64 t1) {
+    if (threadIdx.x == 0) {
+        u64 *s = ts + NS * flat_block();
+        s[0] = t0;
+        s[1] = t1;
+        s[5] = gtime();
+        s[6] = smid();
+    }
+}
+
+__global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
+    const u64 t0 = gtime();
+    if (threadIdx.x == 0) fd_trace_ts = ts;
+    __syncthreads();
+    fd_pdl_wait();
+    const u64 t1 = gtime();
+    fd_split_kv<half, 128, 16>(p);
+    __syncthreads();
+    stamp(ts, t0, t1);
+}
+
+template <int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) tr_combine(const fd_params p, u64 *ts) {
+    const u64 t0 = gtime();
+    fd_pdl_wait();
+    const u64 t1 = gtime();
+    fd_combine<half, WARPS>(p);
+    __syncthreads();
+    stamp(ts, t0, t1);
+}
+
+// A plain streaming read: block i sums `per_block` bytes from x + i * per_block
+// with 16-byte loads, UNROLL in flight per thread.
+template <int UNROLL>
+__global__ void __launch_bounds__(256) tr_read(const int4 *x, long long per_block16, float *outp,
+                                               u64 *ts, int pdl) {
+    const u64 t0 = gtime();
+    if (pdl) {
+        fd_pdl_wait();
+        fd_pdl_launch_dependents();
+    }
+    const u64 t1 = gtime();
+    const int4 *src = x + blockIdx.x * per_block16;
+    float acc = 0.f;
+    for (long long i = threadIdx.x; i < per_block16; i += 256 * UNROLL) {
+        int4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            v[u] = i + u * 256 < per_block16 ? __ldcs(src + i + u * 256) : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) acc += __int_as_float(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+    }
+    if (acc == 1.2345f) outp[blockIdx.x] = acc;  // keeps the loads
+    __syncthreads();
+    stamp(ts, t0, t1);
+}
+
+template <typename K, typename... A>
+static void launch(K fn, dim3 grid, int threads, int smem, cudaStream_t s, bool pdl, int cluster,
+                   A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cluster > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster;
+        attr[n].val.clusterDim.y = 1;
+        attr[n].val.clusterDim.z = 1;
+        n++;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    CK(cudaLaunchKernelEx(&cfg, fn, args...));
+}
+
+struct Stats {
+    std::vector<double> v;
+    void add(double x) { v.push_back(x); }
+    double med() {
+        if (v.empty()) return 0;
+        std::vector<double> w = v;
+        std::sort(w.begin(), w.end());
+        return w[w.size() / 2];
+    }
+};
+
+static const int kCalls = 20;
+
+// One scenario: a graph of kCalls calls; returns after printing.
+struct Scenario {
+    std::string name;
+    // attention
+    int batch = 1, L = 1024, splits = 1, cluster = 1, hq = 32, hkv = 8;
+    
+    // read kernel
+    bool read = false;
+    long long read_bytes = 0;
+    int read_blocks = 0, read_unroll = 4;
+    bool pdl = true;
+};
+
+static void run(const Scenario &sc) {
+    const int hq = sc.hq, hkv = sc.hkv, d = 128;
+    const long long cache_bytes =
+        sc.read ? sc.read_bytes : 2LL * sc.batch * sc.L * hkv * d * 2;
+    const int layers = std::max(3, (int)((240e6 + cache_bytes - 1) / cache_bytes));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::vector<void *> bufs(layers);
+    for (auto &b : bufs) {
+        CK(cudaMalloc(&b, cache_bytes));
+        CK(cudaMemset(b, 0, cache_bytes));  // zeros: finite scores
+    }
+    const int rows = sc.batch * hq;
+    void *q, *out, *ws = nullptr;
+    CK(cudaMalloc(&q, (size_t)rows * d * 2));
+    CK(cudaMemset(q, 0, (size_t)rows * d * 2));
+    CK(cudaMalloc(&out, (size_t)rows * d * 2));
+    const bool combine = !sc.read && sc.splits > 1 && sc.cluster == 1;
+    if (combine) CK(cudaMalloc(&ws, (size_t)sc.splits * rows * (d + 1) * 4));
+    float *partial;
+    CK(cudaMalloc(&partial, 1 << 20));
+
+    const int g1 = sc.read ? sc.read_blocks : sc.splits * hkv * sc.batch;
+    const int g2 = combine ? rows : 0;
+    u64 *ts;
+    const size_t per_call = (size_t)(g1 + g2) * NS;
+    CK(cudaMalloc(&ts, per_call * kCalls * 8));
+    CK(cudaMemset(ts, 0, per_call * kCalls * 8));
+
+    const int smem = sc.cluster > 1 ? 122880 : 98304;
+    CK(cudaFuncSetAttribute(tr_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 122880));
+    CK(cudaFuncSetAttribute(tr_split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+
+    auto call = [&](int i) {
+        u64 *t = ts + per_call * i;
+        void *kv = bufs[i % layers];
+        if (sc.read) {
+            const long long per16 = cache_bytes / 16 / sc.read_blocks;
+            if (sc.read_unroll == 8)
+                launch(tr_read<8>, dim3(sc.read_blocks), 256, 0, s, sc.pdl, 1, (const int4 *)kv, per16, partial, t, (int)sc.pdl);
+            else
+                launch(tr_read<4>, dim3(sc.read_blocks), 256, 0, s, sc.pdl, 1, (const int4 *)kv, per16, partial, t, (int)sc.pdl);
+            return;
+        }
+        fd_params p = {};
+        p.q = q;
+        p.k = kv;
+        p.v = (char *)kv + cache_bytes / 2;
+        p.out = out;
+        if (combine) {
+            p.o_partial = (float *)ws;
+            p.lse_partial = (float *)ws + (size_t)sc.splits * rows * d;
+        }
+        p.q_batch_stride = hq * d;
+        p.q_seq_stride = hq * d;
+        p.q_head_stride = d;
+        p.k_batch_stride = p.v_batch_stride = (long long)hkv * sc.L * d;  // (b, h, s, d)
+        p.k_seq_stride = p.v_seq_stride = d;
+        p.k_head_stride = p.v_head_stride = (long long)sc.L * d;
+        p.out_batch_stride = hq * d;
+        p.out_seq_stride = hq * d;
+        p.out_head_stride = d;
+        p.batch = sc.batch;
+        p.seqlen_q = 1;
+        p.heads_q = hq;
+        p.heads_kv = hkv;
+        p.group = hq / hkv;
+        p.head_dim = d;
+        p.seqlen_cache = sc.L;
+        p.seqlen = sc.L;
+        p.num_splits = sc.splits;
+        p.row_tiles = 1;
+        p.scale = 0.088f;
+        p.scale_log2 = 0.088f * 1.4427f;
+        launch(tr_split, dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl, sc.cluster, p, t);
+        if (combine) {
+            if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
+                launch(tr_combine<16>, dim3(rows), 512, 0, s, sc.pdl, 1, p, t + NS * g1);
+            else
+                launch(tr_combine<4>, dim3(rows), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
+        }
+    };
+    for (int i = 0; i < 3; ++i) call(i);
+    CK(cudaStreamSynchronize(s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kCalls; ++i) call(i);
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(exec, s));
+    Stats per;
+    for (int r = 0; r < 9; ++r) {
+        CK(cudaEventRecord(e0, s));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        per.add(ms * 1e3 / kCalls);
+    }
+    std::vector<u64> h(per_call * kCalls);
+    CK(cudaMemcpy(h.data(), ts, h.size() * 8, cudaMemcpyDeviceToHost));
+
+    // Per call (skip the first 2): all times relative to the previous call's end.
+    Stats gap_enter, first_go, s1_lastgo, s1_end_p10, s1_end_p50, s1_end_max, c_go, c_end, period,
+        enter_spread, c_first_enter, ph_tile, ph_loop, ph_write, ph_tail;
+    u64 prev_end = 0;
+    for (int i = 0; i < kCalls; ++i) {
+        const u64 *c = h.data() + per_call * i;
+        u64 e_min = ~0ull, go_min = ~0ull, go_max = 0, end_max = 0, enter_max = 0;
+        std::vector<double> ends;
+        for (int b = 0; b < g1; ++b) {
+            e_min = std::min(e_min, c[NS * b]);
+            enter_max = std::max(enter_max, c[NS * b]);
+            go_min = std::min(go_min, c[NS * b + 1]);
+            go_max = std::max(go_max, c[NS * b + 1]);
+            end_max = std::max(end_max, c[NS * b + 5]);
+            ends.push_back((double)c[NS * b + 5]);
+        }
+        std::sort(ends.begin(), ends.end());
+        if (!sc.read && i >= 2)
+            for (int b = 0; b < g1; ++b) {
+                const u64 *x = c + NS * b;
+                ph_tile.add((double)x[2] - x[1]);
+                ph_loop.add((double)x[3] - x[2]);
+                ph_write.add((double)x[4] - x[3]);
+                ph_tail.add((double)x[5] - x[4]);
+            }
+        u64 call_end = end_max;
+        u64 cgo_min = ~0ull, cend_max = 0, center_min = ~0ull;
+        for (int b = 0; b < g2; ++b) {
+            const u64 *x = c + NS * (g1 + b);
+            center_min = std::min(center_min, x[0]);
+            cgo_min = std::min(cgo_min, x[1]);
+            cend_max = std::max(cend_max, x[5]);
+        }
+        if (g2) call_end = std::max(call_end, cend_max);
+        if (i >= 2) {
+            const double base = (double)prev_end;
+            gap_enter.add((double)e_min - base);
+            first_go.add((double)go_min - base);
+            s1_lastgo.add((double)go_max - base);
+            enter_spread.add((double)enter_max - (double)e_min);
+            s1_end_p10.add(ends[ends.size() / 10] - base);
+            s1_end_p50.add(ends[ends.size() / 2] - base);
+            s1_end_max.add((double)end_max - base);
+            if (g2) {
+                c_first_enter.add((double)center_min - base);
+                c_go.add((double)cgo_min - base);
+                c_end.add((double)cend_max - base);
+            }
+            period.add((double)call_end - base);
+        }
+        prev_end = call_end;
+    }
+    const double ideal = cache_bytes / 4.57e12 * 1e9;  // ns at 4.57 TB/s
+    printf("%-34s layers %2d | event %7.2f us/call | period %7.2f | at-ceiling %7.2f | "
+           "s1 enter %6.2f (spread %5.2f) go %6.2f..%6.2f end p10 %7.2f p50 %7.2f max %7.2f",
+           sc.name.c_str(), layers, per.med(), period.med() / 1e3, ideal / 1e3, gap_enter.med() / 1e3,
+           enter_spread.med() / 1e3, first_go.med() / 1e3, s1_lastgo.med() / 1e3,
+           s1_end_p10.med() / 1e3, s1_end_p50.med() / 1e3, s1_end_max.med() / 1e3);
+    if (g2)
+        printf(" | comb enter %6.2f go %6.2f end %6.2f", c_first_enter.med() / 1e3, c_go.med() / 1e3,
+               c_end.med() / 1e3);
+    if (!sc.read)
+        printf("\n    per block (median): go->tile0 %5.2f, loop %6.2f, rows written %5.2f, ->exit %5.2f",
+               ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
+    printf("\n");
+    fflush(stdout);
+
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    for (auto b : bufs) CK(cudaFree(b));
+    CK(cudaFree(q));
+    CK(cudaFree(out));
+    if (ws) CK(cudaFree(ws));
+    CK(cudaFree(partial));
+    CK(cudaFree(ts));
+    CK(cudaStreamDestroy(s));
+}
+
+int main() {
+    std::vector<Scenario> v;
+    auto att = [&](const char *n, int b, int L, int splits, int cluster, bool pdl = true, int hq = 32, int hkv = 8) {
+        Scenario s;
+        s.hq = hq;
+        s.hkv = hkv;
+        s.name = n;
+        s.batch = b;
+        s.L = L;
+        s.splits = splits;
+        s.cluster = cluster;
+        s.pdl = pdl;
+        v.push_back(s);
+    };
+    auto rd = [&](const char *n, long long bytes, int blocks, int unroll, bool pdl = true) {
+        Scenario s;
+        s.name = n;
+        s.read = true;
+        s.read_bytes = bytes;
+        s.read_blocks = blocks;
+        s.read_unroll = unroll;
+        s.pdl = pdl;
+        v.push_back(s);
+    };
+    const long long MB134 = 2LL * 32768 * 8 * 128 * 2;  // b=1, 8 KV heads, 32K tokens
+    att("b=1 1K, 8 splits in clusters of 8", 1, 1024, 8, 8);
+    att("b=1 1K, 16 splits + combine", 1, 1024, 16, 1);
+    att("b=1 4K, 13 splits + combine", 1, 4096, 13, 1);
+    att("b=1 32K, 16 splits + combine", 1, 32768, 16, 1);
+    att("b=1 32K, 16 splits, no PDL", 1, 32768, 16, 1, false);
+    att("b=1 128K, 16 splits + combine", 1, 131072, 16, 1);
+    att("b=8 8K, 2 splits + combine", 8, 8192, 2, 1);
+    att("b=32 1K, 1 split", 32, 1024, 1, 1);
+    att("MQA b=1 128K, 121 splits + combine", 1, 131072, 121, 1, true, 8, 1);
+    rd("plain read 4 MB, 264 blocks", MB134 / 32, 264, 4);
+    rd("plain read 134 MB, 264 blocks", MB134, 264, 8);
+    rd("plain read 134 MB, 8192 blocks", MB134, 8192, 4);
+    for (auto &s : v) run(s);
+    return 0;
+}
