@@ -167,7 +167,14 @@ struct Scenario {
     std::string name;
     // attention
     int batch = 1, L = 1024, splits = 1, cluster = 1, hq = 32, hkv = 8;
-    
+    // Where the layers sit: 0 one cudaMalloc each; 1 back to back in one
+    // allocation (as torch's caching allocator carves them from a cached
+    // segment); 2 one cudaMalloc each, after 6.4 GB were allocated and
+    // freed; 3 back to back at the start of one 2.2 GB allocation.
+    int placement = 0;
+    // Bytes a cudaMemsetAsync zeroes before each stage-1 launch (0: none):
+    // what a memset node costs inside the graph, e.g. for per-call counters.
+    int memset_bytes = 0;
     // read kernel
     bool read = false;
     long long read_bytes = 0;
@@ -183,10 +190,25 @@ static void run(const Scenario &sc) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     std::vector<void *> bufs(layers);
-    for (auto &b : bufs) {
-        CK(cudaMalloc(&b, cache_bytes));
-        CK(cudaMemset(b, 0, cache_bytes));  // zeros: finite scores
+    void *arena = nullptr;
+    if (sc.placement == 1 || sc.placement == 3) {
+        const size_t total = std::max<size_t>((size_t)layers * cache_bytes, sc.placement == 3 ? 2200000000ull : 0);
+        CK(cudaMalloc(&arena, total));
+        CK(cudaMemset(arena, 0, total));  // zeros: finite scores
+        for (int i = 0; i < layers; ++i) bufs[i] = (char *)arena + (size_t)i * cache_bytes;
+    } else {
+        if (sc.placement == 2) {
+            void *big;
+            CK(cudaMalloc(&big, 6400000000ull));
+            CK(cudaFree(big));
+        }
+        for (auto &b : bufs) {
+            CK(cudaMalloc(&b, cache_bytes));
+            CK(cudaMemset(b, 0, cache_bytes));  // zeros: finite scores
+        }
     }
+    void *counters;
+    CK(cudaMalloc(&counters, 1 << 16));
     const int rows = sc.batch * hq;
     void *q, *out, *ws = nullptr;
     CK(cudaMalloc(&q, (size_t)rows * d * 2));
@@ -249,6 +271,7 @@ static void run(const Scenario &sc) {
         p.row_tiles = 1;
         p.scale = 0.088f;
         p.scale_log2 = 0.088f * 1.4427f;
+        if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
         launch(tr_split, dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl, sc.cluster, p, t);
         if (combine) {
             if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
@@ -351,7 +374,10 @@ static void run(const Scenario &sc) {
 
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
-    for (auto b : bufs) CK(cudaFree(b));
+    if (arena) CK(cudaFree(arena));
+    else
+        for (auto b : bufs) CK(cudaFree(b));
+    CK(cudaFree(counters));
     CK(cudaFree(q));
     CK(cudaFree(out));
     if (ws) CK(cudaFree(ws));
@@ -394,6 +420,19 @@ int main() {
     att("b=8 8K, 2 splits + combine", 8, 8192, 2, 1);
     att("b=32 1K, 1 split", 32, 1024, 1, 1);
     att("MQA b=1 128K, 121 splits + combine", 1, 131072, 121, 1, true, 8, 1);
+    // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
+    const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
+                           "carved from 2.2 GB"};
+    for (int pl = 0; pl < 4; ++pl) {
+        att("", 32, 1024, 1, 1);
+        v.back().name = std::string("b=32 1K, 1 split, ") + where[pl];
+        v.back().placement = pl;
+    }
+    // What a memset node before stage 1 costs in the graph.
+    att("b=1 1K, 16 splits + combine, memset 1 KB", 1, 1024, 16, 1);
+    v.back().memset_bytes = 1024;
+    att("b=1 32K, 16 splits + combine, memset 1 KB", 1, 32768, 16, 1);
+    v.back().memset_bytes = 1024;
     rd("plain read 4 MB, 264 blocks", MB134 / 32, 264, 4);
     rd("plain read 134 MB, 264 blocks", MB134, 264, 8);
     rd("plain read 134 MB, 8192 blocks", MB134, 8192, 4);
