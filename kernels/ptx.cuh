@@ -7,8 +7,9 @@
 //   mma.sync m16n8k16          tensor-core multiply with fp32 accumulation
 //   griddepcontrol             programmatic dependent launch (sm_90+)
 //   barrier.cluster, mapa,     thread-block clusters (sm_90+): a barrier over the
-//   ld.shared::cluster         blocks of a cluster and loads from another block's
-//                              shared memory (distributed shared memory)
+//   ld.shared::cluster,        blocks of a cluster, loads from another block's
+//   mbarrier, st.async         shared memory (distributed shared memory), and
+//                              stores into it counted on its transaction barrier
 //
 // Shared-memory tiles are rows of D b16 elements stored in 16-byte chunks with
 // an XOR swizzle (chunk c of row r lives at chunk c ^ (r % 8)), so the eight
@@ -100,9 +101,9 @@ __device__ __forceinline__ void fd_pdl_launch_dependents() {
 }
 
 // Thread-block clusters (sm_90+). A kernel launched with cluster dims
-// (n, 1, 1) runs n blocks at once on one GPC, and each may read the others'
+// (n, 1, 1) runs n blocks at once on one GPC, and each may read and write the others'
 // shared memory. Without a cluster launch (and before sm_90) a block is a
-// cluster of one: rank 0 of size 1, and fd_cluster_sync is never needed.
+// cluster of one: rank 0 of size 1, and none of the rest is ever called.
 __device__ __forceinline__ int fd_cluster_size() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     uint32_t n;
@@ -129,6 +130,23 @@ __device__ __forceinline__ void fd_cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n"
                  "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+// The cluster barrier in two halves, for a block that must know the others
+// have started (and initialized their mbarriers) before it writes to their
+// shared memory: every thread arrives early (relaxed: it orders nothing
+// except an mbarrier initialization fenced by fd_mbar_init) and waits late,
+// by when the others have long arrived, so the wait costs next to nothing.
+__device__ __forceinline__ void fd_cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void fd_cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
 
@@ -164,6 +182,63 @@ __device__ __forceinline__ float4 fd_cluster_ld4(uint32_t addr) {
                  : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(addr) : "memory");
 #endif
     return x;
+}
+
+// An mbarrier (sm_90 transaction barrier) in this block's shared memory,
+// initialized by one thread for one arrival, and made visible to the
+// cluster's other blocks before their first st.async to it (the fence, then
+// the cluster barrier's arrive and wait).
+__device__ __forceinline__ void fd_mbar_init(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
+                 "fence.mbarrier_init.release.cluster;\n" ::"r"(fd_smem_addr(bar))
+                 : "memory");
+#endif
+}
+
+// The one arrival, announcing `bytes` to come by st.async: the barrier's
+// phase 0 completes when all of them have landed.
+__device__ __forceinline__ void fd_mbar_expect_bytes(uint64_t *bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fd_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+
+// Waits until phase 0 of `bar` has completed; the st.async writes it counted
+// are then visible to the calling thread.
+__device__ __forceinline__ void fd_mbar_wait_phase0(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
+        "@!done bra wait;\n"
+        "}\n" ::"r"(fd_smem_addr(bar))
+        : "memory");
+#endif
+}
+
+// Fire-and-forget stores into another block's shared memory (addresses from
+// fd_cluster_addr), each counted in bytes on that block's mbarrier `bar`
+// (its fd_cluster_addr too): no round trip, no barrier over the cluster.
+__device__ __forceinline__ void fd_st_async4(uint32_t addr, float4 v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(addr),
+        "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+        : "memory");
+#endif
+}
+
+__device__ __forceinline__ void fd_st_async1(uint32_t addr, float v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n" ::"r"(addr),
+                 "f"(v), "r"(bar)
+                 : "memory");
+#endif
 }
 
 // The element types. Each provides
