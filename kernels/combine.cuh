@@ -41,6 +41,12 @@
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
 
+// FD_TRACE(i): a timestamp hook for kernels/trace/trace.cu (see split_kv.cuh);
+// empty in the library build.
+#ifndef FD_TRACE
+#define FD_TRACE(i)
+#endif
+
 template <typename T, int WARPS>
 __device__ __forceinline__ void fd_combine(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
@@ -113,6 +119,8 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         }
     }
 
+    FD_TRACE(2);  // kernels/trace/trace.cu: this warp's loads have landed and are merged
+
     // Warps 1.. hand their states and sums to warp 0, which merges them,
     // normalizes and writes.
     if (warp > 0) {
@@ -121,6 +129,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         if (lane == 0) part[warp - 1] = st;
     }
     __syncthreads();
+    FD_TRACE(3);
     if (warp > 0) return;
 #pragma unroll
     for (int w = 0; w < WARPS - 1; ++w) {

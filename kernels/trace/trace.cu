@@ -63,7 +63,8 @@ __device__ __forceinline__ int flat_block() {
     return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
 // 8 stamps per block: 0 enter, 1 after griddepcontrol.wait, 2 first tile
-// landed, 3 loop done, 4 rows written, 5 exit, 6 smid
+// landed, 3 loop done, 4 rows written (parked, in a cluster), 5 exit, 6 smid;
+// for a combine block: 2 warp 0's loads merged, 3 the warps met.
 #define NS 8
 __device__ __forceinline__ void stamp(u64 *ts, u64 t0, u64 t1) {
     if (threadIdx.x == 0) {
@@ -89,6 +90,8 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
 template <int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) tr_combine(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
+    if (threadIdx.x == 0) fd_trace_ts = ts;
+    __syncthreads();
     fd_pdl_wait();
     const u64 t1 = gtime();
     fd_combine<half, WARPS>(p);
@@ -307,7 +310,7 @@ static void run(const Scenario &sc) {
 
     // Per call (skip the first 2): all times relative to the previous call's end.
     Stats gap_enter, first_go, s1_lastgo, s1_end_p10, s1_end_p50, s1_end_max, c_go, c_end, period,
-        enter_spread, c_first_enter, ph_tile, ph_loop, ph_write, ph_tail;
+        enter_spread, c_first_enter, ph_tile, ph_loop, ph_write, ph_tail, cph_load, cph_sync, cph_tail;
     u64 prev_end = 0;
     for (int i = 0; i < kCalls; ++i) {
         const u64 *c = h.data() + per_call * i;
@@ -337,6 +340,11 @@ static void run(const Scenario &sc) {
             center_min = std::min(center_min, x[0]);
             cgo_min = std::min(cgo_min, x[1]);
             cend_max = std::max(cend_max, x[5]);
+            if (i >= 2) {
+                cph_load.add((double)x[2] - x[1]);
+                cph_sync.add((double)x[3] - x[2]);
+                cph_tail.add((double)x[5] - x[3]);
+            }
         }
         if (g2) call_end = std::max(call_end, cend_max);
         if (i >= 2) {
@@ -369,6 +377,9 @@ static void run(const Scenario &sc) {
     if (!sc.read)
         printf("\n    per block (median): go->tile0 %5.2f, loop %6.2f, rows written %5.2f, ->exit %5.2f",
                ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
+    if (g2)
+        printf("\n    combine per block (median): go->loads merged %5.2f, ->warps met %5.2f, ->exit %5.2f",
+               cph_load.med() / 1e3, cph_sync.med() / 1e3, cph_tail.med() / 1e3);
     printf("\n");
     fflush(stdout);
 
@@ -413,6 +424,8 @@ int main() {
     const long long MB134 = 2LL * 32768 * 8 * 128 * 2;  // b=1, 8 KV heads, 32K tokens
     att("b=1 1K, 8 splits in clusters of 8", 1, 1024, 8, 8);
     att("b=1 1K, 16 splits + combine", 1, 1024, 16, 1);
+    att("b=8 1K, 2 splits in clusters of 2", 8, 1024, 2, 2);
+    att("b=8 1K, 2 splits + combine", 8, 1024, 2, 1);
     att("b=1 4K, 13 splits + combine", 1, 4096, 13, 1);
     att("b=1 32K, 16 splits + combine", 1, 32768, 16, 1);
     att("b=1 32K, 16 splits, no PDL", 1, 32768, 16, 1, false);
