@@ -438,6 +438,30 @@ func TestVariantTable(t *testing.T) {
 	}
 }
 
+// TestClusterInbox checks the cluster launch of every variant whose
+// cluster merge pushes (kernels/split_kv.cuh, kPushMerge: at most 4 (row,
+// 4 columns) items a thread) against the inbox the kernel puts after its
+// pipeline buffers (kInboxBytes, written out here), so that shrinking
+// ClusterSharedBytes cannot leave the pushes writing past the launch's
+// shared memory.
+func TestClusterInbox(t *testing.T) {
+	pushing := 0
+	for _, v := range Variants() {
+		items := v.Rows * v.HeadDim / 4
+		if items > 4*v.Threads {
+			continue // the pull form: no inbox
+		}
+		pushing++
+		inbox := MaxCluster*v.Rows*4 + (items+MaxCluster)*16
+		if v.ClusterSharedBytes < v.SharedBytes+inbox {
+			t.Errorf("%s: cluster launch %d B < pipeline %d B + inbox %d B", v.Kernel, v.ClusterSharedBytes, v.SharedBytes, inbox)
+		}
+	}
+	if pushing == 0 {
+		t.Error("no variant pushes; kernels/split_kv.cuh says head dims 64 and 128 at 16 rows do")
+	}
+}
+
 func TestPlanJSONAndString(t *testing.T) {
 	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
 	p, err := PlanVariant(s, testVariant, twoPerSM)
