@@ -200,9 +200,10 @@ struct fd_cluster_inbox {
     }
 };
 
-// Block `rank` of `n` sends its merged item `idx` (output `o`, row `row`)
-// to the item's owner, and, from the row's first item, the row's base-2 LSE
-// to every block. `bar` is the mbarrier at the same place in each block.
+// Block `rank` of `n` sends its merged item `idx` (output `o`, row `row`, a
+// real row and column) to the item's owner, and, from the row's first item,
+// the row's base-2 LSE to every block. `bar` is the mbarrier at the same
+// place in each block.
 template <int D, int ROWS>
 __device__ __forceinline__ void fd_cluster_push(uint64_t *bar, int n, int rank, int per_block, int idx,
                                                 int row, float4 o, float lse2) {
@@ -215,13 +216,22 @@ __device__ __forceinline__ void fd_cluster_push(uint64_t *bar, int n, int rank, 
             fd_st_async1(fd_cluster_addr(in.lse + rank * ROWS + row, s), lse2, fd_cluster_addr(bar, s));
 }
 
-// The bytes block `rank` receives: every block's ROWS LSEs and its outputs
-// for the items `rank` owns.
+// The bytes block `rank` receives: from every block, the LSEs of the real
+// rows (rows < rows, of the packed rows this block's tile holds) and its
+// outputs for the items `rank` owns in real rows and columns (columns
+// < cols 4-column chunks). Only real items travel: at one query row per
+// tile (MHA) the padding would be 15 rows of 16.
 template <int D, int ROWS>
-__device__ __forceinline__ uint32_t fd_cluster_inbox_bytes(int n, int rank, int per_block) {
+__device__ __forceinline__ uint32_t fd_cluster_inbox_bytes(int n, int rank, int per_block, int rows,
+                                                           int cols) {
     constexpr int kItems = fd_split_kv_config<D, ROWS>::kItems;
-    const int owned = max(0, min(per_block, kItems - rank * per_block));
-    return n * (ROWS * 4 + owned * 16);
+    constexpr int kPerRow = D / 4;
+    const int first = rank * per_block;
+    const int end = min(first + per_block, kItems);
+    int items = 0;
+    for (int row = first / kPerRow; row < rows && row * kPerRow < end; ++row)
+        items += max(0, min(end, row * kPerRow + cols) - max(first, row * kPerRow));
+    return n * (rows * 4 + items * 16);
 }
 
 // Block `rank` merges the items it owns from its inbox once all have landed,
@@ -491,15 +501,16 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int per_block = (C::kItems + cluster_n - 1) / cluster_n;  // items each cluster block owns
     if (push) {
         fd_cluster_wait();  // every block's barrier is initialized (arrived at the start)
-        if (threadIdx.x == 0) fd_mbar_expect_bytes(&merge_bar, fd_cluster_inbox_bytes<D, ROWS>(cluster_n, rank, per_block));
+        if (threadIdx.x == 0)
+            fd_mbar_expect_bytes(&merge_bar, fd_cluster_inbox_bytes<D, ROWS>(cluster_n, rank, per_block,
+                                                                             min(ROWS, packed_rows - row0),
+                                                                             (p.head_dim + 3) / 4));
     }
     for (int idx = threadIdx.x; idx < ROWS * (D / 4); idx += C::kThreads) {
         const int row = idx / (D / 4);
         const int d = (idx % (D / 4)) * 4;
         const int r = row0 + row;
-        // Pushed, padding rows and columns are merged too (their owner
-        // expects every item, and drops these); they hold finite values.
-        if (!push && (r >= packed_rows || d >= p.head_dim)) continue;
+        if (r >= packed_rows || d >= p.head_dim) continue;
         fd_state st = fd_state_empty();
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
