@@ -129,6 +129,10 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 		{"fp16 mha d96 one split", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 2, HeadsQ: 4, HeadsKV: 4, HeadDim: 96, SeqlenCache: 300, Seqlen: -1, NumSplits: 1}, nil, false, false},
 		{"bf16 gqa8 many splits", core.Shape{DType: core.BFloat16, Batch: 1, SeqlenQ: 1, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 20000, Seqlen: -1, NumSplits: 100}, []int32{19999}, false, false},
 		{"fp16 gqa8 ragged clusters of 16", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 16, HeadsKV: 2, HeadDim: 128, SeqlenCache: 5000, Seqlen: -1, NumSplits: 16}, []int32{5000, 17}, false, false},
+		// The cluster push with padding columns (head dims 96 and 40 in the
+		// d128 and d64 kernels) and padding rows (MHA: 1 row of 16; GQA 3).
+		{"bf16 mha d96 clusters of 4", core.Shape{DType: core.BFloat16, Batch: 2, SeqlenQ: 1, HeadsQ: 4, HeadsKV: 4, HeadDim: 96, SeqlenCache: 700, Seqlen: -1, NumSplits: 4}, []int32{700, 130}, false, false},
+		{"fp16 gqa3 d40 clusters of 3", core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 6, HeadsKV: 2, HeadDim: 40, SeqlenCache: 900, Seqlen: -1, NumSplits: 3}, nil, false, false},
 		{"fp16 r32 causal cluster of 5", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 4, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 1500, Seqlen: 1499, NumSplits: 5}, nil, true, false},
 		{"bf16 gqa5 causal ragged combine", core.Shape{DType: core.BFloat16, Batch: 3, SeqlenQ: 4, HeadsQ: 20, HeadsKV: 4, HeadDim: 64, SeqlenCache: 777, Seqlen: -1, NumSplits: 7}, []int32{0, 5, 777}, true, true},
 		{"fp16 auto without clusters", core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}, nil, false, true},
