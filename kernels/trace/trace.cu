@@ -13,7 +13,7 @@
 // layout, zero data. BENCHMARKS.md ("Per block: a trace of one call") shows
 // what it found.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace kernels/trace/trace.cu && ./trace
+//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace kernels/trace/trace.cu && ./trace [name part]
 //
 // The globaltimer ticks in 0.256 us steps on the H200.
 #include <cstdint>
@@ -397,7 +397,8 @@ static void run(const Scenario &sc) {
     CK(cudaStreamDestroy(s));
 }
 
-int main() {
+// With an argument, runs only the scenarios whose name contains it.
+int main(int argc, char **argv) {
     std::vector<Scenario> v;
     auto att = [&](const char *n, int b, int L, int splits, int cluster, bool pdl = true, int hq = 32, int hkv = 8) {
         Scenario s;
@@ -449,6 +450,14 @@ int main() {
     rd("plain read 4 MB, 264 blocks", MB134 / 32, 264, 4);
     rd("plain read 134 MB, 264 blocks", MB134, 264, 8);
     rd("plain read 134 MB, 8192 blocks", MB134, 8192, 4);
-    for (auto &s : v) run(s);
+    // The placement effect on a plain read of b=32 1K's cache, in 256
+    // blocks as its attention grid: if the read slows too, it is the memory.
+    for (int pl : {0, 2}) {
+        rd("", MB134, 256, 4);
+        v.back().name = std::string("plain read 134 MB, 256 blocks, ") + where[pl];
+        v.back().placement = pl;
+    }
+    for (auto &s : v)
+        if (argc < 2 || s.name.find(argv[1]) != std::string::npos) run(s);
     return 0;
 }
