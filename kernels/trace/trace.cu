@@ -451,12 +451,14 @@ int main(int argc, char **argv) {
     rd("plain read 134 MB, 264 blocks", MB134, 264, 8);
     rd("plain read 134 MB, 8192 blocks", MB134, 8192, 4);
     // The placement effect on a plain read of b=32 1K's cache, in 256
-    // blocks as its attention grid: if the read slows too, it is the memory.
-    for (int pl : {0, 2}) {
-        rd("", MB134, 256, 4);
-        v.back().name = std::string("plain read 134 MB, 256 blocks, ") + where[pl];
-        v.back().placement = pl;
-    }
+    // blocks as its attention grid (if the read slows too, it is the
+    // memory), and in 8192 blocks that each read 16 KB.
+    for (int blocks : {256, 8192})
+        for (int pl : {0, 2}) {
+            rd("", MB134, blocks, 4);
+            v.back().name = "plain read 134 MB, " + std::to_string(blocks) + " blocks, " + where[pl];
+            v.back().placement = pl;
+        }
     for (auto &s : v)
         if (argc < 2 || s.name.find(argv[1]) != std::string::npos) run(s);
     return 0;
