@@ -62,10 +62,11 @@
 // fewest, fullest waves, counting a fixed cost per wave and the merge: the
 // combine's launch and L2 round trips, or a cluster's barriers where the
 // device runs every cluster at once (Device.Clusters) and the splits are
-// short. See autoSplits in plan.go for the model and a worked example;
+// short (at most 16 tiles, or 64 when the split grid is one block on
+// 80-100% of the SMs). See autoSplits in plan.go for the model and a worked example;
 // batch 1, 32/8 heads, head dim 128, 32768 keys on an H200 gives 16 splits
-// and the combine: 128 blocks, one wave, 2048 keys each; 1024 keys give 8
-// splits merged in clusters of 8. A requested num_splits n > 0 is clamped
+// and the combine: 128 blocks, one wave, 2048 keys each; 1024 or 4096 keys
+// give 8 splits merged in clusters of 8. A requested num_splits n > 0 is clamped
 // to [1, min(MaxSplits, key tiles)].
 //
 // Launch shapes depend on shapes only, never on device data, so a Plan can

@@ -40,18 +40,34 @@ const (
 	// round trip before its first load.
 	combineLaunchCost = 4
 	// clusterMergeCost is what merging the splits inside stage 1 costs (a
-	// cluster launch, see Device.Clusters): two cluster barriers, one round
-	// trip of distributed shared memory, and every block of a cluster held
-	// until the slowest is done. Measured on the H200 (b=1, 32/8, d128,
-	// 256 keys): 5.5 us in a cluster of 4 against 5.1 us unsplit.
-	clusterMergeCost = 6
-	// clusterMaxTiles: splits merge in clusters only when each streams at
-	// most this many tiles. A cluster saves the combine's fixed cost, about
-	// a microsecond, and that only matters for short splits; longer ones
-	// ran no faster, or slower, in clusters (H200, 48 heads, 8192 keys,
-	// b=1, 2 splits of 64 tiles: 55.2 us in clusters of 2, 52.3 us with
-	// the combine).
+	// cluster launch, see Device.Clusters): one cluster barrier, each
+	// block's pushes into its peers' shared memory, and every block of a
+	// cluster held until the slowest is done. Fitted on the H200 (b=1, d128,
+	// since the push sends only real rows; it was 6 with the pull merge):
+	// 32/8 heads, 256 keys: 4.4 us in 4 splits merged in clusters, 5.0
+	// unsplit; 1024 keys: 5.4 us in clusters of 8, 7.4 with 16 splits and
+	// the combine; 4096 keys: 9.3 in clusters of 8, 10.2-10.3 with 13 or 16
+	// splits and the combine; 48/48 heads, 256 keys: 5.6 unsplit, 5.9 in
+	// clusters of 2 (2 would pick the clusters there).
+	clusterMergeCost = 3
+	// clusterMaxTiles: splits of more than this many tiles merge in
+	// clusters only when, besides, the split grid is one block on 80-100%
+	// of the SMs (busySlotsPct) and a split is at most clusterLongMaxTiles.
+	// Long splits with SMs to spare streamed slower in clusters than the
+	// combine costs, likely because a cluster's blocks sit on neighbouring
+	// SMs (a cluster of two on the two SMs of one TPC, which share a path
+	// to memory) where a plain launch of fewer blocks than SMs spreads them
+	// out. H200, 2 splits of 64 tiles: 32/8 heads, b=8 (128 blocks) 62.9-
+	// 63.5 us in clusters of 2, 64.8 with the combine; 48/48 heads, b=1
+	// (96 blocks) 57.7 in clusters, 52.5 with the combine. At two blocks
+	// per SM (head dim 256, b=16, 256 blocks of 32 tiles) clusters lost too:
+	// 71.2-71.6 against 69.8 us.
 	clusterMaxTiles = 16
+	// clusterLongMaxTiles caps the splits that merge in clusters when the
+	// grid fills the SMs: the combine's fixed cost that a cluster saves is
+	// lost in a long stream, and at 512 tiles (b=8, 32/8, 65536 keys)
+	// clusters took 469-471 us against 467 with the combine.
+	clusterLongMaxTiles = 64
 	// blockCost is what a wave of blocks costs besides its tiles, in the
 	// same units: the pipelines' ramp-up and drain, loading Q, the merge of
 	// the warps and the write of the rows, and the bandwidth a wave of
@@ -105,10 +121,11 @@ type Device struct {
 	Occupancy Occupancy
 	// Clusters tells how many thread-block clusters of stage 1 run at once
 	// (sm_90 and newer); nil where the GPU has none. A plan of n short
-	// splits (at most 16 key tiles each), 2 <= n <= MaxCluster, whose
-	// clusters (one per sequence, K/V head and row tile) all run at once,
-	// merges its splits inside stage 1 (see Plan.Cluster); other plans use
-	// the combine kernel.
+	// splits (at most 16 key tiles each, or 64 when the split grid is one
+	// block on 80-100% of the SMs), 2 <= n <= MaxCluster, whose clusters
+	// (one per sequence, K/V head and row tile) all run at once, merges its
+	// splits inside stage 1 (see Plan.Cluster); other plans use the combine
+	// kernel.
 	Clusters ClusterOccupancy
 }
 
@@ -274,8 +291,12 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	// of n, which merge their splits themselves if they all run at once.
 	blocks := s.Batch * s.HeadsKV * rowTiles
 	fused := func(n int) bool {
-		return n >= 2 && n <= MaxCluster && ceilDiv(tiles, n) <= clusterMaxTiles &&
-			d.Clusters != nil && blocks <= d.Clusters(v, n)
+		if n < 2 || n > MaxCluster || d.Clusters == nil || blocks > d.Clusters(v, n) {
+			return false
+		}
+		perSplit, grid := ceilDiv(tiles, n), blocks*n
+		fills := grid*100 >= sms*busySlotsPct && grid <= sms
+		return perSplit <= clusterMaxTiles || (fills && perSplit <= clusterLongMaxTiles)
 	}
 	splits := s.NumSplits
 	if splits > 0 {

@@ -62,9 +62,13 @@ func TestAutoSplits(t *testing.T) {
 		{"empty cache", 8, 264, 0, 1, 16, 1},
 		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 2048, 128, 16, 121},
 		{"uneven tiles", 16, 132, 100, 12, 1, 8},
-		// 256 keys: neither the combine nor a cluster merge pays for 3 saved tiles.
+		// 256 keys: the combine does not pay for 3 saved tiles, a cluster
+		// merge does (H200: 4.4 us in clusters of 4, 5.0 unsplit).
 		{"4 tiles, no clusters", 8, 132, 4, 4, 1, 1},
-		{"4 tiles in clusters", 8, 132, 4, 4, 16, 1},
+		{"4 tiles in clusters", 8, 132, 4, 4, 16, 4},
+		// 48 MHA heads, 256 keys: not for 48 blocks in clusters of 2 (an
+		// H200 runs 48 at once of 2, not of 4): 5.9 us against 5.6.
+		{"4 tiles, 48 blocks in clusters of 2", 48, 132, 4, 4, 2, 1},
 		{"16 tiles in clusters of up to 8", 8, 132, 16, 16, 8, 8},
 	}
 	for _, tt := range tests {
@@ -105,15 +109,15 @@ func TestAutoSplitsProperties(t *testing.T) {
 
 func TestSplitHelpers(t *testing.T) {
 	for _, tt := range []struct{ blocks, slots, tiles, n, mc, want int }{
-		// waves x (2 x tiles per split + 24), plus 6 for a cluster merge, or
+		// waves x (2 x tiles per split + 24), plus 3 for a cluster merge, or
 		// 4 and 5 per round trip for the combine kernel (one for up to 32
 		// splits, else one per 128).
-		{8, 264, 512, 1, 16, 1048}, {8, 264, 512, 16, 16, 94}, {8, 264, 512, 16, 1, 97},
+		{8, 264, 512, 1, 16, 1048}, {8, 264, 512, 16, 16, 91}, {8, 264, 512, 16, 1, 97},
 		{8, 264, 512, 32, 16, 65}, {8, 264, 512, 33, 16, 65}, {8, 264, 512, 34, 16, 121},
 		{8, 264, 512, 64, 16, 89}, {1, 132, 2048, 128, 16, 65}, {1, 132, 2048, 129, 16, 70},
 		{200, 264, 512, 9, 1, 975}, {1, 1, 0, 1, 16, 24},
 		// Fused means every cluster runs at once: one wave whatever blocks.
-		{200, 264, 512, 9, 16, 144},
+		{200, 264, 512, 9, 16, 141},
 	} {
 		if got := splitCost(tt.blocks, tt.slots, tt.tiles, tt.n, fusedUpTo(tt.mc)(tt.n)); got != tt.want {
 			t.Errorf("splitCost(%d,%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.tiles, tt.n, tt.mc, got, tt.want)
@@ -269,35 +273,48 @@ func TestPlanCombineWidth(t *testing.T) {
 
 // TestPlanClusters: on a device with clusters, 2 to 16 splits (chosen or
 // requested) of at most 16 tiles merge inside stage 1, with no combine and
-// no workspace; more splits, longer ones, or a device without clusters, use
-// the combine kernel.
+// no workspace, and so do longer splits when the split grid fills 80% of
+// the SMs; more splits, longer ones on fewer SMs, or a device without
+// clusters, use the combine kernel.
 func TestPlanClusters(t *testing.T) {
 	base := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 2048, Seqlen: -1}
+	long := func(s *Shape) { s.SeqlenCache = 32768 } // 512 tiles
+	b8 := func(s *Shape) { s.Batch, s.SeqlenCache = 8, 8192 }
+	mha := func(s *Shape) { s.HeadsQ, s.HeadsKV, s.SeqlenCache = 48, 48, 8192 }
 	tests := []struct {
 		name            string
 		dev             Device
 		splits, request int
 		cluster         int
+		shape           func(*Shape)
 	}{
-		{"auto: 16", clustered, 16, 0, 16},
-		{"requested 2", clustered, 2, 2, 2},
-		{"requested 16", clustered, 16, 16, 16},
-		{"requested 17: combine", clustered, 17, 17, 1},
-		{"requested 1", clustered, 1, 1, 1},
-		{"clusters of 8", Device{SMs: 132, Clusters: clustersUpTo(8, 1000)}, 8, 8, 8},
-		{"clusters of 8, 9 splits", Device{SMs: 132, Clusters: clustersUpTo(8, 1000)}, 9, 9, 1},
-		{"clusters above the kernels' 16", Device{SMs: 132, Clusters: clustersUpTo(64, 1000)}, 32, 32, 1},
-		{"8 clusters fit at once", Device{SMs: 132, Clusters: clustersUpTo(16, 8)}, 16, 16, 16},
-		{"7 clusters fit at once: combine", Device{SMs: 132, Clusters: clustersUpTo(16, 7)}, 16, 16, 1},
-		{"no clusters", twoPerSM, 16, 0, 1},
-		{"long splits: combine", clustered, 16, 16, 1}, // with 32768 keys below
+		{"auto: 16", clustered, 16, 0, 16, nil},
+		{"requested 2", clustered, 2, 2, 2, nil},
+		{"requested 16", clustered, 16, 16, 16, nil},
+		{"requested 17: combine", clustered, 17, 17, 1, nil},
+		{"requested 1", clustered, 1, 1, 1, nil},
+		{"clusters of 8", Device{SMs: 132, Clusters: clustersUpTo(8, 1000)}, 8, 8, 8, nil},
+		{"clusters of 8, 9 splits", Device{SMs: 132, Clusters: clustersUpTo(8, 1000)}, 9, 9, 1, nil},
+		{"clusters above the kernels' 16", Device{SMs: 132, Clusters: clustersUpTo(64, 1000)}, 32, 32, 1, nil},
+		{"8 clusters fit at once", Device{SMs: 132, Clusters: clustersUpTo(16, 8)}, 16, 16, 16, nil},
+		{"7 clusters fit at once: combine", Device{SMs: 132, Clusters: clustersUpTo(16, 7)}, 16, 16, 1, nil},
+		{"no clusters", twoPerSM, 16, 0, 1, nil},
+		{"long splits, 128 blocks of 132 SMs", clustered, 16, 16, 16, long},
+		{"long splits, 96 blocks: combine", clustered, 12, 12, 1, long},
+		{"long splits, 256 blocks on 132 SMs: combine", clustered, 16, 16, 1, func(s *Shape) { long(s); s.Batch = 2 }},
+		{"splits of 65 tiles, 128 blocks: combine", clustered, 2, 2, 1, func(s *Shape) { b8(s); s.SeqlenCache = 8256 }},
+		{"b=8, 65536 keys: combine", H200, 2, 0, 1, func(s *Shape) { b8(s); s.SeqlenCache = 65536 }},
+		{"b=8: 2 long splits, 128 blocks", clustered, 2, 2, 2, b8},
+		{"b=8 auto on an H200", H200, 2, 0, 2, b8},
+		{"MHA: 2 long splits, 96 blocks: combine", clustered, 2, 2, 1, mha},
+		{"MHA auto on an H200", H200, 2, 0, 1, mha},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := base
 			s.NumSplits = tt.request
-			if strings.HasPrefix(tt.name, "long") {
-				s.SeqlenCache = 32768 // 32 tiles a split
+			if tt.shape != nil {
+				tt.shape(&s)
 			}
 			p, err := PlanVariant(s, testVariant, tt.dev)
 			if err != nil {
@@ -405,9 +422,11 @@ func TestMakePlan(t *testing.T) {
 	if got.BlocksPerSM != DefaultOccupancy(v) || got.Cluster != 1 || got.NumSplits != 16 {
 		t.Fatalf("MakePlan on an H200 = %v: want DefaultOccupancy and 16 splits without clusters (8 of 16 do not fit)", got)
 	}
-	s.SeqlenCache = 1024
-	if got, err = MakePlan(s, H200); err != nil || got.Cluster != 8 || got.NumSplits != 8 || got.SharedBytes != v.ClusterSharedBytes {
-		t.Fatalf("MakePlan(1024 keys) on an H200 = %v, %v: want 8 splits in clusters of 8", got, err)
+	for _, keys := range []int{1024, 4096} {
+		s.SeqlenCache = keys
+		if got, err = MakePlan(s, H200); err != nil || got.Cluster != 8 || got.NumSplits != 8 || got.SharedBytes != v.ClusterSharedBytes {
+			t.Fatalf("MakePlan(%d keys) on an H200 = %v, %v: want 8 splits in clusters of 8", keys, got, err)
+		}
 	}
 	if _, err := MakePlan(s, Device{SMs: 132, Occupancy: func(Variant) int { return 0 }}); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("occupancy 0: %v", err)
