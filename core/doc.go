@@ -55,8 +55,9 @@
 // flight to cover HBM latency, and more splits only add partials) and the
 // number of key tiles of the length the shape promises (Seqlen, or
 // SeqlenCache when per-sequence lengths live on the device).
-// It never splits when the unsplit grid already keeps 80% of those
-// block slots busy, never makes a split shorter than 64 keys (16 per packed
+// It never splits when the unsplit grid already keeps 80-100% of those
+// block slots busy in one wave (more blocks than slots leave a partial
+// second wave, which splitting can fill), never makes a split shorter than 64 keys (16 per packed
 // query row, so the fp32 partials stay under 1/8 of the K/V traffic) or more
 // than MaxSplits, and otherwise takes the count that streams the cache in the
 // fewest, fullest waves, counting a fixed cost per wave and the merge: the

@@ -83,10 +83,11 @@ const (
 	// cheaper combine).
 	splitTolerancePct = 5
 	// busySlotsPct: with at least this share of the block slots streaming
-	// without splitting, HBM is close to saturated (bandwidth is shared by
+	// without splitting, in one wave (no more blocks than slots), HBM is
+	// close to saturated (bandwidth is shared by
 	// the whole GPU, not owned per slot), so the cost model's promised gain
 	// of under 1/4 would mostly not materialize and would not pay for the
-	// partials and the combine launch. To be tuned on the H200.
+	// partials and the combine launch.
 	busySlotsPct = 80
 	// targetWarpsPerSM is how many resident stage-1 warps per SM the
 	// heuristic fills, in whole blocks: one block of 4 or more warps, two of
@@ -417,8 +418,8 @@ func combineRounds(n int) int {
 // keys n ways gives every slot a part of the cache, at the cost of writing
 // fp32 partials and a combine launch. So:
 //
-//   - blocks >= 80% of slots (about a full wave already; busySlotsPct) or
-//     maxN <= 1: 1 split;
+//   - blocks in 80-100% of slots (one nearly full wave already;
+//     busySlotsPct) or maxN <= 1: 1 split;
 //   - else the n in [1, maxN] with the least splitCost, preferring the
 //     smallest n within splitTolerancePct of it (fewer partials), which
 //     favours whole waves and splits that divide the tiles evenly.
@@ -434,11 +435,19 @@ func combineRounds(n int) int {
 // 4 + 5 = 97; 32 take two waves (2*(32 + 24) + 4 + 10 = 126), 128 take
 // eight (280), 1 split costs 1048. The least cost is 16: grid (16, 8, 1),
 // 128 of 132 SMs busy, 2048 keys each, then the combine. With batch 16 (128
-// blocks >= 80% of 132) it is 1. With 1024 keys (16 tiles), 8 splits in
-// clusters of 8 cost 4 + 24 + 6 = 34, 16 with the combine 2 + 24 + 9 = 35,
-// 1 split 32 + 24 = 56: 8 splits, merged inside stage 1.
+// blocks, 80-100% of 132) it is 1. With 1024 keys (16 tiles), 8 splits in
+// clusters of 8 cost 4 + 24 + 3 = 31, 16 with the combine 2 + 24 + 9 = 35,
+// 1 split 32 + 24 = 56: 8 splits, merged inside stage 1; with 4096 keys (64
+// tiles) 16 splits and the combine cost 41, 8 in clusters 16 + 24 + 3 = 43,
+// within 5%: 8 in clusters.
+//
+// More blocks than slots are not a full wave: the extra blocks make a
+// second, partial one (on an H200 they run beside the first on the same
+// SMs, which then stream each block at half speed: about as slow). With batch 24 (192
+// blocks) and 4096 keys, 1 split costs 2 * (128 + 24) = 304 and 2 splits
+// 3 * (64 + 24) + 9 = 273: 2 splits (H200: 113.4 -> 102.5 us).
 func autoSplits(blocks, slots, tiles, maxN int, fused func(n int) bool) int {
-	if maxN <= 1 || blocks*100 >= slots*busySlotsPct {
+	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1
 	}
 	costs := make([]int, maxN+1)
