@@ -48,7 +48,7 @@ const (
 	// unsplit; 1024 keys: 5.4 us in clusters of 8, 7.4 with 16 splits and
 	// the combine; 4096 keys: 9.3 in clusters of 8, 10.2-10.3 with 13 or 16
 	// splits and the combine; 48/48 heads, 256 keys: 5.6 unsplit, 5.9 in
-	// clusters of 2 (2 would pick the clusters there).
+	// clusters of 2 (a cost of 2 would pick the clusters there).
 	clusterMergeCost = 3
 	// clusterMaxTiles: splits of more than this many tiles merge in
 	// clusters only when, besides, the split grid is one block on 80-100%
@@ -64,9 +64,9 @@ const (
 	// 71.2-71.6 against 69.8 us.
 	clusterMaxTiles = 16
 	// clusterLongMaxTiles caps the splits that merge in clusters when the
-	// grid fills the SMs: the combine's fixed cost that a cluster saves is
-	// lost in a long stream, and at 512 tiles (b=8, 32/8, 65536 keys)
-	// clusters took 469-471 us against 467 with the combine.
+	// grid fills the SMs: the combine's fixed cost, which a cluster saves,
+	// matters little against a long stream, and at 512 tiles (b=8, 32/8,
+	// 65536 keys) clusters took 469-471 us against 467 with the combine.
 	clusterLongMaxTiles = 64
 	// blockCost is what a wave of blocks costs besides its tiles, in the
 	// same units: the pipelines' ramp-up and drain, loading Q, the merge of
@@ -84,10 +84,10 @@ const (
 	splitTolerancePct = 5
 	// busySlotsPct: with at least this share of the block slots streaming
 	// without splitting, in one wave (no more blocks than slots), HBM is
-	// close to saturated (bandwidth is shared by
-	// the whole GPU, not owned per slot), so the cost model's promised gain
-	// of under 1/4 would mostly not materialize and would not pay for the
-	// partials and the combine launch.
+	// close to saturated (bandwidth is shared by the whole GPU, not owned
+	// per slot), so the cost model's promised gain of under 1/4 would
+	// mostly not materialize and would not pay for the partials and the
+	// combine launch.
 	busySlotsPct = 80
 	// targetWarpsPerSM is how many resident stage-1 warps per SM the
 	// heuristic fills, in whole blocks: one block of 4 or more warps, two of
