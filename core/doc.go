@@ -50,9 +50,9 @@
 //
 // MakePlan chooses the kernel variant, then the split count from the grid's
 // blocks without splitting, the SM count, the blocks each SM holds at once
-// (occupancy, capped at one block of 4 or more warps, two of the 2-warp
-// head-dim-256 kernel: a block's copy pipeline alone keeps enough bytes in
-// flight to cover HBM latency, and more splits only add partials) and the
+// (occupancy, capped at one block of 4 or more warps, which every kernel
+// has: a block's copy pipeline alone keeps enough bytes in flight to cover
+// HBM latency, and more splits only add partials) and the
 // number of key tiles of the length the shape promises (Seqlen, or
 // SeqlenCache when per-sequence lengths live on the device).
 // It never splits when the unsplit grid already keeps 80-100% of those

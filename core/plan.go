@@ -90,16 +90,16 @@ const (
 	// combine launch.
 	busySlotsPct = 80
 	// targetWarpsPerSM is how many resident stage-1 warps per SM the
-	// heuristic fills, in whole blocks: one block of 4 or more warps, two of
-	// the 2-warp head-dim-256 kernel. A block's 3-stage cp.async pipeline
-	// keeps 64 KiB of K/V in flight, enough on its own to cover HBM latency,
-	// while every extra split costs partial traffic and combine work.
-	// Measured on the H200 (b=1, 32/8 heads, 32768 keys, fp16): at d128
-	// (4 warps) stage 1 streams 3.84 TB/s with 16 splits (one block per SM)
-	// and 3.79 TB/s with 33 (two), and stage 1 + combine 3.24 against 2.89
-	// TB/s; at d256 (2 warps) one block per SM leaves its warps stalled on
-	// fixed-latency dependencies (Nsight Compute: 44% issue-active, DRAM at
-	// 52%), and 8192 keys take 26.4 us in 32 splits against 28.6 us in 16.
+	// heuristic fills, in whole blocks: one block of 4 or more warps (every
+	// compiled kernel). A block's 3-stage cp.async pipeline keeps 64 KiB of
+	// K/V in flight, enough on its own to cover HBM latency, while every
+	// extra split costs partial traffic and combine work. Measured on the
+	// H200 (b=1, 32/8 heads, 32768 keys, fp16): at d128 stage 1 streams 3.84
+	// TB/s with 16 splits (one block per SM) and 3.79 TB/s with 33 (two),
+	// and stage 1 + combine 3.24 against 2.89 TB/s; at d256, 68.1 us with 16
+	// splits against 70.2-70.8 with 31-33. (When the d256 kernel had 2
+	// warps, one block per SM left them stalled on fixed-latency
+	// dependencies, and two blocks were better.)
 	targetWarpsPerSM = 4
 )
 

@@ -563,7 +563,7 @@ func TestTargetBlocks(t *testing.T) {
 	}{
 		{256, 2, 1}, // d64: 8 warps
 		{128, 2, 1}, // d128: 4 warps
-		{64, 2, 2},  // d256: 2 warps, two blocks fill 4 warps
+		{64, 2, 2},  // 2 warps: two blocks fill 4 warps
 		{64, 1, 1},  // but never more than fit
 		{32, 8, 4},
 		{0, 3, 3}, // a degenerate variant still gets at least one warp's worth

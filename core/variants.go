@@ -31,8 +31,9 @@ type Variant struct {
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv.cuh,
 // fd_split_kv_config). A tile of K plus a tile of V is always 32 KiB:
-// KeysPerTile = 8192 / HeadDim keys, one warp per 16 keys of a tile, so
-// Threads = 32 * KeysPerTile / 16. The 3-stage cp.async pipeline then needs
+// KeysPerTile = 8192 / HeadDim keys, one warp per 16 keys of a tile and
+// half of the output columns at head dim 256 (splitKVDimSplit), so
+// Threads = 32 * KeysPerTile / 16 * splitKVDimSplit. The 3-stage cp.async pipeline then needs
 //
 //	SharedBytes = 3 stages * (K tile + V tile) * KeysPerTile * HeadDim * 2 bytes
 //	            = 3 * 2 * 8192 * 2 = 98304
@@ -56,11 +57,21 @@ const (
 	oneBlockPerSMBytes = 120 * 1024
 )
 
+// splitKVDimSplit is how many warps share each 16 keys of a tile, each
+// with its part of the output columns (fd_split_kv_config::kDimSplit): two
+// at head dim 256, whose 32-key tiles would otherwise keep only 2 warps.
+func splitKVDimSplit(headDim int) int {
+	if headDim == 256 {
+		return 2
+	}
+	return 1
+}
+
 // splitKV describes the stage-1 kernel fd_split_kv_<dtype>_d<headDim>_r<rows>.
 func splitKV(dt DType, headDim, rows int) Variant {
 	name := map[DType]string{Float16: "f16", BFloat16: "bf16"}[dt]
 	keys := 8192 / headDim
-	threads := 32 * keys / 16
+	threads := 32 * keys / 16 * splitKVDimSplit(headDim)
 	clusterShared := splitKVSharedBytes
 	if threads >= 32*targetWarpsPerSM {
 		clusterShared = oneBlockPerSMBytes
@@ -102,7 +113,7 @@ func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll
 //	fd_split_kv_*_d64_r16          256       128     98304  120
 //	fd_split_kv_*_d128_r16         128        64     98304  178
 //	fd_split_kv_*_d128_r32         128        64     98304  255
-//	fd_split_kv_*_d256_r16          64        32     98304  242
+//	fd_split_kv_*_d256_r16         128        32     98304  223
 var variants = []Variant{
 	splitKV(Float16, 64, 16),
 	splitKV(Float16, 128, 16),

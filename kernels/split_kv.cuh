@@ -12,12 +12,13 @@
 // fd_split_kv_cluster_merge).
 //
 // Launch shape. grid (num_splits, heads_kv * row_tiles, batch);
-// blockIdx.y = kv_head * row_tiles + row_tile. Threads = 32 * WARPS with
-// WARPS = KEYS / 16; KEYS (keys per tile) = 8192 / D, so one tile of K plus
-// one of V is always 32 KiB:
+// blockIdx.y = kv_head * row_tiles + row_tile. KEYS (keys per tile) =
+// 8192 / D, so one tile of K plus one of V is always 32 KiB; a warp owns 16
+// keys of a tile, and at D 256 two warps share each 16 keys, one per half
+// of the output columns (see kDimSplit):
 //     D  64: 128 keys, 8 warps, 256 threads
 //     D 128:  64 keys, 4 warps, 128 threads
-//     D 256:  32 keys, 2 warps,  64 threads
+//     D 256:  32 keys, 4 warps (2 x 2 halves of D), 128 threads
 // Dynamic shared memory = STAGES * 2 * KEYS * D * sizeof(T) = 3 * 32 KiB
 // = 98304 bytes for every variant (core/variants.go SharedBytes): two blocks
 // fit on an H100/H200 SM (228 KB) and one on sm_86/sm_89 (99 KB a block).
@@ -63,7 +64,18 @@ struct fd_split_kv_config {
     static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
     static_assert(ROWS % 16 == 0, "rows are whole mma tiles of 16");
     static constexpr int kKeys = 8192 / D;                // keys per tile (32 KiB of K+V)
-    static constexpr int kWarps = kKeys / 16;             // each warp owns 16 keys of a tile
+    static constexpr int kKeyWarps = kKeys / 16;          // each owns 16 keys of a tile
+    // Warps per 16 keys, each accumulating D / kDimSplit output columns of
+    // P V. At D 256 a tile has only 32 keys: two warps alone, each with 64
+    // dependent mmas a tile and one warp per scheduler at two blocks per SM,
+    // stalled on fixed-latency dependencies (Nsight Compute: 2.7 cycles per
+    // issue) and read 81-82% of the ceiling. Two halves give each warp half
+    // the P V mmas and the SM twice the warps, for a second Q K^T (the same
+    // scores, computed by both halves; cheaper than trading them through
+    // shared memory with a barrier a tile).
+    static constexpr int kDimSplit = D == 256 ? 2 : 1;
+    static constexpr int kPvDim = D / kDimSplit;          // output columns a warp accumulates
+    static constexpr int kWarps = kKeyWarps * kDimSplit;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
     static constexpr int kMTiles = ROWS / 16;             // mma row tiles
@@ -71,10 +83,11 @@ struct fd_split_kv_config {
     static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
     static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
     static constexpr int kSharedBytes = kStages * 2 * kTileElems * 2;
-    // End-of-block merge scratch, reusing the pipeline buffers: every warp's
-    // unnormalized output (rows padded by 8 floats) and its max and sum.
+    // End-of-block merge scratch, reusing the pipeline buffers: every key
+    // warp's unnormalized output (rows padded by 8 floats; the halves of D
+    // fill their own columns) and its max and sum.
     static constexpr int kMergeStride = D + 8;
-    static constexpr int kMergeBytes = (kWarps * ROWS * kMergeStride + 2 * kWarps * ROWS) * 4;
+    static constexpr int kMergeBytes = (kKeyWarps * ROWS * kMergeStride + 2 * kKeyWarps * ROWS) * 4;
     // With a cluster launch, each block's merged rows for the other blocks of
     // its cluster: normalized output [ROWS][D] and base-2 LSE [ROWS], after
     // the merge scratch.
@@ -267,6 +280,8 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int row0 = (blockIdx.y % p.row_tiles) * ROWS;  // first packed row of this block
     const int b = blockIdx.z;
     const int warp = threadIdx.x / 32;
+    const int key_warp = warp % C::kKeyWarps;  // which 16 keys of a tile
+    const int dim_part = warp / C::kKeyWarps;  // which kPvDim output columns
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // mma "group": the row (and key column pair) a lane holds
     const int t4 = lane % 4;
@@ -359,15 +374,16 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // and its own share of the sum l; o holds the mma C fragments of the
     // unnormalized output: row g (+8), columns n*8 + 2*t4 (+1).
     float m[C::kMTiles][2], l[C::kMTiles][2];
-    float o[C::kMTiles][D / 8][4];
+    float o[C::kMTiles][C::kPvDim / 8][4];
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
         m[mt][0] = m[mt][1] = -CUDART_INF_F;
         l[mt][0] = l[mt][1] = 0.f;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+        for (int n = 0; n < C::kPvDim / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     }
-    const int warp_key = warp * 16;  // the warp's first key within a tile
+    const int warp_key = key_warp * 16;  // the warp's first key within a tile
+    const int warp_col = dim_part * C::kPvDim;  // the warp's first output column
 
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
@@ -437,7 +453,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
                     }
                 l[mt][h] = l[mt][h] * alpha + sum;
 #pragma unroll
-                for (int n = 0; n < D / 8; ++n) {
+                for (int n = 0; n < C::kPvDim / 8; ++n) {
                     o[mt][n][2 * h] *= alpha;
                     o[mt][n][2 * h + 1] *= alpha;
                 }
@@ -448,12 +464,13 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             pf[mt][3] = DT::pack(sc[mt][1][2], sc[mt][1][3]);  // row g+8, keys 8+2t4, +1
         }
 
-        // O += P V over the warp's 16 keys, 16 output columns per ldmatrix.
+        // O += P V over the warp's 16 keys and kPvDim output columns, 16
+        // columns per ldmatrix.
 #pragma unroll
-        for (int j = 0; j < D / 16; ++j) {
+        for (int j = 0; j < C::kPvDim / 16; ++j) {
             uint32_t vf[4];  // (keys 0-7 | 8-15) x dims 16j..+7, then dims 16j+8..+15
             fd_ldmatrix_x4_trans(vf, v_s + fd_swizzle<D>(warp_key + ((lane / 8) % 2) * 8 + lane % 8,
-                                                         2 * j + lane / 16));
+                                                         (warp_col / 8) + 2 * j + lane / 16));
 #pragma unroll
             for (int mt = 0; mt < C::kMTiles; ++mt) {
                 DT::mma(o[mt][2 * j], pf[mt], vf[0], vf[1]);
@@ -465,10 +482,11 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     __syncthreads();  // pipeline buffers are now the merge scratch
     FD_TRACE(3);
 
-    // Each warp parks its state and unnormalized output in shared memory.
-    float *so = reinterpret_cast<float *>(fd_dynamic_smem);  // [warp][row][D + 8]
-    float *sm = so + C::kWarps * ROWS * C::kMergeStride;     // [warp][row] max
-    float *sl = sm + C::kWarps * ROWS;                        // [warp][row] sum
+    // Each warp parks its state and unnormalized output in shared memory
+    // (the halves of D share a key warp's row; their states are the same).
+    float *so = reinterpret_cast<float *>(fd_dynamic_smem);  // [key warp][row][D + 8]
+    float *sm = so + C::kKeyWarps * ROWS * C::kMergeStride;  // [key warp][row] max
+    float *sl = sm + C::kKeyWarps * ROWS;                     // [key warp][row] sum
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
@@ -476,12 +494,12 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             float sum = l[mt][h];
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const int row = warp * ROWS + mt * 16 + g + 8 * h;
+            const int row = key_warp * ROWS + mt * 16 + g + 8 * h;
 #pragma unroll
-            for (int n = 0; n < D / 8; ++n)
-                *reinterpret_cast<float2 *>(so + row * C::kMergeStride + n * 8 + 2 * t4) =
+            for (int n = 0; n < C::kPvDim / 8; ++n)
+                *reinterpret_cast<float2 *>(so + row * C::kMergeStride + warp_col + n * 8 + 2 * t4) =
                     make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
-            if (t4 == 0) {
+            if (t4 == 0 && dim_part == 0) {
                 sm[row] = m[mt][h];
                 sl[row] = sum;
             }
@@ -514,7 +532,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
         fd_state st = fd_state_empty();
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int w = 0; w < C::kWarps; ++w) {
+        for (int w = 0; w < C::kKeyWarps; ++w) {
             const int wr = w * ROWS + row;
             float sa, sb;
             fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
