@@ -66,19 +66,23 @@ struct fd_split_kv_config {
     static constexpr int kKeys = 8192 / D;                // keys per tile (32 KiB of K+V)
     static constexpr int kKeyWarps = kKeys / 16;          // each owns 16 keys of a tile
     // Warps per 16 keys, each accumulating D / kDimSplit output columns of
-    // P V. At D 256 a tile has only 32 keys: two warps alone, each with 64
-    // dependent mmas a tile and one warp per scheduler at two blocks per SM,
-    // stalled on fixed-latency dependencies (Nsight Compute: 2.7 cycles per
-    // issue) and read 81-82% of the ceiling. Two halves give each warp half
-    // the P V mmas and the SM twice the warps, for a second Q K^T (the same
-    // scores, computed by both halves; cheaper than trading them through
-    // shared memory with a barrier a tile).
+    // P V, and Q K^T over D / kDimSplit of the head dim: the two warps of
+    // 16 keys add their halves of the scores through shared memory (kXchg),
+    // meeting at a barrier of their own. At D 256 a tile has only 32 keys:
+    // two warps alone, each with 64 dependent mmas a tile and one warp per
+    // scheduler at two blocks per SM, were stalled on fixed-latency
+    // dependencies (Nsight Compute: 2.7 cycles per issue) and read 81-82%
+    // of the ceiling; 4 warps read 86-87% (H200, b=1, 32K tokens) when both
+    // warps of 16 keys computed all of Q K^T, and 1% more, 6% more at 1K
+    // tokens, with the halves added instead.
     static constexpr int kDimSplit = D == 256 ? 2 : 1;
     static constexpr int kPvDim = D / kDimSplit;          // output columns a warp accumulates
+    static constexpr int kQkDim = D / kDimSplit;          // head dims a warp's Q K^T covers
     static constexpr int kWarps = kKeyWarps * kDimSplit;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
     static constexpr int kMTiles = ROWS / 16;             // mma row tiles
+    static constexpr int kXchg = kDimSplit > 1 ? kWarps * kMTiles * 8 * 32 : 1;  // floats: [warp][score][lane]
     static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
     static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
     static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
@@ -280,8 +284,10 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int row0 = (blockIdx.y % p.row_tiles) * ROWS;  // first packed row of this block
     const int b = blockIdx.z;
     const int warp = threadIdx.x / 32;
-    const int key_warp = warp % C::kKeyWarps;  // which 16 keys of a tile
-    const int dim_part = warp / C::kKeyWarps;  // which kPvDim output columns
+    // Which 16 keys of a tile, and which kPvDim output columns (both known
+    // at compile time to be the whole head dim where kDimSplit is 1).
+    const int key_warp = C::kDimSplit > 1 ? warp % C::kKeyWarps : warp;
+    const int dim_part = C::kDimSplit > 1 ? warp / C::kKeyWarps : 0;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // mma "group": the row (and key column pair) a lane holds
     const int t4 = lane % 4;
@@ -326,7 +332,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // of each 16-wide slice of the head dim. Rows past the packed rows and
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
     // key_limit (bottom-right causal mask, capped by the split's end).
-    uint32_t qf[C::kMTiles][D / 16][4];
+    uint32_t qf[C::kMTiles][C::kQkDim / 16][4];
     int key_limit[C::kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
@@ -339,8 +345,8 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             const uint32_t *q_row = reinterpret_cast<const uint32_t *>(
                 q_base + qi * p.q_seq_stride + head * p.q_head_stride);
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const int d0 = kk * 16 + 2 * t4;
+            for (int kk = 0; kk < C::kQkDim / 16; ++kk) {
+                const int d0 = dim_part * C::kQkDim + kk * 16 + 2 * t4;
                 qf[mt][kk][h] = valid && d0 < p.head_dim ? q_row[d0 / 2] : 0u;
                 qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
             }
@@ -383,7 +389,10 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
         for (int n = 0; n < C::kPvDim / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     }
     const int warp_key = key_warp * 16;  // the warp's first key within a tile
-    const int warp_col = dim_part * C::kPvDim;  // the warp's first output column
+    const int warp_col = dim_part * C::kPvDim;  // the warp's first output column (and Q K^T dim)
+    static_assert(C::kDimSplit == 1 || C::kPvDim == C::kQkDim, "a warp's Q K^T and P V dims coincide");
+    static_assert(C::kDimSplit == 1 || (C::kDimSplit == 2 && C::kKeyWarps <= 2), "fd_bar_sync<1 + key_warp, 64> pairs the warps of 16 keys");
+    __shared__ float xchg[C::kXchg];  // [warp][score][lane]: the Q K^T halves of kDimSplit
 
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
@@ -402,22 +411,39 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
         const T *v_s = k_s + C::kTileElems;
         const int key0 = (tile_begin + it) * C::kKeys + warp_key;
 
-        // S = Q K^T for the warp's 16 keys: two 8-key mma column tiles.
+        // S = Q K^T for the warp's 16 keys: two 8-key mma column tiles, over
+        // the warp's kQkDim dims of the head.
         float sc[C::kMTiles][2][4];
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
             for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
+        for (int kk = 0; kk < C::kQkDim / 16; ++kk) {
             uint32_t kf[4];  // keys 0-7 | 8-15 x dims 16kk..+7 | +8..+15
             fd_ldmatrix_x4(kf, k_s + fd_swizzle<D>(warp_key + (lane / 16) * 8 + lane % 8,
-                                                    2 * kk + (lane / 8) % 2));
+                                                    (warp_col / 8) + 2 * kk + (lane / 8) % 2));
 #pragma unroll
             for (int mt = 0; mt < C::kMTiles; ++mt) {
                 DT::mma(sc[mt][0], qf[mt][kk], kf[0], kf[1]);
                 DT::mma(sc[mt][1], qf[mt][kk], kf[2], kf[3]);
             }
+        }
+        if (C::kDimSplit > 1) {
+            // Add the other half's scores (a + b == b + a in fp32, so both
+            // warps hold the same scores and softmax state). The buffer is
+            // free again after the next tile's __syncthreads.
+#pragma unroll
+            for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) xchg[(warp * C::kMTiles * 8 + mt * 8 + e) * 32 + lane] = sc[mt][e / 4][e % 4];
+            if (key_warp == 0) fd_bar_sync<1, 64>();
+            else fd_bar_sync<2, 64>();
+            const int other = (C::kDimSplit - 1 - dim_part) * C::kKeyWarps + key_warp;
+#pragma unroll
+            for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] += xchg[(other * C::kMTiles * 8 + mt * 8 + e) * 32 + lane];
         }
 
         // Online softmax; the probabilities become the A fragments of P V.
