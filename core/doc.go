@@ -59,8 +59,10 @@
 // block slots busy in one wave (more blocks than slots leave a partial
 // second wave, which splitting can fill), never makes a split shorter than 64 keys (16 per packed
 // query row, so the fp32 partials stay under 1/8 of the K/V traffic) or more
-// than MaxSplits, and otherwise takes the count that streams the cache in the
-// fewest, fullest waves, counting a fixed cost per wave and the merge: the
+// than MaxSplits, and otherwise takes the count that streams the cache
+// soonest by a model of each block's bytes (the SMs given two blocks end
+// last, and HBM bounds a grid of more blocks than SMs), counting a fixed
+// cost and the merge: the
 // combine's launch and L2 round trips, or a cluster's barriers where the
 // device runs every cluster at once (Device.Clusters) and the splits are
 // short (at most 16 tiles, or 64 when the split grid is one block on

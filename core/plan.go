@@ -68,16 +68,41 @@ const (
 	// matters little against a long stream, and at 512 tiles (b=8, 32/8,
 	// 65536 keys) clusters took 469-471 us against 467 with the combine.
 	clusterLongMaxTiles = 64
-	// blockCost is what a wave of blocks costs besides its tiles, in the
-	// same units: the pipelines' ramp-up and drain, loading Q, the merge of
-	// the warps and the write of the rows, and the bandwidth a wave of
-	// short blocks loses to its uneven end. It makes extra waves cost what
-	// they do: with 48 heads, 8192 keys, b=1 (48 blocks unsplit) 2 splits
+	// blockCost is what stage 1 costs besides its tiles, in the same units,
+	// once per launch (splitCost: the blocks of a later wave ramp up while
+	// others still stream): the pipelines' ramp-up and drain, loading Q,
+	// the merge of the warps and the write of the rows, and the bandwidth
+	// a wave of short blocks loses to its uneven end. It was fitted as the
+	// cost of every wave, when the model had one wave per slot-full of
+	// blocks: with 48 heads, 8192 keys, b=1 (48 blocks unsplit) 2 splits
 	// run in 52 us and 4 to 8 in 55-65 us, which a model of tiles alone
 	// ranks the other way round. Fitted, with clusterMergeCost and
 	// clusterMaxTiles, to a sweep of num_splits over 15 shapes on the H200:
 	// the choice is within 2% of the sweep's best on each.
 	blockCost = 24
+	// hbmSlotsPct caps a grid of more blocks than slots: HBM streams as
+	// fast as this percentage of the slots each streaming one block alone.
+	// Fitted on the H200: a lone 4-warp block (head dim 128) streams 1.66
+	// tiles/us (b=1, 32/8 heads, 32768 keys unsplit: 512 tiles in 310.9
+	// us), and the split sweeps of more blocks than SMs that HBM bounds
+	// streamed 134-140 tiles/us besides blockCost and the combine (48/48
+	// heads, 4 splits: b=4, 8192 keys, 185.9 us; b=6, 4096 keys, 147.0; 3
+	// splits at b=3, 4096 keys, 76.0; 32/8 heads, b=20, 2048 keys, 3
+	// splits: 47.5): about 82 lone blocks, 62% of 132. A lone 2-warp block
+	// (head dim 256, two slots per SM) streams 0.74 tiles/us (b=1, 32/8,
+	// 32768 keys: 1024 tiles in 1379.8 us), so HBM is about 184 of its 264
+	// slots, 70%. 66 lies between; every count from 62 to 78 keeps each
+	// sweep of plan_sweep_test.go within 5% of its best.
+	hbmSlotsPct = 66
+	// sharedSlotPct: an SM holding two blocks for one slot (a grid of more
+	// blocks than slots, all started at once) streams the two at this
+	// percentage of one lone block's rate in all, so it ends last, with
+	// twice the tiles. Fitted on the H200's unsplit sweeps of 144 to 192
+	// blocks of 4 warps, which leave 12 to 60 of the 132 SMs two blocks:
+	// 71-77% at b=3, 48/48 heads, 4096 keys (106.9 us), b=4, 2048 keys
+	// (58.8) and 8192 keys (223.9), 32/8 heads, b=20, 2048 keys (57.2) and
+	// b=24, 4096 keys (113.4).
+	sharedSlotPct = 75
 	// splitTolerancePct: among split counts whose modelled time is within
 	// this many percent of the best, the smallest wins (fewer partials, a
 	// cheaper combine).
@@ -304,7 +329,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		splits = clampSplits(splits, tiles)
 	} else {
 		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
-		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), tiles, maxN, fused)
+		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, fused)
 	}
 
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
@@ -381,21 +406,59 @@ func clampSplits(n, tiles int) int {
 }
 
 // splitCost models the time of a decode, in half key-tile loads of one
-// block slot, when blocks (batch x K/V heads x row tiles) are each split n
-// ways over slots resident block slots: stage 1 takes the waves times what
-// a block costs, ceil(blocks*n/slots) * (2*ceil(tiles/n) + blockCost)
-// (decode is memory-bound, so a slot's time is the bytes it streams). With
-// n > 1 the splits merge inside stage 1 when fused (a cluster launch whose
-// clusters all run at once: one wave, plus clusterMergeCost), else the
-// combine kernel adds combineLaunchCost plus combineRoundCost per round
-// trip (combineRounds).
-func splitCost(blocks, slots, tiles, n int, fused bool) int {
-	cost := ceilDiv(blocks*n, slots) * (2*ceilDiv(tiles, n) + blockCost)
+// block streaming alone, when blocks (batch x K/V heads x row tiles) are each
+// split n ways: g = blocks*n blocks of t = ceil(tiles/n) tiles, on a GPU
+// that streams slots blocks at one per slot (see targetBlocks) and holds
+// resident blocks at once (its occupancy). Decode is memory-bound, so a
+// block's time is the bytes it streams:
+//
+//   - g <= slots: each block streams alone in its slot, 2t + blockCost.
+//     (HBM caps these too, from about hbmSlotsPct of the slots up, but the
+//     cap comes gradually, and blockCost and the cluster constants were
+//     fitted without it; a sharp cap would cost every count from 88 blocks
+//     to 132 the same, and the tolerance would take the smallest, which no
+//     sweep has timed: 11 splits at b=1, 32/8 heads, 32768 keys, where 8
+//     (64 blocks) ran in 45.6 us and 16 (128) in 37.1.)
+//   - slots < g <= resident: one wave, every block started at once. The
+//     busiest SM holds k = ceil(g/slots) blocks for a slot and streams them
+//     at sharedSlotPct of one block's rate, and all g*t tiles stream no
+//     faster than HBM (hbmSlotsPct of the slots): the larger of
+//     2kt*100/sharedSlotPct and 2gt*100/(slots*hbmSlotsPct), + blockCost.
+//   - g > resident: waves of resident blocks, each costed the same way,
+//     except the last, partial one: its blocks start as earlier ones end,
+//     spread over the SMs, so it takes the larger of one block alone (2t)
+//     and its tiles at HBM's rate. blockCost is counted once: the blocks of
+//     a later wave ramp up while others still stream.
+//
+// With n > 1 the splits merge inside stage 1 when fused (a cluster launch
+// whose clusters all run at once: one block per slot, plus
+// clusterMergeCost), else the combine kernel adds combineLaunchCost plus
+// combineRoundCost per round trip (combineRounds).
+func splitCost(blocks, slots, resident, tiles, n int, fused bool) int {
+	g, t := blocks*n, ceilDiv(tiles, n)
+	// wave is the time of w blocks started at once, at most k per slot.
+	wave := func(w, k int) int {
+		busiest := 2 * t
+		if k > 1 {
+			busiest = ceilDiv(2*k*t*100, sharedSlotPct)
+		}
+		return max(busiest, ceilDiv(2*w*t*100, slots*hbmSlotsPct))
+	}
+	var cost int
 	switch {
-	case n == 1:
-	case fused:
-		cost = 2*ceilDiv(tiles, n) + blockCost + clusterMergeCost
+	case n > 1 && fused:
+		return 2*t + blockCost + clusterMergeCost
+	case g <= slots:
+		cost = 2*t + blockCost
+	case g <= resident:
+		cost = wave(g, ceilDiv(g, slots)) + blockCost
 	default:
+		cost = g/resident*wave(resident, ceilDiv(resident, slots)) + blockCost
+		if last := g % resident; last > 0 {
+			cost += wave(last, 1)
+		}
+	}
+	if n > 1 {
 		cost += combineLaunchCost + combineRoundCost*combineRounds(n)
 	}
 	return cost
@@ -425,35 +488,41 @@ func combineRounds(n int) int {
 //     favours whole waves and splits that divide the tiles evenly.
 //
 // (planVariant passes slots = SMs x targetBlocks: one block per SM for the
-// kernels of 4 or more warps.)
+// kernels of 4 or more warps, and resident = SMs x blocks per SM.)
 //
 // Worked example, on an H200: batch 1, 32 query and 8 K/V heads (one row
 // tile of 4 rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 1 block
 // = 132 slots. blocks = 8; a split holds >= 64 keys = 1 tile, so maxN =
 // 128. No split of at most 16 tiles fits a cluster of at most 16, so the
-// combine kernel merges: 16 splits make 128 blocks, one wave, 2*32 + 24 +
-// 4 + 5 = 97; 32 take two waves (2*(32 + 24) + 4 + 10 = 126), 128 take
-// eight (280), 1 split costs 1048. The least cost is 16: grid (16, 8, 1),
-// 128 of 132 SMs busy, 2048 keys each, then the combine. With batch 16 (128
-// blocks, 80-100% of 132) it is 1. With 1024 keys (16 tiles), 8 splits in
-// clusters of 8 cost 4 + 24 + 3 = 31, 16 with the combine 2 + 24 + 9 = 35,
-// 1 split 32 + 24 = 56: 8 splits, merged inside stage 1; with 4096 keys (64
-// tiles) 16 splits and the combine cost 41, 8 in clusters 16 + 24 + 3 = 43,
-// within 5%: 8 in clusters.
+// combine kernel merges: 16 splits make 128 blocks, one per slot, 2*32 +
+// 24 + 4 + 5 = 97; 32 make 256 blocks, two on most SMs, which HBM holds
+// to 2*256*16*100/(132*66) = 95 (the busiest SM alone: 2*2*16*100/75 =
+// 86), + 24 + 9 = 128; 128 take three waves of the 264 resident and a
+// partial fourth (130); 1 split costs 1048. The least cost is 16: grid
+// (16, 8, 1), 128 of 132 SMs busy, 2048 keys each, then the combine. With
+// batch 16 (128 blocks, 80-100% of 132) it is 1. With 1024 keys (16
+// tiles), 8 splits in clusters of 8 cost 4 + 24 + 3 = 31, 16 with the
+// combine 2 + 24 + 9 = 35, 1 split 32 + 24 = 56: 8 splits, merged inside
+// stage 1; with 4096 keys (64 tiles) 16 splits and the combine cost 41, 8
+// in clusters 16 + 24 + 3 = 43, within 5%: 8 in clusters.
 //
-// More blocks than slots are not a full wave: the extra blocks make a
-// second, partial one (on an H200 they run beside the first on the same
-// SMs, which then stream each block at half speed: about as slow). With batch 24 (192
-// blocks) and 4096 keys, 1 split costs 2 * (128 + 24) = 304 and 2 splits
-// 3 * (64 + 24) + 9 = 273: 2 splits (H200: 113.4 -> 102.5 us).
-func autoSplits(blocks, slots, tiles, maxN int, fused func(n int) bool) int {
+// More blocks than slots all start at once, and the SMs given two stream
+// them slower than one: batch 3 with 48 query and K/V heads and 4096 keys
+// (144 blocks of 64 tiles on the 132 slots, 264 resident) leaves 12 SMs
+// two blocks, which end last: 2*2*64*100/75 = 342, + 24 = 366. Split 3
+// ways, 432 blocks run one full wave at HBM's rate (2*264*22*100/(132*66)
+// = 134) and 168 more that start as the first end (85), + 24 + 9 = 252; 2
+// splits cost 291 (24 blocks of 32 tiles left alone at the end), 4 cost
+// 259: 3 splits (H200: 106.9 us unsplit, 90.5, 76.0 and 80.1 in 2, 3 and
+// 4).
+func autoSplits(blocks, slots, resident, tiles, maxN int, fused func(n int) bool) int {
 	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1
 	}
 	costs := make([]int, maxN+1)
-	best := splitCost(blocks, slots, tiles, 1, false)
+	best := splitCost(blocks, slots, resident, tiles, 1, false)
 	for n := 1; n <= maxN; n++ {
-		costs[n] = splitCost(blocks, slots, tiles, n, fused(n))
+		costs[n] = splitCost(blocks, slots, resident, tiles, n, fused(n))
 		best = min(best, costs[n])
 	}
 	for n := 1; n <= maxN; n++ {

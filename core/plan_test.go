@@ -39,47 +39,59 @@ func fusedUpTo(mc int) func(int) bool { return func(n int) bool { return n >= 2 
 
 func TestAutoSplits(t *testing.T) {
 	tests := []struct {
-		name                         string
-		blocks, slots, tiles, mx, mc int
-		want                         int
+		name                                   string
+		blocks, slots, resident, tiles, mx, mc int
+		want                                   int
 	}{
-		{"doc example: b=1, 8 kv heads, 32K keys", 8, 132, 512, 128, 16, 16},
-		{"doc example without clusters", 8, 132, 512, 128, 1, 16},
-		{"two blocks per SM", 8, 264, 512, 64, 16, 31},
-		{"b=16: one wave of 256", 128, 264, 512, 64, 1, 2},
-		{"b=4", 32, 264, 512, 64, 1, 8},
-		{"b=5: 6 splits fill one wave", 40, 264, 512, 64, 1, 6},
-		{"24 blocks short of a wave", 240, 264, 512, 64, 16, 1},
-		{"just over 80% of a wave", 212, 264, 512, 64, 16, 1},
-		{"just under 80% of a wave", 211, 264, 512, 64, 1, 5},
-		{"200 blocks", 200, 264, 512, 64, 1, 5},
-		{"full wave", 264, 264, 512, 64, 16, 1},
+		{"doc example: b=1, 8 kv heads, 32K keys", 8, 132, 264, 512, 128, 16, 16},
+		{"doc example without clusters", 8, 132, 264, 512, 128, 1, 16},
+		{"two blocks per SM", 8, 264, 264, 512, 64, 16, 31},
+		{"b=16: one wave of 256", 128, 264, 264, 512, 64, 1, 2},
+		{"b=4", 32, 264, 264, 512, 64, 1, 8},
+		{"b=5: 6 splits fill one wave", 40, 264, 264, 512, 64, 1, 6},
+		{"24 blocks short of a wave", 240, 264, 264, 512, 64, 16, 1},
+		{"just over 80% of a wave", 212, 264, 264, 512, 64, 16, 1},
+		// Below 80% the cost model decides; from about hbmSlotsPct of the
+		// slots up the grid is as fast as HBM unsplit, and more waves of
+		// splits cannot beat it (H200: 96 blocks of 132 slots, b=2, 48/48
+		// heads, ran unsplit in 26.8 us at 2048 keys, 29.2-35.4 in 2-4
+		// splits; 94.6 against 100.5-118.1 at 8192 keys). The previous
+		// model, which gave each slot its own bandwidth, split these 5 ways.
+		{"just under 80% of a wave", 211, 264, 264, 512, 64, 1, 1},
+		{"200 blocks", 200, 264, 264, 512, 64, 1, 1},
+		{"100 blocks", 100, 264, 264, 512, 64, 1, 2},
+		{"full wave", 264, 264, 264, 512, 64, 16, 1},
 		// More blocks than slots (no clusters: that many never run at once).
-		{"two full waves", 512, 264, 512, 64, 1, 1},
-		{"b=24, 4096 keys: a partial second wave", 192, 132, 64, 64, 1, 2},
-		{"b=3, 48 heads, 4096 keys", 144, 132, 64, 64, 1, 2},
-		{"b=32, 1024 keys: two nearly full waves", 256, 132, 16, 16, 1, 1},
-		{"b=8, 48 heads, 4096 keys: three", 384, 132, 64, 64, 1, 1},
-		{"1024 keys: at most 2", 8, 264, 16, 2, 1, 2},
-		{"1024 keys in clusters: one tile each", 8, 132, 16, 16, 16, 16},
-		{"4096 keys: limited by min chunk", 8, 264, 64, 8, 1, 8},
-		{"too short to split", 8, 264, 5, 1, 16, 1},
-		{"empty cache", 8, 264, 0, 1, 16, 1},
-		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 2048, 128, 16, 121},
-		{"uneven tiles", 16, 132, 100, 12, 1, 8},
+		{"two full waves", 512, 264, 264, 512, 64, 1, 1},
+		{"b=24, 4096 keys: a partial second wave", 192, 132, 264, 64, 64, 1, 2},
+		// 12 SMs get two blocks of 64 tiles, and end last: 3 splits spread
+		// them (H200: 106.9 us unsplit, 90.5 in 2 splits, 76.0 in 3).
+		{"b=3, 48 heads, 4096 keys", 144, 132, 264, 64, 64, 1, 3},
+		{"b=20, 2048 keys", 160, 132, 264, 32, 32, 1, 3},          // 57.2, 51.6, 47.5 us in 1-3 splits
+		{"b=4, 48 heads, 2048 keys", 192, 132, 264, 32, 32, 1, 2}, // 58.8, 54.5 us in 1-2 splits
+		{"b=6, 48 heads, 4096 keys", 288, 132, 264, 64, 64, 1, 3}, // 167.9 us; 148.0, 147.0 in 3, 4
+		{"b=32, 1024 keys: two nearly full waves", 256, 132, 264, 16, 16, 1, 1},
+		{"b=8, 48 heads, 4096 keys: three", 384, 132, 264, 64, 64, 1, 1},
+		{"1024 keys: at most 2", 8, 264, 264, 16, 2, 1, 2},
+		{"1024 keys in clusters: one tile each", 8, 132, 264, 16, 16, 16, 16},
+		{"4096 keys: limited by min chunk", 8, 264, 264, 64, 8, 1, 8},
+		{"too short to split", 8, 264, 264, 5, 1, 16, 1},
+		{"empty cache", 8, 264, 264, 0, 1, 16, 1},
+		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 264, 2048, 128, 16, 121},
+		{"uneven tiles", 16, 132, 264, 100, 12, 1, 8},
 		// 256 keys: the combine does not pay for 3 saved tiles, a cluster
 		// merge does (H200: 4.4 us in clusters of 4, 5.0 unsplit).
-		{"4 tiles, no clusters", 8, 132, 4, 4, 1, 1},
-		{"4 tiles in clusters", 8, 132, 4, 4, 16, 4},
+		{"4 tiles, no clusters", 8, 132, 264, 4, 4, 1, 1},
+		{"4 tiles in clusters", 8, 132, 264, 4, 4, 16, 4},
 		// 48 MHA heads, 256 keys: not for 48 blocks in clusters of 2 (an
 		// H200 runs 48 at once of 2, not of 4): 5.9 us against 5.6.
-		{"4 tiles, 48 blocks in clusters of 2", 48, 132, 4, 4, 2, 1},
-		{"16 tiles in clusters of up to 8", 8, 132, 16, 16, 8, 8},
+		{"4 tiles, 48 blocks in clusters of 2", 48, 132, 264, 4, 4, 2, 1},
+		{"16 tiles in clusters of up to 8", 8, 132, 264, 16, 16, 8, 8},
 	}
 	for _, tt := range tests {
-		got := autoSplits(tt.blocks, tt.slots, tt.tiles, tt.mx, fusedUpTo(tt.mc))
+		got := autoSplits(tt.blocks, tt.slots, tt.resident, tt.tiles, tt.mx, fusedUpTo(tt.mc))
 		if got != tt.want {
-			t.Errorf("%s: autoSplits(%d, %d, %d, %d, %d) = %d, want %d", tt.name, tt.blocks, tt.slots, tt.tiles, tt.mx, tt.mc, got, tt.want)
+			t.Errorf("%s: autoSplits(%d, %d, %d, %d, %d, %d) = %d, want %d", tt.name, tt.blocks, tt.slots, tt.resident, tt.tiles, tt.mx, tt.mc, got, tt.want)
 		}
 	}
 }
@@ -92,7 +104,7 @@ func TestAutoSplitsProperties(t *testing.T) {
 			for _, tiles := range []int{0, 1, 8, 9, 100, 512, 2048, 4096} {
 				for _, mc := range []int{1, 8, 16} {
 					mx := maxAutoSplits(tiles, 8)
-					n := autoSplits(blocks, slots, tiles, mx, fusedUpTo(mc))
+					n := autoSplits(blocks, slots, 2*slots, tiles, mx, fusedUpTo(mc))
 					if n < 1 || n > mx || n > MaxSplits {
 						t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d out of [1,%d]", blocks, slots, tiles, mx, mc, n, mx)
 					}
@@ -100,10 +112,10 @@ func TestAutoSplitsProperties(t *testing.T) {
 					if oneWave && n != 1 {
 						t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d with a full wave", blocks, slots, tiles, mx, mc, n)
 					}
-					c := splitCost(blocks, slots, tiles, n, fusedUpTo(mc)(n))
+					c := splitCost(blocks, slots, 2*slots, tiles, n, fusedUpTo(mc)(n))
 					optimize := !oneWave
 					for m := 1; m <= mx && optimize; m++ {
-						if best := splitCost(blocks, slots, tiles, m, fusedUpTo(mc)(m)); c*100 > best*(100+splitTolerancePct) {
+						if best := splitCost(blocks, slots, 2*slots, tiles, m, fusedUpTo(mc)(m)); c*100 > best*(100+splitTolerancePct) {
 							t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d costs %d; %d costs %d", blocks, slots, tiles, mx, mc, n, c, m, best)
 						}
 					}
@@ -114,19 +126,32 @@ func TestAutoSplitsProperties(t *testing.T) {
 }
 
 func TestSplitHelpers(t *testing.T) {
-	for _, tt := range []struct{ blocks, slots, tiles, n, mc, want int }{
-		// waves x (2 x tiles per split + 24), plus 3 for a cluster merge, or
-		// 4 and 5 per round trip for the combine kernel (one for up to 32
-		// splits, else one per 128).
-		{8, 264, 512, 1, 16, 1048}, {8, 264, 512, 16, 16, 91}, {8, 264, 512, 16, 1, 97},
-		{8, 264, 512, 32, 16, 65}, {8, 264, 512, 33, 16, 65}, {8, 264, 512, 34, 16, 121},
-		{8, 264, 512, 64, 16, 89}, {1, 132, 2048, 128, 16, 65}, {1, 132, 2048, 129, 16, 70},
-		{200, 264, 512, 9, 1, 975}, {1, 1, 0, 1, 16, 24},
+	for _, tt := range []struct{ blocks, slots, resident, tiles, n, mc, want int }{
+		// Up to one block per slot: 2 x tiles per split + 24, plus 3 for a
+		// cluster merge, or 4 and 5 per round trip for the combine kernel
+		// (one for up to 32 splits, else one per 128).
+		{8, 264, 264, 512, 1, 16, 1048}, {8, 264, 264, 512, 16, 16, 91}, {8, 264, 264, 512, 16, 1, 97},
+		{8, 264, 264, 512, 32, 16, 65}, {8, 264, 264, 512, 33, 16, 65},
+		{1, 132, 264, 2048, 128, 16, 65}, {1, 132, 264, 2048, 129, 16, 70}, {1, 1, 1, 0, 1, 16, 24},
+		// More than the resident blocks: each full wave streams its tiles at
+		// HBM's rate (66% of the slots: 2*264*16*100/(264*66) -> 49), the
+		// last partial one at least one block's 2t (272 blocks: 8 left, 32;
+		// 512: 248 left, 23 > 16), and 24 once.
+		{8, 264, 264, 512, 34, 16, 114}, {8, 264, 264, 512, 64, 16, 81},
+		{200, 264, 264, 512, 9, 1, 1213},
 		// Fused means every cluster runs at once: one wave whatever blocks.
-		{200, 264, 512, 9, 16, 141},
+		{200, 264, 264, 512, 9, 16, 141},
+		// b=3, 48/48 heads, 4096 keys on an H200 (132 slots, 264 resident):
+		// unsplit, 12 SMs hold two blocks of 64 tiles, streamed at 75% of
+		// one's rate: 2*2*64*100/75 -> 342 (HBM 212), + 24. 2 splits: one
+		// full wave at HBM's rate (194) and 24 blocks left (64); 3: 134 and
+		// 168 left (85); 4: 2 x 97 and 48 left (32). Measured 106.9, 90.5,
+		// 76.0 and 80.1 us.
+		{144, 132, 264, 64, 1, 1, 366}, {144, 132, 264, 64, 2, 1, 291},
+		{144, 132, 264, 64, 3, 1, 252}, {144, 132, 264, 64, 4, 1, 259},
 	} {
-		if got := splitCost(tt.blocks, tt.slots, tt.tiles, tt.n, fusedUpTo(tt.mc)(tt.n)); got != tt.want {
-			t.Errorf("splitCost(%d,%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.tiles, tt.n, tt.mc, got, tt.want)
+		if got := splitCost(tt.blocks, tt.slots, tt.resident, tt.tiles, tt.n, fusedUpTo(tt.mc)(tt.n)); got != tt.want {
+			t.Errorf("splitCost(%d,%d,%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.resident, tt.tiles, tt.n, tt.mc, got, tt.want)
 		}
 	}
 	for _, tt := range []struct{ n, tiles, want int }{
