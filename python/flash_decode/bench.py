@@ -75,6 +75,7 @@ DEFAULT_MATRIX = [
     ("fp16", "b=1,hq=32,hkv=32,L=32k;b=16,hq=32,hkv=32,L=4k"),   # MHA
     ("fp16", "b=1,hq=64,hkv=8,L=32k;b=8,hq=64,hkv=8,L=8k"),      # GQA 8
     ("fp16", "b=1,hq=48,hkv=48,L=8k,sq=1/10;b=8,hq=48,hkv=48,L=4k,sq=10"),
+    ("fp16", "b=3,hq=48,hkv=48,L=4k;b=4,hq=48,hkv=48,L=2k"),     # more blocks than SMs
     ("fp16", "b=1,hq=8,hkv=1,L=128k;b=32,hq=8,hkv=1,L=16k"),     # MQA
     ("fp16", "b=8,d=64,L=32k;b=1,d=256,L=32k;b=16,d=256,L=2k"),
     ("fp16", "b=1,L=32k,sq=4;b=16,L=8k,sq=4"),
