@@ -50,6 +50,14 @@ const (
 	// splits and the combine; 48/48 heads, 256 keys: 5.6 unsplit, 5.9 in
 	// clusters of 2 (a cost of 2 would pick the clusters there).
 	clusterMergeCost = 3
+	// pairMergeCost is what merging in pairs (mergePairs) costs: less than
+	// the combine (combineLaunchCost + one round, 9), as measured, but more
+	// than clusterMergeCost: besides the barrier, a block of a pair that
+	// runs in a later wave than its partner holds the partner's SM. Every
+	// value from 7 to 9 keeps each sweep of plan_sweep_test.go within 5% of
+	// its best; 3 to 6 pick 2 splits over 3 where 3 run 10-14% faster (b=3,
+	// 48/48 heads, 1024 keys; head dim 64, b=20, 4096 keys).
+	pairMergeCost = 8
 	// clusterMaxTiles: splits of more than this many tiles merge in
 	// clusters only when, besides, the split grid is one block on 80-100%
 	// of the SMs (busySlotsPct) and a split is at most clusterLongMaxTiles.
@@ -314,22 +322,30 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	tiles := ceilDiv(length, v.KeysPerTile)
 
 	// Unsplit, the grid has `blocks` blocks; split n ways, as many clusters
-	// of n, which merge their splits themselves if they all run at once.
+	// of n, which merge their splits themselves if they all run at once
+	// (mergeCluster), or, two splits in a grid of more blocks than SMs, in
+	// pairs among the other blocks (mergePairs).
 	blocks := s.Batch * s.HeadsKV * rowTiles
-	fused := func(n int) bool {
-		if n < 2 || n > MaxCluster || d.Clusters == nil || blocks > d.Clusters(v, n) {
-			return false
+	merging := func(n int) merge {
+		if n < 2 || n > MaxCluster || d.Clusters == nil {
+			return mergeCombine
 		}
 		perSplit, grid := ceilDiv(tiles, n), blocks*n
 		fills := grid*100 >= sms*busySlotsPct && grid <= sms
-		return perSplit <= clusterMaxTiles || (fills && perSplit <= clusterLongMaxTiles)
+		if blocks <= d.Clusters(v, n) && (perSplit <= clusterMaxTiles || (fills && perSplit <= clusterLongMaxTiles)) {
+			return mergeCluster
+		}
+		if n == 2 && grid > sms && perSplit <= clusterLongMaxTiles && v.ClusterDenseSharedBytes > 0 && d.Clusters(v, 2) > 0 {
+			return mergePairs
+		}
+		return mergeCombine
 	}
 	splits := s.NumSplits
 	if splits > 0 {
 		splits = clampSplits(splits, tiles)
 	} else {
 		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
-		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, fused)
+		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, merging)
 	}
 
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
@@ -344,11 +360,17 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		SMs:         sms,
 		BlocksPerSM: blocksPerSM,
 	}
-	switch {
-	case fused(splits):
+	switch merging(splits) {
+	case mergeCluster:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterSharedBytes
-	case splits > 1:
+	case mergePairs:
+		p.Cluster = splits
+		p.SharedBytes = v.ClusterDenseSharedBytes
+	default:
+		if splits == 1 {
+			break
+		}
 		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
 		p.CombineGrid = ceilDiv(rows, v.CombineRows)
 		p.Combine, p.CombineThreads = v.Combine, v.CombineThreads
@@ -405,6 +427,32 @@ func clampSplits(n, tiles int) int {
 	return max(1, min(n, MaxSplits, tiles))
 }
 
+// merge is how the splits of a plan are merged.
+type merge int
+
+const (
+	// mergeCombine: by the combine kernel, a second launch that reads the
+	// fp32 partials back (Plan.Combine).
+	mergeCombine merge = iota
+	// mergeCluster: inside stage 1, in clusters of n blocks that all run
+	// at once, one block per SM (Plan.Cluster, Variant.ClusterSharedBytes).
+	mergeCluster
+	// mergePairs: inside stage 1, in clusters of 2 in a grid of more
+	// blocks than SMs, launched at two blocks per SM like a plain grid
+	// (Variant.ClusterDenseSharedBytes), so that their waves are the plain
+	// grid's minus the combine. Measured on the H200 against 2 splits and
+	// the combine, 13 shapes of 128-288 blocks unsplit, all faster by 1-10%
+	// (µs, combine -> pairs): 32/8 heads, b=16, 1024 keys 22.1 -> 20.0,
+	// b=32, 1024 keys 41.2 -> 37.9, b=20, 2048 keys 51.5 -> 49.1, b=24,
+	// 4096 keys 102.5 -> 99.6, b=20, 8192 keys 179.2 -> 177.3; 48/48
+	// heads, b=4, 2048 keys 54.2 -> 53.0, b=3, 4096 keys 90.5 -> 88.8,
+	// b=8, 4096 keys, seqlen_q 10, 201.7 -> 189.9. Clusters of 3 and 4 in
+	// such grids were as often slower as faster (b=20, 2048 keys, 3 splits
+	// 47.4 -> 50.4; b=3, 48/48, 4096 keys 75.9 -> 73.5), so they keep the
+	// combine.
+	mergePairs
+)
+
 // splitCost models the time of a decode, in half key-tile loads of one
 // block streaming alone, when blocks (batch x K/V heads x row tiles) are each
 // split n ways: g = blocks*n blocks of t = ceil(tiles/n) tiles, on a GPU
@@ -430,11 +478,12 @@ func clampSplits(n, tiles int) int {
 //     and its tiles at HBM's rate. blockCost is counted once: the blocks of
 //     a later wave ramp up while others still stream.
 //
-// With n > 1 the splits merge inside stage 1 when fused (a cluster launch
-// whose clusters all run at once: one block per slot, plus
+// With n > 1 the splits merge (m) inside stage 1 in clusters that all run
+// at once (mergeCluster: one block per slot, plus clusterMergeCost), or in
+// pairs among the grid's waves (mergePairs: the waves, plus
 // clusterMergeCost), else the combine kernel adds combineLaunchCost plus
 // combineRoundCost per round trip (combineRounds).
-func splitCost(blocks, slots, resident, tiles, n int, fused bool) int {
+func splitCost(blocks, slots, resident, tiles, n int, m merge) int {
 	g, t := blocks*n, ceilDiv(tiles, n)
 	// wave is the time of w blocks started at once, at most k per slot.
 	wave := func(w, k int) int {
@@ -446,7 +495,7 @@ func splitCost(blocks, slots, resident, tiles, n int, fused bool) int {
 	}
 	var cost int
 	switch {
-	case n > 1 && fused:
+	case n > 1 && m == mergeCluster:
 		return 2*t + blockCost + clusterMergeCost
 	case g <= slots:
 		cost = 2*t + blockCost
@@ -458,7 +507,11 @@ func splitCost(blocks, slots, resident, tiles, n int, fused bool) int {
 			cost += wave(last, 1)
 		}
 	}
-	if n > 1 {
+	switch {
+	case n == 1:
+	case m == mergePairs:
+		cost += pairMergeCost
+	default:
 		cost += combineLaunchCost + combineRoundCost*combineRounds(n)
 	}
 	return cost
@@ -515,14 +568,14 @@ func combineRounds(n int) int {
 // splits cost 291 (24 blocks of 32 tiles left alone at the end), 4 cost
 // 259: 3 splits (H200: 106.9 us unsplit, 90.5, 76.0 and 80.1 in 2, 3 and
 // 4).
-func autoSplits(blocks, slots, resident, tiles, maxN int, fused func(n int) bool) int {
+func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) merge) int {
 	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1
 	}
 	costs := make([]int, maxN+1)
-	best := splitCost(blocks, slots, resident, tiles, 1, false)
+	best := splitCost(blocks, slots, resident, tiles, 1, mergeCombine)
 	for n := 1; n <= maxN; n++ {
-		costs[n] = splitCost(blocks, slots, resident, tiles, n, fused(n))
+		costs[n] = splitCost(blocks, slots, resident, tiles, n, merging(n))
 		best = min(best, costs[n])
 	}
 	for n := 1; n <= maxN; n++ {
@@ -587,6 +640,7 @@ type variantJSON struct {
 	KeysPerTile        int    `json:"keys_per_tile"`
 	SharedBytes        int    `json:"shared_bytes"`
 	ClusterShared      int    `json:"cluster_shared_bytes"`
+	ClusterDenseShared int    `json:"cluster_dense_shared_bytes"`
 	CombineThreads     int    `json:"combine_threads"`
 	CombineRows        int    `json:"combine_rows"`
 	CombineWide        string `json:"combine_wide"`
@@ -602,6 +656,6 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		Variant variantJSON `json:"variant"`
 		plain
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
-		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.CombineThreads, v.CombineRows,
+		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
 		v.CombineWide, v.CombineWideThreads}, plain(p)})
 }

@@ -34,8 +34,16 @@ func clustersUpTo(max, n int) ClusterOccupancy {
 	}
 }
 
-// fusedUpTo is autoSplits' fused for clusters of up to mc splits.
-func fusedUpTo(mc int) func(int) bool { return func(n int) bool { return n >= 2 && n <= mc } }
+// fusedUpTo is autoSplits' merging for clusters (that all run at once) of
+// up to mc splits, and the combine beyond.
+func fusedUpTo(mc int) func(int) merge {
+	return func(n int) merge {
+		if n >= 2 && n <= mc {
+			return mergeCluster
+		}
+		return mergeCombine
+	}
+}
 
 func TestAutoSplits(t *testing.T) {
 	tests := []struct {
@@ -369,6 +377,53 @@ func TestPlanClusters(t *testing.T) {
 				t.Fatalf("combined plan %v lacks the combine or workspace", p)
 			}
 		})
+	}
+}
+
+// TestPlanPairs: two splits of a grid of more blocks than SMs merge in
+// clusters at two blocks per SM (mergePairs) where the variant has a dense
+// cluster size, else with the combine; other counts keep the combine.
+func TestPlanPairs(t *testing.T) {
+	mha := Shape{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 2048, Seqlen: -1}
+	v, err := SelectVariant(Float16, 128, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pull := v
+	pull.ClusterDenseSharedBytes = 0 // as head dim 256 and 32 rows
+	long := mha
+	long.SeqlenCache = 16384 // 128 tiles a split: past clusterLongMaxTiles
+	tests := []struct {
+		name            string
+		s               Shape
+		v               Variant
+		request         int
+		cluster, shared int
+	}{
+		{"b=4, 48/48, 2048 keys, auto: pairs", mha, v, 0, 2, v.ClusterDenseSharedBytes},
+		{"2 requested: pairs", mha, v, 2, 2, v.ClusterDenseSharedBytes},
+		{"3 requested: combine", mha, v, 3, 1, v.SharedBytes},
+		{"a pulling variant: combine", mha, pull, 2, 1, v.SharedBytes},
+		{"splits of 128 tiles: combine", long, v, 2, 1, v.SharedBytes},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tt.s
+			s.NumSplits = tt.request
+			p, err := PlanVariant(s, tt.v, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.NumSplits != 2 && tt.request == 0 || p.Cluster != tt.cluster || p.SharedBytes != tt.shared {
+				t.Fatalf("%v: want cluster %d, %d B shared", p, tt.cluster, tt.shared)
+			}
+			if p.Cluster > 1 && (p.CombineGrid != 0 || p.WorkspaceBytes != 0) {
+				t.Fatalf("%v: pairs with a combine", p)
+			}
+		})
+	}
+	if v.ClusterDenseSharedBytes <= v.SharedBytes || 2*(v.ClusterDenseSharedBytes+smSharedReserved) > smSharedBytes {
+		t.Errorf("dense cluster shared bytes %d: must hold the inbox past %d and fit two blocks an SM", v.ClusterDenseSharedBytes, v.SharedBytes)
 	}
 }
 

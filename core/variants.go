@@ -19,8 +19,16 @@ type Variant struct {
 	// stage 1 asks for (the kernel uses SharedBytes of it); more than half
 	// an SM's keeps the blocks of a cluster on separate SMs.
 	ClusterSharedBytes int
-	CombineThreads     int // stage-2 threads per block
-	CombineRows        int // output rows one stage-2 block merges
+	// ClusterDenseSharedBytes, when not 0, is what a cluster launch asks for
+	// in a grid of more blocks than SMs (pairs of splits, see
+	// mergePairs): SharedBytes plus the push merge's inbox, so that two
+	// blocks still fit an SM as in a plain launch. 0 for the variants that
+	// merge by pulling (head dim 256, 32 rows), whose clusters ran slower
+	// there than the combine (H200: b=20, 32/8, d256, 4096 keys, 2 splits
+	// 198.9 against 194.3 us, 3 splits 181.7 against 163.0).
+	ClusterDenseSharedBytes int
+	CombineThreads          int // stage-2 threads per block
+	CombineRows             int // output rows one stage-2 block merges
 	// CombineWide, when set, is a wider combine (CombineWideThreads
 	// threads) that plans launch instead of Combine when their splits
 	// outnumber the ones Combine loads in one round trip to L2
@@ -76,20 +84,27 @@ func splitKV(dt DType, headDim, rows int) Variant {
 	if threads >= 32*targetWarpsPerSM {
 		clusterShared = oneBlockPerSMBytes
 	}
+	// The push merge's inbox (kernels/split_kv.cuh kInboxBytes), where a
+	// thread sends at most 4 items (kPushMerge).
+	dense := 0
+	if items := rows * headDim / 4; items <= 4*threads {
+		dense = splitKVSharedBytes + MaxCluster*rows*4 + (items+MaxCluster)*16
+	}
 	return Variant{
-		Kernel:             fmt.Sprintf("fd_split_kv_%s_d%d_r%d", name, headDim, rows),
-		Combine:            "fd_combine_" + name,
-		DType:              dt,
-		HeadDim:            headDim,
-		Rows:               rows,
-		Threads:            threads,
-		KeysPerTile:        keys,
-		SharedBytes:        splitKVSharedBytes,
-		ClusterSharedBytes: clusterShared,
-		CombineThreads:     combineThreads,
-		CombineRows:        combineRows,
-		CombineWide:        "fd_combine_" + name + "_w16",
-		CombineWideThreads: combineWideThreads,
+		Kernel:                  fmt.Sprintf("fd_split_kv_%s_d%d_r%d", name, headDim, rows),
+		Combine:                 "fd_combine_" + name,
+		DType:                   dt,
+		HeadDim:                 headDim,
+		Rows:                    rows,
+		Threads:                 threads,
+		KeysPerTile:             keys,
+		SharedBytes:             splitKVSharedBytes,
+		ClusterSharedBytes:      clusterShared,
+		ClusterDenseSharedBytes: dense,
+		CombineThreads:          combineThreads,
+		CombineRows:             combineRows,
+		CombineWide:             "fd_combine_" + name + "_w16",
+		CombineWideThreads:      combineWideThreads,
 	}
 }
 

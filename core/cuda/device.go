@@ -123,7 +123,7 @@ func openDevice(ordinal int) (*device, error) {
 			}
 			k.combineWide = handle(wide)
 		}
-		if shared := max(v.SharedBytes, v.ClusterSharedBytes); shared > 48<<10 {
+		if shared := max(v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes); shared > 48<<10 {
 			if err := setMaxDynamicShared(k.split, shared); err != nil {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
 			}

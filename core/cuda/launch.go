@@ -191,10 +191,11 @@ func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uint
 	if d.pdl {
 		pdl = 1
 	}
+	// The error's text is built only on failure: this runs every call.
 	r := C.fd_launch(C.CUfunction(fns.split), C.uint(pl.Grid[0]), C.uint(pl.Grid[1]), C.uint(pl.Grid[2]),
 		C.uint(pl.Threads), C.uint(pl.SharedBytes), s, pdl, C.uint(pl.Cluster), k)
-	if err := check("launch "+pl.Variant.Kernel, r); err != nil {
-		return err
+	if r != C.CUDA_SUCCESS {
+		return check("launch "+pl.Variant.Kernel, r)
 	}
 	if pl.CombineGrid == 0 {
 		return nil
@@ -205,5 +206,8 @@ func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uint
 	}
 	r = C.fd_launch(C.CUfunction(combine), C.uint(pl.CombineGrid), 1, 1,
 		C.uint(pl.CombineThreads), 0, s, pdl, 1, k)
-	return check("launch "+pl.Combine, r)
+	if r != C.CUDA_SUCCESS {
+		return check("launch "+pl.Combine, r)
+	}
+	return nil
 }
