@@ -297,7 +297,8 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // blocks' pushes to this block's inbox count on, set up before anything
     // else so that it is long visible to them when they push
     // (fd_cluster_push_merge, above).
-    const bool clustered = fd_cluster_size() > 1;
+    const int cluster_n = fd_cluster_size();  // 1 outside a cluster launch
+    const bool clustered = cluster_n > 1;
     __shared__ uint64_t merge_bar;
     if (C::kPushMerge && clustered) {
         if (threadIdx.x == 0) fd_mbar_init(&merge_bar);
@@ -540,7 +541,6 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
     float *park_lse = park_o + ROWS * D;      // [ROWS]
     const bool push = C::kPushMerge && clustered;
-    const int cluster_n = fd_cluster_size();
     const int rank = fd_cluster_rank();
     const int per_block = (C::kItems + cluster_n - 1) / cluster_n;  // items each cluster block owns
     if (push) {

@@ -38,8 +38,9 @@ type device struct {
 
 // planned is a cached plan with the kernels it launches.
 type planned struct {
-	plan core.Plan
-	fns  *kernels
+	plan    core.Plan
+	split   function // stage 1
+	combine function // the plan's combine kernel (Plan.Combine); unused without one
 }
 
 const maxDevices = 64
@@ -208,7 +209,11 @@ func (d *device) plan(s core.Shape) (planned, error) {
 	if err != nil {
 		return planned{}, err
 	}
-	p = planned{plan: pl, fns: d.fns[pl.Variant.Kernel]}
+	k := d.fns[pl.Variant.Kernel]
+	p = planned{plan: pl, split: k.split, combine: k.combine}
+	if pl.Combine != "" && pl.Combine == pl.Variant.CombineWide {
+		p.combine = k.combineWide
+	}
 	d.mu.Lock()
 	if len(d.plans) > 4096 { // many distinct shapes: start over rather than grow without bound
 		d.plans = map[core.Shape]planned{}

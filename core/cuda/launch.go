@@ -13,6 +13,14 @@ package cuda
 #include <cuda.h>
 #include "params.h"
 
+// Sets a to launch in clusters of `cluster` blocks along x.
+static void fd_cluster_attr(CUlaunchAttribute *a, unsigned cluster) {
+	a->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+	a->value.clusterDim.x = cluster;
+	a->value.clusterDim.y = 1;
+	a->value.clusterDim.z = 1;
+}
+
 // With pdl set (sm_90+), the kernel may be scheduled while the previous
 // kernel in the stream drains; the kernels start with griddepcontrol.wait, so
 // they read nothing before that kernel has finished. It hides most of the
@@ -28,13 +36,7 @@ static CUresult fd_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, u
 		attrs[n].value.programmaticStreamSerializationAllowed = 1;
 		n++;
 	}
-	if (cluster > 1) {
-		attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-		attrs[n].value.clusterDim.x = cluster;
-		attrs[n].value.clusterDim.y = 1;
-		attrs[n].value.clusterDim.z = 1;
-		n++;
-	}
+	if (cluster > 1) fd_cluster_attr(&attrs[n++], cluster);
 	CUlaunchConfig cfg = {0};
 	cfg.gridDimX = gx;
 	cfg.gridDimY = gy;
@@ -63,10 +65,7 @@ static CUresult fd_allow_large_clusters(CUfunction f) {
 static CUresult fd_max_active_clusters(CUfunction f, unsigned cluster, unsigned threads,
                                        unsigned smem, int *n) {
 	CUlaunchAttribute attr;
-	attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-	attr.value.clusterDim.x = cluster;
-	attr.value.clusterDim.y = 1;
-	attr.value.clusterDim.z = 1;
+	fd_cluster_attr(&attr, cluster);
 	CUlaunchConfig cfg = {0};
 	cfg.gridDimX = cluster;
 	cfg.gridDimY = 1;
@@ -185,14 +184,15 @@ func strides(t core.Tensor) (C.longlong, C.longlong, C.longlong) {
 // launch runs the plan's kernels on stream: stage 1 (in clusters of
 // pl.Cluster blocks when its splits merge themselves), then the combine when
 // the plan has one.
-func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uintptr) error {
+func (d *device) launch(k *C.fd_params, pd *planned, stream uintptr) error {
+	pl := &pd.plan
 	s := *(*C.CUstream)(unsafe.Pointer(&stream))
 	pdl := C.int(0)
 	if d.pdl {
 		pdl = 1
 	}
 	// The error's text is built only on failure: this runs every call.
-	r := C.fd_launch(C.CUfunction(fns.split), C.uint(pl.Grid[0]), C.uint(pl.Grid[1]), C.uint(pl.Grid[2]),
+	r := C.fd_launch(C.CUfunction(pd.split), C.uint(pl.Grid[0]), C.uint(pl.Grid[1]), C.uint(pl.Grid[2]),
 		C.uint(pl.Threads), C.uint(pl.SharedBytes), s, pdl, C.uint(pl.Cluster), k)
 	if r != C.CUDA_SUCCESS {
 		return check("launch "+pl.Variant.Kernel, r)
@@ -200,11 +200,7 @@ func (d *device) launch(k *C.fd_params, pl *core.Plan, fns *kernels, stream uint
 	if pl.CombineGrid == 0 {
 		return nil
 	}
-	combine := fns.combine
-	if pl.Combine == pl.Variant.CombineWide {
-		combine = fns.combineWide
-	}
-	r = C.fd_launch(C.CUfunction(combine), C.uint(pl.CombineGrid), 1, 1,
+	r = C.fd_launch(C.CUfunction(pd.combine), C.uint(pl.CombineGrid), 1, 1,
 		C.uint(pl.CombineThreads), 0, s, pdl, 1, k)
 	if r != C.CUDA_SUCCESS {
 		return check("launch "+pl.Combine, r)

@@ -93,7 +93,7 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 		return core.Plan{}, fmt.Errorf("flashdecode: device %d: %w", device, err)
 	}
 	k := params(p, pl, workspace)
-	if err := d.launch(&k, pl, pd.fns, stream); err != nil {
+	if err := d.launch(&k, &pd, stream); err != nil {
 		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)
 	}
 	return *pl, nil
