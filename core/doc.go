@@ -66,7 +66,8 @@
 // combine's launch and L2 round trips, or a cluster's barriers where the
 // device runs every cluster at once (Device.Clusters) and the splits are
 // short (at most 16 tiles, or 64 when the split grid is one block on
-// 80-100% of the SMs). See autoSplits in plan.go for the model and a worked example;
+// 80-100% of the SMs), or, for 2 splits of at most 64 tiles in a grid of
+// more blocks than SMs, pairs of clusters at two blocks per SM. See autoSplits in plan.go for the model and a worked example;
 // batch 1, 32/8 heads, head dim 128, 32768 keys on an H200 gives 16 splits
 // and the combine: 128 blocks, one wave, 2048 keys each; 1024 or 4096 keys
 // give 8 splits merged in clusters of 8. A requested num_splits n > 0 is clamped

@@ -158,8 +158,9 @@ type Device struct {
 	// splits (at most 16 key tiles each, or 64 when the split grid is one
 	// block on 80-100% of the SMs), 2 <= n <= MaxCluster, whose clusters
 	// (one per sequence, K/V head and row tile) all run at once, merges its
-	// splits inside stage 1 (see Plan.Cluster); other plans use the combine
-	// kernel.
+	// splits inside stage 1 (see Plan.Cluster), and so do 2 splits of at
+	// most 64 tiles in a grid of more blocks than SMs, in pairs at two
+	// blocks per SM (mergePairs); other plans use the combine kernel.
 	Clusters ClusterOccupancy
 }
 
@@ -231,7 +232,9 @@ type Plan struct {
 	// Cluster is the thread-block cluster size along x: NumSplits when the
 	// splits of each (sequence, K/V head, row tile) run as one cluster and
 	// merge their outputs through distributed shared memory at the end of
-	// stage 1 (no combine kernel, no workspace), else 1.
+	// stage 1 (no combine kernel, no workspace), else 1. SharedBytes then
+	// says how: Variant.ClusterSharedBytes, one block per SM, or
+	// Variant.ClusterDenseSharedBytes, two (pairs in a larger grid).
 	Cluster int `json:"cluster"`
 	// CombineGrid blocks of CombineThreads run the combine kernel Combine
 	// (Variant.Combine, or Variant.CombineWide for more splits than
