@@ -99,8 +99,10 @@ const (
 	// splits: 47.5): about 82 lone blocks, 62% of 132. A lone 2-warp block
 	// (head dim 256, two slots per SM) streams 0.74 tiles/us (b=1, 32/8,
 	// 32768 keys: 1024 tiles in 1379.8 us), so HBM is about 184 of its 264
-	// slots, 70%. 66 lies between; every count from 62 to 78 keeps each
-	// sweep of plan_sweep_test.go within 5% of its best.
+	// slots, 70% (that kernel has 4 warps now). 66 lies between. Of the
+	// values 60-78, 66, 70, 72 and 78 keep each of the 54 sweeps of
+	// plan_sweep_test.go within 5% of its best, and 62, 64, 68 and 75 miss
+	// one each: a loose fit, which the sweep test guards.
 	hbmSlotsPct = 66
 	// sharedSlotPct: an SM holding two blocks for one slot (a grid of more
 	// blocks than slots, all started at once) streams the two at this
@@ -484,7 +486,7 @@ const (
 // With n > 1 the splits merge (m) inside stage 1 in clusters that all run
 // at once (mergeCluster: one block per slot, plus clusterMergeCost), or in
 // pairs among the grid's waves (mergePairs: the waves, plus
-// clusterMergeCost), else the combine kernel adds combineLaunchCost plus
+// pairMergeCost), else the combine kernel adds combineLaunchCost plus
 // combineRoundCost per round trip (combineRounds).
 func splitCost(blocks, slots, resident, tiles, n int, m merge) int {
 	g, t := blocks*n, ceilDiv(tiles, n)

@@ -52,7 +52,6 @@ __device__ __forceinline__ void fd_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 // Barrier ID (1-15; 0 is __syncthreads') for THREADS threads of the block,
 // whole warps: lets a few warps meet without stopping the others. Both are
 // immediates, so ptxas counts only the barriers used.
@@ -61,6 +60,7 @@ __device__ __forceinline__ void fd_bar_sync() {
     asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory");
 }
 
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void fd_ldmatrix_x4(uint32_t r[4], const void *smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

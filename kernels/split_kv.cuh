@@ -76,8 +76,7 @@ struct fd_split_kv_config {
     // warps of 16 keys computed all of Q K^T, and 1% more, 6% more at 1K
     // tokens, with the halves added instead.
     static constexpr int kDimSplit = D == 256 ? 2 : 1;
-    static constexpr int kPvDim = D / kDimSplit;          // output columns a warp accumulates
-    static constexpr int kQkDim = D / kDimSplit;          // head dims a warp's Q K^T covers
+    static constexpr int kWarpDim = D / kDimSplit;        // head dims (Q K^T) and output columns (P V) a warp covers
     static constexpr int kWarps = kKeyWarps * kDimSplit;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
@@ -284,7 +283,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int row0 = (blockIdx.y % p.row_tiles) * ROWS;  // first packed row of this block
     const int b = blockIdx.z;
     const int warp = threadIdx.x / 32;
-    // Which 16 keys of a tile, and which kPvDim output columns (both known
+    // Which 16 keys of a tile, and which kWarpDim of the head dim (both known
     // at compile time to be the whole head dim where kDimSplit is 1).
     const int key_warp = C::kDimSplit > 1 ? warp % C::kKeyWarps : warp;
     const int dim_part = C::kDimSplit > 1 ? warp / C::kKeyWarps : 0;
@@ -333,7 +332,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // of each 16-wide slice of the head dim. Rows past the packed rows and
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
     // key_limit (bottom-right causal mask, capped by the split's end).
-    uint32_t qf[C::kMTiles][C::kQkDim / 16][4];
+    uint32_t qf[C::kMTiles][C::kWarpDim / 16][4];
     int key_limit[C::kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
@@ -346,8 +345,8 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             const uint32_t *q_row = reinterpret_cast<const uint32_t *>(
                 q_base + qi * p.q_seq_stride + head * p.q_head_stride);
 #pragma unroll
-            for (int kk = 0; kk < C::kQkDim / 16; ++kk) {
-                const int d0 = dim_part * C::kQkDim + kk * 16 + 2 * t4;
+            for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
+                const int d0 = dim_part * C::kWarpDim + kk * 16 + 2 * t4;
                 qf[mt][kk][h] = valid && d0 < p.head_dim ? q_row[d0 / 2] : 0u;
                 qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
             }
@@ -381,17 +380,16 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // and its own share of the sum l; o holds the mma C fragments of the
     // unnormalized output: row g (+8), columns n*8 + 2*t4 (+1).
     float m[C::kMTiles][2], l[C::kMTiles][2];
-    float o[C::kMTiles][C::kPvDim / 8][4];
+    float o[C::kMTiles][C::kWarpDim / 8][4];
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
         m[mt][0] = m[mt][1] = -CUDART_INF_F;
         l[mt][0] = l[mt][1] = 0.f;
 #pragma unroll
-        for (int n = 0; n < C::kPvDim / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+        for (int n = 0; n < C::kWarpDim / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     }
     const int warp_key = key_warp * 16;  // the warp's first key within a tile
-    const int warp_col = dim_part * C::kPvDim;  // the warp's first output column (and Q K^T dim)
-    static_assert(C::kDimSplit == 1 || C::kPvDim == C::kQkDim, "a warp's Q K^T and P V dims coincide");
+    const int warp_col = dim_part * C::kWarpDim;  // the warp's first output column (and Q K^T dim)
     static_assert(C::kDimSplit == 1 || (C::kDimSplit == 2 && C::kKeyWarps <= 2), "fd_bar_sync<1 + key_warp, 64> pairs the warps of 16 keys");
     __shared__ float xchg[C::kXchg];  // [warp][score][lane]: the Q K^T halves of kDimSplit
 
@@ -413,14 +411,14 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
         const int key0 = (tile_begin + it) * C::kKeys + warp_key;
 
         // S = Q K^T for the warp's 16 keys: two 8-key mma column tiles, over
-        // the warp's kQkDim dims of the head.
+        // the warp's kWarpDim dims of the head.
         float sc[C::kMTiles][2][4];
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
             for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < C::kQkDim / 16; ++kk) {
+        for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
             uint32_t kf[4];  // keys 0-7 | 8-15 x dims 16kk..+7 | +8..+15
             fd_ldmatrix_x4(kf, k_s + fd_swizzle<D>(warp_key + (lane / 16) * 8 + lane % 8,
                                                     (warp_col / 8) + 2 * kk + (lane / 8) % 2));
@@ -480,7 +478,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
                     }
                 l[mt][h] = l[mt][h] * alpha + sum;
 #pragma unroll
-                for (int n = 0; n < C::kPvDim / 8; ++n) {
+                for (int n = 0; n < C::kWarpDim / 8; ++n) {
                     o[mt][n][2 * h] *= alpha;
                     o[mt][n][2 * h + 1] *= alpha;
                 }
@@ -491,10 +489,10 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             pf[mt][3] = DT::pack(sc[mt][1][2], sc[mt][1][3]);  // row g+8, keys 8+2t4, +1
         }
 
-        // O += P V over the warp's 16 keys and kPvDim output columns, 16
+        // O += P V over the warp's 16 keys and kWarpDim output columns, 16
         // columns per ldmatrix.
 #pragma unroll
-        for (int j = 0; j < C::kPvDim / 16; ++j) {
+        for (int j = 0; j < C::kWarpDim / 16; ++j) {
             uint32_t vf[4];  // (keys 0-7 | 8-15) x dims 16j..+7, then dims 16j+8..+15
             fd_ldmatrix_x4_trans(vf, v_s + fd_swizzle<D>(warp_key + ((lane / 8) % 2) * 8 + lane % 8,
                                                          (warp_col / 8) + 2 * j + lane / 16));
@@ -523,7 +521,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const int row = key_warp * ROWS + mt * 16 + g + 8 * h;
 #pragma unroll
-            for (int n = 0; n < C::kPvDim / 8; ++n)
+            for (int n = 0; n < C::kWarpDim / 8; ++n)
                 *reinterpret_cast<float2 *>(so + row * C::kMergeStride + warp_col + n * 8 + 2 * t4) =
                     make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
             if (t4 == 0 && dim_part == 0) {
