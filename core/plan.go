@@ -378,12 +378,19 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		}
 		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
 		p.CombineGrid = ceilDiv(rows, v.CombineRows)
-		p.Combine, p.CombineThreads = v.Combine, v.CombineThreads
-		if v.CombineWide != "" && v.CombineWideThreads > 0 && splits > combineSplitsPerStep(v.CombineThreads) {
-			p.Combine, p.CombineThreads = v.CombineWide, v.CombineWideThreads
-		}
+		p.Combine, p.CombineThreads = combineFor(v, splits)
 	}
 	return p, nil
+}
+
+// combineFor is the combine kernel (name and threads) that merges n splits
+// of v: v.Combine, or v.CombineWide where v has one and n outnumbers the
+// splits v.Combine loads in one round trip to L2.
+func combineFor(v Variant, n int) (string, int) {
+	if v.CombineWide != "" && v.CombineWideThreads > 0 && n > combineSplitsPerStep(v.CombineThreads) {
+		return v.CombineWide, v.CombineWideThreads
+	}
+	return v.Combine, v.CombineThreads
 }
 
 // checkVariant reports why v cannot run s, or nil.
@@ -523,13 +530,13 @@ func splitCost(blocks, slots, resident, tiles, n int, m merge) int {
 }
 
 // combineRounds is how many round trips to L2 the combine of n splits
-// makes: one for the 4-warp combine (up to 32 splits), else the 16-warp
-// one's ceil(n / 128).
+// makes, as combineFor picks it for the compiled variants (all share
+// combineThreads and combineWideThreads; TestCombineRounds checks): one
+// for the 4-warp combine (up to 32 splits), else the 16-warp one's
+// ceil(n / 128).
 func combineRounds(n int) int {
-	if n <= combineSplitsPerStep(combineThreads) {
-		return 1
-	}
-	return ceilDiv(n, combineSplitsPerStep(combineWideThreads))
+	_, threads := combineFor(Variant{CombineThreads: combineThreads, CombineWide: "wide", CombineWideThreads: combineWideThreads}, n)
+	return ceilDiv(n, combineSplitsPerStep(threads))
 }
 
 // autoSplits is the num_splits=0 heuristic. Decode streams the whole K/V

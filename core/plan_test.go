@@ -133,6 +133,25 @@ func TestAutoSplitsProperties(t *testing.T) {
 	}
 }
 
+// TestCombineRounds checks the cost model's round trips against the combine
+// each compiled variant's plans launch: the model assumes they all have
+// the same two combines.
+func TestCombineRounds(t *testing.T) {
+	for _, v := range Variants() {
+		for _, n := range []int{2, 16, 32, 33, 64, 128} {
+			_, threads := combineFor(v, n)
+			if want := ceilDiv(n, combineSplitsPerStep(threads)); combineRounds(n) != want {
+				t.Errorf("%s, %d splits: combineRounds %d, its combine of %d threads takes %d", v.Kernel, n, combineRounds(n), threads, want)
+			}
+		}
+	}
+	for _, tt := range []struct{ n, want int }{{1, 1}, {32, 1}, {33, 1}, {128, 1}, {129, 2}} {
+		if got := combineRounds(tt.n); got != tt.want {
+			t.Errorf("combineRounds(%d) = %d, want %d", tt.n, got, tt.want)
+		}
+	}
+}
+
 func TestSplitHelpers(t *testing.T) {
 	for _, tt := range []struct{ blocks, slots, resident, tiles, n, mc, want int }{
 		// Up to one block per slot: 2 x tiles per split + 24, plus 3 for a
