@@ -52,26 +52,26 @@
 // blocks without splitting, the SM count, the blocks each SM holds at once
 // (occupancy, capped at one block of 4 or more warps, which every kernel
 // has: a block's copy pipeline alone keeps enough bytes in flight to cover
-// HBM latency, and more splits only add partials) and the
-// number of key tiles of the length the shape promises (Seqlen, or
-// SeqlenCache when per-sequence lengths live on the device).
-// It never splits when the unsplit grid already keeps 80-100% of those
-// block slots busy in one wave (more blocks than slots leave a partial
-// second wave, which splitting can fill), never makes a split shorter than 64 keys (16 per packed
-// query row, so the fp32 partials stay under 1/8 of the K/V traffic) or more
+// HBM latency, and more splits only add partials) and the number of key
+// tiles of the length the shape promises (Seqlen, or SeqlenCache when
+// per-sequence lengths live on the device). It never splits when the
+// unsplit grid already keeps 80-100% of those block slots busy in one wave
+// (more blocks than slots leave a partial second wave, which splitting can
+// fill), never makes a split shorter than 64 keys (16 per packed query
+// row, so the fp32 partials stay under 1/8 of the K/V traffic) or more
 // than MaxSplits, and otherwise takes the count that streams the cache
 // soonest by a model of each block's bytes (the SMs given two blocks end
 // last, and HBM bounds a grid of more blocks than SMs), counting a fixed
-// cost and the merge: the
-// combine's launch and L2 round trips, or a cluster's barriers where the
-// device runs every cluster at once (Device.Clusters) and the splits are
-// short (at most 16 tiles, or 64 when the split grid is one block on
-// 80-100% of the SMs), or, for 2 splits of at most 64 tiles in a grid of
-// more blocks than SMs, pairs of clusters at two blocks per SM. See autoSplits in plan.go for the model and a worked example;
-// batch 1, 32/8 heads, head dim 128, 32768 keys on an H200 gives 16 splits
-// and the combine: 128 blocks, one wave, 2048 keys each; 1024 or 4096 keys
-// give 8 splits merged in clusters of 8. A requested num_splits n > 0 is clamped
-// to [1, min(MaxSplits, key tiles)].
+// cost and the merge: the combine's launch and L2 round trips, or a
+// cluster's barriers where the device runs every cluster at once
+// (Device.Clusters) and the splits are short (at most 16 tiles, or 64 when
+// the split grid is one block on 80-100% of the SMs), or, for 2 splits of
+// at most 64 tiles in a grid of more blocks than SMs, pairs of clusters at
+// two blocks per SM. See autoSplits in plan.go for the model and a worked
+// example; batch 1, 32/8 heads, head dim 128, 32768 keys on an H200 gives
+// 16 splits and the combine: 128 blocks, one wave, 2048 keys each; 1024 or
+// 4096 keys give 8 splits merged in clusters of 8. A requested num_splits
+// n > 0 is clamped to [1, min(MaxSplits, key tiles)].
 //
 // Launch shapes depend on shapes only, never on device data, so a Plan can
 // be computed once per shape and reused for every layer, and a captured CUDA

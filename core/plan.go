@@ -535,8 +535,10 @@ func splitCost(blocks, slots, resident, tiles, n int, m merge) int {
 // for the 4-warp combine (up to 32 splits), else the 16-warp one's
 // ceil(n / 128).
 func combineRounds(n int) int {
-	_, threads := combineFor(Variant{CombineThreads: combineThreads, CombineWide: "wide", CombineWideThreads: combineWideThreads}, n)
-	return ceilDiv(n, combineSplitsPerStep(threads))
+	if n <= combineSplitsPerStep(combineThreads) {
+		return 1
+	}
+	return ceilDiv(n, combineSplitsPerStep(combineWideThreads))
 }
 
 // autoSplits is the num_splits=0 heuristic. Decode streams the whole K/V
