@@ -140,6 +140,20 @@ def test_out_given(return_softmax_lse):
     assert_matches_reference(out, None, q, k, v)
 
 
+@pytest.mark.parametrize("q_kind", ["contiguous", "strided", "size-1 dim with its own stride"])
+def test_new_out_is_contiguous(q_kind):
+    q, k, v = make(2, 1, 32, 8, 128, 300)
+    if q_kind == "strided":
+        q = torch.cat([q, q], dim=-1)[..., :128]
+    elif q_kind == "size-1 dim with its own stride":  # is_contiguous(), strides not the usual ones
+        q = q.as_strided(q.shape, (32 * 128, 128, 128, 1))
+        assert q.is_contiguous() and q.stride() != (32 * 128, 32 * 128, 128, 1)
+    for _ in range(2):  # the second call takes the cached layout
+        out = flash_decode.flash_decode(q, k, v)
+        assert out.stride() == (32 * 128, 32 * 128, 128, 1)
+        assert_matches_reference(out, None, q, k, v)
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 8, 32])
 def test_cuda_graph_replay_with_new_lengths(num_splits):
     q, k, v = make(3, 4, 32, 8, 128, 2048)
