@@ -60,10 +60,12 @@ def test_parse_args_options():
     assert {dt for _, dt in bench.parse_args(["--dtypes", "bf16"]).cases} == {"bf16"}
     assert args.num_splits == [] and bench.parse_args(["--num-splits", "0,1,16"]).num_splits == [0, 1, 16]
     assert not args.read_same_bytes and bench.parse_args(["--read-same-bytes"]).read_same_bytes
+    assert args.settle == bench.SETTLE_S and bench.parse_args(["--settle", "0"]).settle == 0
 
 
 @pytest.mark.parametrize("argv", [["--peers", "cudnn,magic"], ["--dtypes", "fp8"], ["--shapes", "q=1"],
-                                  ["--num-splits", "1,x"], ["--num-splits", "-1"], ["--num-splits", ","]])
+                                  ["--num-splits", "1,x"], ["--num-splits", "-1"], ["--num-splits", ","],
+                                  ["--settle", "-1"], ["--settle", "nan"], ["--settle", "inf"], ["--settle", "soon"]])
 def test_parse_args_errors_exit(argv, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)

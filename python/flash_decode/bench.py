@@ -18,10 +18,12 @@ it gets K/V expanded by repeat_interleave outside the timed region (noted
 Each call reads a different KV cache ("layer") in rotation, max(3, 240 MB /
 cache) of them within 40% of free memory, so the 60 MB L2 never holds the one
 being read. Kernel time: a CUDA graph of one call per layer, replayed --repeats
-times between CUDA events (median per call). Eager time: plain calls in a loop,
-synchronized at the end (host overhead included). TB/s counts K and V bytes
-only (q and out are under 1% on every default shape); the ceiling is the best
-streaming read (torch.sum, Triton) over rotating 1 GiB buffers, measured first.
+times between CUDA events (median per call); each case starts after a pause
+that lets the driver finish with the previous case's freed memory (--settle).
+Eager time: plain calls in a loop, synchronized at the end (host overhead
+included). TB/s counts K and V bytes only (q and out are under 1% on every
+default shape); the ceiling is the best streaming read (torch.sum, Triton)
+over rotating 1 GiB buffers, measured first.
 Outputs: results.json, results.csv and bandwidth.png under --out.
 """
 
@@ -61,6 +63,7 @@ MB = 1e6                    # decimal MB, as in the issue's "256 MB"
 L2_ROTATION_BYTES = 240e6   # 4x the H200's 60 MB L2
 MEMORY_FRACTION = 0.4       # of free GPU memory, for the rotated caches
 MIN_CALLS = 20              # calls per graph replay, at least
+SETTLE_S = 0.5              # pause after each case frees its memory (see settle)
 TOL = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}  # atol, rtol vs fp32 SDPA
 TINY = Shape(b=1, hq=32, hkv=8, d=128, L=256, sq=1)  # the eager-call target shape
 
@@ -149,6 +152,16 @@ def _splits_arg(text):
     return values
 
 
+def _seconds_arg(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"seconds must be 0 or more: {text!r}")
+    return value
+
+
 def _shapes_arg(text):
     try:
         return parse_shapes(text)
@@ -179,6 +192,9 @@ def parse_args(argv=None):
                    help="also time the Triton streaming read over each case's own K/V bytes, same "
                         "layers and graph timing: what a plain read reaches at that size, its fixed "
                         "costs included (columns read_us, read_tbs, read_pct)")
+    p.add_argument("--settle", type=_seconds_arg, default=SETTLE_S, metavar="SECONDS",
+                   help="after each case, give its memory back to the driver and wait this long "
+                        f"before the next (default {SETTLE_S}; 0 shows why: see settle())")
     args = p.parse_args(argv)
     if args.shapes:
         args.cases = [(s, dt) for s in itertools.chain(*args.shapes) for dt in args.dtypes or ["fp16"]]
@@ -281,6 +297,22 @@ def read_ceiling(repeats, buffers=4, block=8192):
     if triton is not None:
         methods["triton"] = triton_read(numel, block)
     return {name: tbs(numel * 2, time_kernel(fn, bufs, repeats)[0]) for name, fn in methods.items()}
+
+
+def settle(seconds):
+    """Give the freed cases' memory back to the driver, then wait before timing more.
+
+    For some milliseconds after a large cudaFree, the driver's own work on the
+    freed memory slows every kernel's reads. On the H200 the same b=32, 1024-token
+    caches took 37.8-38.3 us a call for the first 15 ms after 6.4 GB were freed
+    (and 7 ms after 2 GB), then 34.0-34.9 us; cuDNN on them 38.7-39.2 us, then
+    35.0-35.9. A case times flash_decode first and its peers after, so without
+    the pause the first library timed after a large case pays for it; a serving
+    process, which allocates its caches once, never does.
+    """
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    time.sleep(seconds)
 
 
 def layer_bytes(kvs, block=8192):
@@ -575,6 +607,7 @@ def main(argv=None):
     torch.manual_seed(0)
     ceilings = read_ceiling(args.repeats)
     args.ceiling = max(ceilings.values())
+    settle(args.settle)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flash_decode=flash_decode.__version__,
                 layout=args.layout, causal=False, cache_seqlens=None, peers=args.peers, repeats=args.repeats,
                 ceiling_tbs=args.ceiling, ceilings=ceilings, bytes="K+V only", date=time.strftime("%Y-%m-%d %H:%M"))
@@ -590,7 +623,7 @@ def main(argv=None):
             row = dict(dtype=dtype, **shape._asdict(), kv_mb=round(kv_bytes(shape, dtype) / MB, 2),
                        check=f"n/a ({type(err).__name__}: {_reason(err)})")
         rows.append(row)
-        torch.cuda.empty_cache()
+        settle(args.settle)
         log(f"[{i}/{len(args.cases)}] " + format_row(row, args.peers))
     try:
         meta["eager"] = eager_tiny()
