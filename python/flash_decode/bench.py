@@ -305,8 +305,8 @@ def settle(seconds):
     For some milliseconds after a large cudaFree, the driver's own work on the
     freed memory slows every kernel's reads. On the H200 the same b=32, 1024-token
     caches took 37.8-38.3 us a call for the first 15 ms after 6.4 GB were freed
-    (and 7 ms after 2 GB), then 34.0-34.9 us; cuDNN on them 38.7-39.2 us, then
-    35.0-35.9. A case times flash_decode first and its peers after, so without
+    (and 7 ms after 2 GB), then 33.9-34.9 us; cuDNN on them 38.7-39.2 us, then
+    34.9-35.9. A case times flash_decode first and its peers after, so without
     the pause the first library timed after a large case pays for it; a serving
     process, which allocates its caches once, never does.
     """
