@@ -8,10 +8,11 @@
 // records %globaltimer per block: entering, released from the PDL wait,
 // first tile landed, loop done, rows written, exit. It prints, per scenario,
 // the event time per call and the medians over calls of those moments,
-// counted from the end of the previous call, next to a plain streaming
-// read of the same bytes. fp16, head dim 128, (batch, heads, seq, dim)
-// layout, zero data. BENCHMARKS.md ("Per block: a trace of one call") shows
-// what it found.
+// counted from the end of the previous call, and (from %smid) how many SMs
+// held one, two or more stage-1 blocks with those blocks' loop time and
+// end, next to a plain streaming read of the same bytes. fp16, head dim
+// 128, (batch, heads, seq, dim) layout, zero data. BENCHMARKS.md ("Per
+// block: a trace of one call") shows what it found.
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -o trace kernels/trace/trace.cu && ./trace [name part]
 //
@@ -40,6 +41,7 @@ __device__ __forceinline__ unsigned long long fd_trace_now() {
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -311,6 +313,11 @@ static void run(const Scenario &sc) {
     // Per call (skip the first 2): all times relative to the previous call's end.
     Stats gap_enter, first_go, s1_lastgo, s1_end_p10, s1_end_p50, s1_end_max, c_go, c_end, period,
         enter_spread, c_first_enter, ph_tile, ph_loop, ph_write, ph_tail, cph_load, cph_sync, cph_tail;
+    // By the number of stage-1 blocks an SM held in a call: how many SMs
+    // held that many, and their blocks' loop time and end (from the
+    // previous call's end). Whether two blocks on one SM stream slower
+    // each, and where the blocks of a grid of more blocks than SMs land.
+    std::map<int, Stats> sm_count, sm_loop, sm_end;
     u64 prev_end = 0;
     for (int i = 0; i < kCalls; ++i) {
         const u64 *c = h.data() + per_call * i;
@@ -325,14 +332,23 @@ static void run(const Scenario &sc) {
             ends.push_back((double)c[NS * b + 5]);
         }
         std::sort(ends.begin(), ends.end());
-        if (!sc.read && i >= 2)
+        if (!sc.read && i >= 2) {
+            std::map<unsigned, int> on_sm;  // stage-1 blocks of this call per SM
+            for (int b = 0; b < g1; ++b) on_sm[(unsigned)c[NS * b + 6]]++;
+            std::map<int, int> sms;  // SMs by how many blocks they held
+            for (auto &e : on_sm) sms[e.second]++;
+            for (auto &e : sms) sm_count[e.first].add(e.second);
             for (int b = 0; b < g1; ++b) {
                 const u64 *x = c + NS * b;
                 ph_tile.add((double)x[2] - x[1]);
                 ph_loop.add((double)x[3] - x[2]);
                 ph_write.add((double)x[4] - x[3]);
                 ph_tail.add((double)x[5] - x[4]);
+                const int k = on_sm[(unsigned)x[6]];
+                sm_loop[k].add((double)x[3] - x[2]);
+                sm_end[k].add((double)x[5] - (double)prev_end);
             }
+        }
         u64 call_end = end_max;
         u64 cgo_min = ~0ull, cend_max = 0, center_min = ~0ull;
         for (int b = 0; b < g2; ++b) {
@@ -377,6 +393,12 @@ static void run(const Scenario &sc) {
     if (!sc.read)
         printf("\n    per block (median): go->tile0 %5.2f, loop %6.2f, rows written %5.2f, ->exit %5.2f",
                ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
+    if (!sc.read) {
+        printf("\n    per SM (medians over calls):");
+        for (auto &e : sm_count)
+            printf(" %g SMs held %d (loop %6.2f, end %7.2f);", e.second.med(), e.first,
+                   sm_loop[e.first].med() / 1e3, sm_end[e.first].med() / 1e3);
+    }
     if (g2)
         printf("\n    combine per block (median): go->loads merged %5.2f, ->warps met %5.2f, ->exit %5.2f",
                cph_load.med() / 1e3, cph_sync.med() / 1e3, cph_tail.med() / 1e3);
@@ -434,6 +456,12 @@ int main(int argc, char **argv) {
     att("b=8 8K, 2 splits + combine", 8, 8192, 2, 1);
     att("b=32 1K, 1 split", 32, 1024, 1, 1);
     att("MQA b=1 128K, 121 splits + combine", 1, 131072, 121, 1, true, 8, 1);
+    // MHA, one query row per KV head: unsplit, cuDNN's launch shape (one
+    // block per sequence and head), against the planner's 3 splits, and
+    // b=2 (96 blocks, one an SM) as the lone-block reference.
+    att("MHA 48/48 b=2 4K, 1 split", 2, 4096, 1, 1, true, 48, 48);
+    att("MHA 48/48 b=3 4K, 1 split", 3, 4096, 1, 1, true, 48, 48);
+    att("MHA 48/48 b=3 4K, 3 splits + combine", 3, 4096, 3, 1, true, 48, 48);
     // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
     const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
                            "carved from 2.2 GB"};
