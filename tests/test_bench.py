@@ -214,3 +214,13 @@ def test_plot_writes_png(tmp_path):
 def test_main_without_gpu_exits_cleanly(capsys):
     assert bench.main(["--quick"]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_settle_frees_then_waits(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("synchronize"))
+    monkeypatch.setattr(bench.time, "sleep", lambda s: calls.append(("sleep", s)))
+    bench.settle(0.25)
+    # The memory goes back to the driver first; the pause counts from when the GPU is idle.
+    assert calls == ["empty_cache", "synchronize", ("sleep", 0.25)]
