@@ -446,6 +446,42 @@ func TestPlanPairs(t *testing.T) {
 	}
 }
 
+// TestEarlyDependents: stage 1 lets the next kernel in at its start only
+// when the combine follows or its grid has no more blocks than SMs.
+func TestEarlyDependents(t *testing.T) {
+	gqa := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
+	mha := Shape{DType: Float16, Batch: 3, SeqlenQ: 1, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
+	with := func(s Shape, batch, keys, splits int) Shape {
+		s.Batch, s.SeqlenCache, s.NumSplits = batch, keys, splits
+		return s
+	}
+	tests := []struct {
+		name  string
+		s     Shape
+		early bool
+	}{
+		{"16 splits and the combine", with(gqa, 1, 32768, 16), true},
+		{"8 splits in clusters, 64 blocks", with(gqa, 1, 1024, 8), true},
+		{"unsplit, 128 blocks", with(gqa, 16, 1024, 1), true},
+		{"unsplit, 132 blocks: one an SM", Shape{DType: Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 66, HeadsKV: 66, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1, NumSplits: 1}, true},
+		{"unsplit, 144 blocks", with(mha, 3, 4096, 1), false},
+		{"3 splits and the combine, 432 blocks", with(mha, 3, 4096, 3), true},
+		{"pairs, 384 blocks", with(mha, 4, 2048, 2), false},
+		{"unsplit, 1024 blocks", with(gqa, 128, 1024, 1), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := MakePlan(tt.s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.EarlyDependents(); got != tt.early {
+				t.Errorf("%v: EarlyDependents() = %v, want %v", p, got, tt.early)
+			}
+		})
+	}
+}
+
 // TestPlanIgnoresDeviceData: a Shape differing only in what the device holds
 // (CacheSeqlens contents) cannot exist, but a Problem's pointers and options
 // must not change the plan either.

@@ -45,6 +45,7 @@ typedef struct fd_params {
     int num_splits;         // splits of each sequence's length (grid.x of stage 1)
     int row_tiles;          // ceil(group * seqlen_q / variant rows): grid.y = heads_kv * row_tiles
     int causal;             // 1: query i sees keys j <= len - seqlen_q + i (bottom-right aligned)
+    int early_dependents;   // 1: stage 1 lets the next kernel be scheduled as it starts, 0: once its loop is done
     float scale;            // softmax scale applied to q.k
     float scale_log2;       // scale * log2(e): kernels exponentiate with exp2f
 } fd_params;

@@ -312,9 +312,19 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     fd_touch_params(q_base, k_base, v_base, p.seqlen);
 
     // With programmatic dependent launch: wait for the kernel that wrote q
-    // (or the lengths), then let the combine be scheduled behind this grid.
+    // (or the lengths), then, if the plan says so (core.Plan.EarlyDependents:
+    // a combine follows, or this grid has no more blocks than SMs), let the
+    // next kernel be scheduled behind this grid now, its blocks waiting in
+    // their own fd_pdl_wait on the slots this grid leaves free. Otherwise it
+    // is let in once this block's loop is done (below): the next kernel is
+    // often this one again (the next layer), and scheduled from here, its
+    // blocks would take every free slot while this grid streams and then
+    // find themselves two to an SM on some SMs and none on others (H200,
+    // 48/48 heads, b=3, 4096 keys unsplit: 144 blocks on 74 SMs, 107 us;
+    // let in late, on 130 SMs, 73 us; kernels/trace/trace.cu shows where
+    // blocks run).
     fd_pdl_wait();
-    fd_pdl_launch_dependents();
+    if (p.early_dependents) fd_pdl_launch_dependents();
     FD_TRACE(1);
 
     // This split's keys, from the actual length (never from the host).
@@ -505,6 +515,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     }
     fd_cp_async_wait<0>();
     __syncthreads();  // pipeline buffers are now the merge scratch
+    if (!p.early_dependents) fd_pdl_launch_dependents();  // the next kernel's launch overlaps the merge and writes
     FD_TRACE(3);
 
     // Each warp parks its state and unnormalized output in shared memory

@@ -165,6 +165,9 @@ func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
 	if p.Causal {
 		k.causal = 1
 	}
+	if pl.EarlyDependents() {
+		k.early_dependents = 1
+	}
 	scale := p.Scale
 	if scale == 0 {
 		scale = float32(1 / math.Sqrt(float64(p.HeadDim)))

@@ -274,6 +274,11 @@ static void run(const Scenario &sc) {
         p.seqlen = sc.L;
         p.num_splits = sc.splits;
         p.row_tiles = 1;
+        // As core.Plan.EarlyDependents: the next kernel is let in at the
+        // start when the combine follows or the grid has no more blocks than SMs.
+        int sm_count = 0;
+        CK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+        p.early_dependents = combine || sc.splits * hkv * sc.batch <= sm_count;
         p.scale = 0.088f;
         p.scale_log2 = 0.088f * 1.4427f;
         if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
