@@ -107,12 +107,18 @@ const (
 	// sharedSlotPct: an SM holding two blocks for one slot (a grid of more
 	// blocks than slots, all started at once) streams the two at this
 	// percentage of one lone block's rate in all, so it ends last, with
-	// twice the tiles. Fitted on the H200's unsplit sweeps of 144 to 192
-	// blocks of 4 warps, which leave 12 to 60 of the 132 SMs two blocks:
-	// 71-77% at b=3, 48/48 heads, 4096 keys (106.9 us), b=4, 2048 keys
-	// (58.8) and 8192 keys (223.9), 32/8 heads, b=20, 2048 keys (57.2) and
-	// b=24, 4096 keys (113.4).
-	sharedSlotPct = 75
+	// twice the tiles. Measured on the H200 (kernels/trace/trace.cu, 48/48
+	// heads, b=3, 4096 keys unsplit: 144 blocks of 64 tiles): the 12-14
+	// SMs holding two streamed their 128 tiles in 65 us, 1.97 tiles/us
+	// against a lone block's 1.66, while the rest of the grid held HBM
+	// busy. Every value from 100 up keeps each sweep of plan_sweep_test.go
+	// within 5% of its best; 90 and below pick splits where the unsplit
+	// grid wins by 6-19% (b=3, 48/48, 1024 keys: 21.2 us unsplit, 25.3 in
+	// 3 splits). It was 75, fitted to grids whose blocks had been placed
+	// two to an SM on half the SMs by the previous call's early
+	// programmatic launch (Plan.EarlyDependents): 48/48, b=3, 4096 keys
+	// then ran in 106.9 us unsplit.
+	sharedSlotPct = 120
 	// splitTolerancePct: among split counts whose modelled time is within
 	// this many percent of the best, the smallest wins (fewer partials, a
 	// cheaper combine).
@@ -589,15 +595,17 @@ func combineRounds(n int) int {
 // stage 1; with 4096 keys (64 tiles) 16 splits and the combine cost 41, 8
 // in clusters 16 + 24 + 3 = 43, within 5%: 8 in clusters.
 //
-// More blocks than slots all start at once, and the SMs given two stream
-// them slower than one: batch 3 with 48 query and K/V heads and 4096 keys
-// (144 blocks of 64 tiles on the 132 slots, 264 resident) leaves 12 SMs
-// two blocks, which end last: 2*2*64*100/75 = 342, + 24 = 366. Split 3
-// ways, 432 blocks run one full wave at HBM's rate (2*264*22*100/(132*66)
-// = 134) and 168 more that start as the first end (85), + 24 + 9 = 252; 2
-// splits cost 291 (24 blocks of 32 tiles left alone at the end), 4 cost
-// 259: 3 splits (H200: 106.9 us unsplit, 90.5, 76.0 and 80.1 in 2, 3 and
-// 4).
+// More blocks than slots all start at once, and HBM bounds them: batch 3
+// with 48 query and K/V heads and 4096 keys (144 blocks of 64 tiles on the
+// 132 slots, 264 resident) leaves 12 SMs two blocks, which stream at 120%
+// of one's rate, 2*2*64*100/120 = 214, against HBM's 2*144*64*100/(132*66)
+// = 212, + 24 = 238. Split 3 ways, 432 blocks run one full wave at HBM's
+// rate (2*264*22*100/(132*66) = 134) and 168 more that start as the first
+// end (85), + 24 + 9 = 252; 2 splits cost 291 (24 blocks of 32 tiles left
+// alone at the end), 4 cost 259: unsplit (H200: 71.4 us unsplit, 87.7,
+// 74.4 and 79.0 in 2, 3 and 4). With batch 6 (288 blocks, more than
+// resident) 24 blocks would stream alone after the first wave: 3 splits
+// (165.5 us unsplit, 145.4 in 3).
 func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) merge) int {
 	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1
