@@ -99,10 +99,11 @@ const (
 	// splits: 47.5): about 82 lone blocks, 62% of 132. A lone 2-warp block
 	// (head dim 256, two slots per SM) streams 0.74 tiles/us (b=1, 32/8,
 	// 32768 keys: 1024 tiles in 1379.8 us), so HBM is about 184 of its 264
-	// slots, 70% (that kernel has 4 warps now). 66 lies between. Of the
-	// values 60-78, 66, 70, 72 and 78 keep each of the 54 sweeps of
-	// plan_sweep_test.go within 5% of its best, and 62, 64, 68 and 75 miss
-	// one each: a loose fit, which the sweep test guards.
+	// slots, 70% (that kernel has 4 warps now). 66 lies between. With
+	// sharedSlotPct at 120 (the tenth session), every value from 58 to 75
+	// keeps each of the 58 sweeps of plan_sweep_test.go within 5% of its
+	// best, and 78 misses two (b=12, 32768 keys; 48/48, b=6, 1024 keys): a
+	// loose fit, which the sweep test guards.
 	hbmSlotsPct = 66
 	// sharedSlotPct: an SM holding two blocks for one slot (a grid of more
 	// blocks than slots, all started at once) streams the two at this

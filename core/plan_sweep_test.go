@@ -103,10 +103,12 @@ var h200Sweeps = []struct {
 // (BENCHMARKS.md, "More blocks than SMs": b=3, 48/48 heads, 4096 keys,
 // picked 2 splits, 19% over 3; b=4, 48/48, 2048 keys, 1, 8% over 2; b=6,
 // 48/48, 4096 keys, 1, 14% over 4; b=20, 32/8, 2048 keys, 1, 20% over 3)
-// went when splitCost learned that an SM holding two blocks streams them
-// slower than one, and that HBM bounds the waves beyond one block per SM;
-// b=6, 48/48, 1024 keys (2 splits with the combine, 5.4% over 3) when
-// pairs of splits merged in clusters (mergePairs).
+// went when splitCost learned that HBM bounds the waves beyond one block
+// per SM and that an SM holding two blocks streams them at its own rate
+// (which the seventh session measured as slower than one lone block, an
+// artifact of the next call's early launch that the tenth removed; see
+// sharedSlotPct); b=6, 48/48, 1024 keys (2 splits with the combine, 5.4%
+// over 3) when pairs of splits merged in clusters (mergePairs).
 var h200Misses = map[string]float64{}
 
 // sweepTolerance is how much slower than the best count tried the planner's
