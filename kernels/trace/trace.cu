@@ -467,6 +467,13 @@ int main(int argc, char **argv) {
     att("MHA 48/48 b=2 4K, 1 split", 2, 4096, 1, 1, true, 48, 48);
     att("MHA 48/48 b=3 4K, 1 split", 3, 4096, 1, 1, true, 48, 48);
     att("MHA 48/48 b=3 4K, 3 splits + combine", 3, 4096, 3, 1, true, 48, 48);
+    // More blocks than the 264 an H200 holds at once: a second, partial
+    // wave (288 and 384 blocks of 64 tiles), against 3 splits and the
+    // combine, and b=128 1K's four waves of 16-tile blocks.
+    att("MHA 48/48 b=6 4K, 1 split", 6, 4096, 1, 1, true, 48, 48);
+    att("MHA 48/48 b=6 4K, 3 splits + combine", 6, 4096, 3, 1, true, 48, 48);
+    att("MHA 48/48 b=8 4K, 1 split", 8, 4096, 1, 1, true, 48, 48);
+    att("b=128 1K, 1 split", 128, 1024, 1, 1);
     // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
     const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
                            "carved from 2.2 GB"};
@@ -483,6 +490,8 @@ int main(int argc, char **argv) {
     rd("plain read 4 MB, 264 blocks", MB134 / 32, 264, 4);
     rd("plain read 134 MB, 264 blocks", MB134, 264, 8);
     rd("plain read 134 MB, 8192 blocks", MB134, 8192, 4);
+    rd("plain read 537 MB (b=128 1K), 264 blocks", 4 * MB134, 264, 8);
+    rd("plain read 805 MB (MHA 48/48 b=8 4K), 264 blocks", 6 * MB134, 264, 8);
     // The placement effect on a plain read of b=32 1K's cache, in 256
     // blocks as its attention grid (if the read slows too, it is the
     // memory), and in 8192 blocks that each read 16 KB.
