@@ -78,6 +78,12 @@
 // graph stays right when the lengths in cache_seqlens change: each block
 // splits its own sequence's true length on the device.
 //
+// A Plan also says when stage 1 lets the next kernel in the stream start
+// (Plan.EarlyDependents, for programmatic dependent launch on sm_90): as it
+// starts when a combine follows or its grid fits one block an SM, else once
+// each block has streamed its keys, so that the next layer's call cannot
+// crowd a grid of more blocks than SMs onto half of them.
+//
 // # Errors
 //
 // Every function returns an *Error naming the operation and the argument as
