@@ -70,8 +70,12 @@
 // two blocks per SM. See autoSplits in plan.go for the model and a worked
 // example; batch 1, 32/8 heads, head dim 128, 32768 keys on an H200 gives
 // 16 splits and the combine: 128 blocks, one wave, 2048 keys each; 1024 or
-// 4096 keys give 8 splits merged in clusters of 8. A requested num_splits
-// n > 0 is clamped to [1, min(MaxSplits, key tiles)].
+// 4096 keys give 8 splits merged in clusters of 8. A grid of more items
+// (batch x K/V heads x row tiles) than the GPU holds at once keeps its full
+// waves whole and splits only the items of its last, partial wave, so that
+// their blocks fill the slots as the full waves end (tailSplit,
+// Plan.WholeItems). A requested num_splits n > 0 is clamped to
+// [1, min(MaxSplits, key tiles)] and splits every item.
 //
 // Launch shapes depend on shapes only, never on device data, so a Plan can
 // be computed once per shape and reused for every layer, and a captured CUDA

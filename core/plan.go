@@ -232,9 +232,10 @@ func DefaultOccupancy(v Variant) int {
 // graph stays correct when cache_seqlens changes.
 type Plan struct {
 	Variant   Variant `json:"variant"`    // the kernels that run
-	NumSplits int     `json:"num_splits"` // splits of each sequence's keys: stage-1 grid.x
+	NumSplits int     `json:"num_splits"` // splits of each sequence's keys (of the items after WholeItems when that is > 0)
 	RowTiles  int     `json:"row_tiles"`  // ceil(HeadsQ/HeadsKV*SeqlenQ / Variant.Rows)
-	// Grid is the stage-1 grid: (NumSplits, HeadsKV*RowTiles, Batch).
+	// Grid is the stage-1 grid: (NumSplits, HeadsKV*RowTiles, Batch), or
+	// one-dimensional where WholeItems > 0 (below).
 	Grid        [3]int `json:"grid"`
 	Threads     int    `json:"threads"`      // stage-1 threads per block
 	SharedBytes int    `json:"shared_bytes"` // stage-1 dynamic shared memory per block
@@ -259,8 +260,18 @@ type Plan struct {
 	// 0 when no combine runs.
 	LSEPartialOffset int `json:"lse_partial_offset"`
 	WorkspaceBytes   int `json:"workspace_bytes"`
-	SMs              int `json:"sms"`           // SM count planned for
-	BlocksPerSM      int `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
+	// WholeItems > 0 makes the stage-1 grid one-dimensional (Grid =
+	// (WholeItems + rest*NumSplits, 1, 1)): its first WholeItems blocks
+	// each stream one whole item (batch, K/V head, row tile, in that
+	// order), and the rest of the items follow in NumSplits splits each,
+	// which the combine merges from output row CombineRow0 on (CombineGrid
+	// covers only those rows). A grid of more items than the GPU holds at
+	// once keeps its full waves whole and splits only the last, partial
+	// one, whose blocks then fill the slots as the full waves end.
+	WholeItems  int `json:"whole_items"`
+	CombineRow0 int `json:"combine_row0"`
+	SMs         int `json:"sms"`           // SM count planned for
+	BlocksPerSM int `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
 }
 
 // EarlyDependents reports whether stage 1 lets the next kernel in the
@@ -403,7 +414,50 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.CombineGrid = ceilDiv(rows, v.CombineRows)
 		p.Combine, p.CombineThreads = combineFor(v, splits)
 	}
+	if s.NumSplits == 0 {
+		// More items than the GPU holds at once: the full waves stay whole
+		// and only the last, partial wave's items split (tailSplit).
+		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
+		if whole, m := tailSplit(blocks, sms*blocksPerSM, maxN); m > 1 {
+			p.NumSplits, p.WholeItems = m, whole
+			p.Grid = [3]int{whole + (blocks-whole)*m, 1, 1}
+			p.Cluster, p.SharedBytes = 1, v.SharedBytes
+			p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
+			p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(m, rows, s.HeadDim)
+			p.CombineGrid = ceilDiv(rows-p.CombineRow0, v.CombineRows)
+			p.Combine, p.CombineThreads = combineFor(v, m)
+		}
+	}
 	return p, nil
+}
+
+// tailSplit is the num_splits=0 plan of a grid of more items (blocks
+// unsplit) than the GPU holds at once (resident): the items of the full
+// waves stay whole, and each item of the last, partial wave splits m ways,
+// m = resident / (its items), at most maxN, so that its blocks fill one
+// wave's slots. It returns the whole items and m, or m < 2 where there is
+// no partial wave or it is nearly full.
+//
+// Why: the block scheduler gives each slot that frees the next block, so
+// whole items of a partial wave land two to an SM on the SMs whose first
+// blocks ended first and none on the rest, and the call ends with a few
+// SMs streaming alone (kernels/trace/trace.cu, 48/48 heads, b=8, 4096 keys
+// unsplit: 41 SMs held 4 of the 384 blocks and 53 held 2; the last 60 us
+// of 191 ran on 79 SMs). Split, the last wave's smaller blocks fill the
+// slots as they free. H200, auto plans before (uniform splits) and with
+// the tail split, two runs each in one call, us: 48/48 b=6, 4096 keys
+// 148.5-148.6 (3 splits) -> 140.7-141.7 (264 whole, 24 items in 11); b=8
+// 189.2-189.9 (unsplit) -> 185.4-186.0 (120 items in 2); b=6, 1024 keys
+// 44.2-44.3 (2 in pairs) -> 42.9-43.4; 32/8 b=40,
+// 2048 keys 85.9-86.4 -> 83.4-84.0, 8192 keys 314.6-315.4 -> 304.3-305.9,
+// head dim 256 174.4-174.5 -> 158.6-159.4, head dim 64 85.8-86.0 ->
+// 82.9-83.5; 48/48 b=8, 4096 keys, seqlen_q 10 192.3-192.9 -> 191.0-191.1.
+func tailSplit(blocks, resident, maxN int) (whole, m int) {
+	tail := blocks % resident
+	if blocks <= resident || tail == 0 {
+		return 0, 0
+	}
+	return blocks - tail, min(maxN, resident/tail)
 }
 
 // combineFor is the combine kernel (name and threads) that merges n splits
@@ -661,6 +715,11 @@ func (p Plan) String() string {
 	}
 	if p.Cluster > 1 {
 		fmt.Fprintf(&b, "; %d splits merged in clusters of %d, no combine, no workspace", p.NumSplits, p.Cluster)
+		return b.String()
+	}
+	if p.WholeItems > 0 {
+		fmt.Fprintf(&b, "; %d items whole, the rest in %d splits; combine %s %d x %d threads from row %d; workspace %d B (lse_partial at %d)",
+			p.WholeItems, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.CombineRow0, p.WorkspaceBytes, p.LSEPartialOffset)
 		return b.String()
 	}
 	fmt.Fprintf(&b, "; %d splits; combine %s %d x %d threads; workspace %d B (lse_partial at %d)",

@@ -409,8 +409,6 @@ func TestPlanClusters(t *testing.T) {
 // cluster size, else with the combine; other counts keep the combine.
 func TestPlanPairs(t *testing.T) {
 	mha := Shape{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 2048, Seqlen: -1}
-	b6 := mha
-	b6.Batch, b6.SeqlenCache = 6, 1024 // 288 blocks unsplit: more than resident
 	v, err := SelectVariant(Float16, 128, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -426,7 +424,6 @@ func TestPlanPairs(t *testing.T) {
 		request         int
 		cluster, shared int
 	}{
-		{"b=6, 48/48, 1024 keys, auto: pairs", b6, v, 0, 2, v.ClusterDenseSharedBytes},
 		{"2 requested: pairs", mha, v, 2, 2, v.ClusterDenseSharedBytes},
 		{"3 requested: combine", mha, v, 3, 1, v.SharedBytes},
 		{"a pulling variant: combine", mha, pull, 2, 1, v.SharedBytes},
@@ -484,6 +481,65 @@ func TestEarlyDependents(t *testing.T) {
 			}
 			if got := p.EarlyDependents(); got != tt.early {
 				t.Errorf("%v: EarlyDependents() = %v, want %v", p, got, tt.early)
+			}
+		})
+	}
+}
+
+func TestTailSplit(t *testing.T) {
+	for _, tt := range []struct{ blocks, resident, maxN, whole, m int }{
+		{384, 264, 64, 264, 2},   // 48/48 b=8: 120 items left, in 2 splits
+		{288, 264, 64, 264, 11},  // 48/48 b=6: 24 left, in 11
+		{288, 264, 4, 264, 4},    // capped by the shortest split
+		{270, 264, 128, 264, 44}, // 6 left
+		{1024, 264, 64, 792, 1},  // 232 left: nearly a full wave, no split
+		{528, 264, 64, 0, 0},     // two full waves
+		{264, 264, 64, 0, 0},     // one
+		{200, 264, 64, 0, 0},     // fewer items than slots
+		{140, 132, 64, 132, 16},  // one block per SM
+	} {
+		whole, m := tailSplit(tt.blocks, tt.resident, tt.maxN)
+		if m != tt.m || (m > 1 && whole != tt.whole) {
+			t.Errorf("tailSplit(%d, %d, %d) = %d, %d; want %d, %d", tt.blocks, tt.resident, tt.maxN, whole, m, tt.whole, tt.m)
+		}
+	}
+}
+
+// TestPlanTailSplit: the num_splits=0 plan of a grid with a partial last
+// wave keeps the full wave whole and splits the rest, merged by the combine
+// from the first split item's first row; a requested count splits all.
+func TestPlanTailSplit(t *testing.T) {
+	mha := Shape{DType: Float16, Batch: 8, SeqlenQ: 10, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
+	tiles := Shape{DType: Float16, Batch: 70, SeqlenQ: 2, HeadsQ: 64, HeadsKV: 2, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
+	tests := []struct {
+		name                               string
+		s                                  Shape
+		whole, splits, grid, combine, row0 int
+	}{
+		// 384 items of 10 rows: 264 whole, 120 in 2 splits, their 1200 rows merged.
+		{"48/48, b=8, seqlen_q 10", mha, 264, 2, 264 + 120*2, 1200, 2640},
+		// 280 items (70 x 2 K/V heads x 2 row tiles of 32 of the 64 rows):
+		// 264 whole, 16 in 8 splits (4096 keys: at least 512 keys a split).
+		{"two row tiles a K/V head", tiles, 264, 8, 264 + 16*8, 16 * 32, 264 / 2 * 64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := MakePlan(tt.s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.WholeItems != tt.whole || p.NumSplits != tt.splits || p.Grid != [3]int{tt.grid, 1, 1} ||
+				p.CombineGrid != tt.combine || p.CombineRow0 != tt.row0 || p.Cluster != 1 || !p.EarlyDependents() {
+				t.Errorf("%v: want %d whole, %d splits, grid %d, combine %d from row %d", p, tt.whole, tt.splits, tt.grid, tt.combine, tt.row0)
+			}
+			rows := tt.s.Batch * tt.s.HeadsQ * tt.s.SeqlenQ
+			if off, total := workspaceLayout(tt.splits, rows, tt.s.HeadDim); p.LSEPartialOffset != off || p.WorkspaceBytes != total {
+				t.Errorf("%v: workspace %d (lse at %d), want %d (%d)", p, p.WorkspaceBytes, p.LSEPartialOffset, total, off)
+			}
+			s := tt.s
+			s.NumSplits = 2
+			if p, _ := MakePlan(s, H200); p.WholeItems != 0 || p.Grid[0] != 2 {
+				t.Errorf("2 splits requested: %v", p)
 			}
 		})
 	}
@@ -649,8 +705,8 @@ func TestPlanJSONAndString(t *testing.T) {
 			t.Errorf("JSON %s lacks %q", b, k)
 		}
 	}
-	if len(m) != 14 {
-		t.Errorf("JSON %s has %d keys, want 14", b, len(m))
+	if len(m) != 16 {
+		t.Errorf("JSON %s has %d keys, want 16", b, len(m))
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",

@@ -11,7 +11,9 @@
 // out strides, and lse when p.lse is non-NULL.
 //
 // Launch shape. One block of WARPS warps per output row: grid batch *
-// heads_q * seqlen_q (core/variants.go CombineRows = 1). WARPS is 4
+// heads_q * seqlen_q (core/variants.go CombineRows = 1), or only the rows
+// from p.combine_row0 on, where stage 1 split only its last items
+// (p.whole_items > 0). WARPS is 4
 // (fd_combine_<dtype>, CombineThreads) or, for plans of more than 32
 // splits, 16 (fd_combine_<dtype>_w16, CombineWideThreads); 3 or 15 KB of
 // static shared memory. It may be launched with
@@ -53,7 +55,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     __shared__ float4 sum[WARPS - 1][kSlices * 32];
     __shared__ fd_state part[WARPS - 1];
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
-    const int row = blockIdx.x;
+    const int row = p.combine_row0 + blockIdx.x;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int b = row / (p.heads_q * p.seqlen_q);

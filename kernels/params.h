@@ -46,6 +46,13 @@ typedef struct fd_params {
     int row_tiles;          // ceil(group * seqlen_q / variant rows): grid.y = heads_kv * row_tiles
     int causal;             // 1: query i sees keys j <= len - seqlen_q + i (bottom-right aligned)
     int early_dependents;   // 1: stage 1 lets the next kernel be scheduled as it starts, 0: once its loop is done
+    // 0: the stage-1 grid is (num_splits, heads_kv * row_tiles, batch). > 0: a
+    // 1-D grid whose first whole_items blocks each take one whole item (a
+    // batch, K/V head, row tile, in that order) and whose later blocks take
+    // the items after those in num_splits splits each; the combine then
+    // merges only their rows, from row combine_row0 on.
+    int whole_items;
+    int combine_row0;       // first output row (batch, head, query order) the combine merges
     float scale;            // softmax scale applied to q.k
     float scale_log2;       // scale * log2(e): kernels exponentiate with exp2f
 } fd_params;

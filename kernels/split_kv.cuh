@@ -12,7 +12,13 @@
 // fd_split_kv_cluster_merge).
 //
 // Launch shape. grid (num_splits, heads_kv * row_tiles, batch);
-// blockIdx.y = kv_head * row_tiles + row_tile. KEYS (keys per tile) =
+// blockIdx.y = kv_head * row_tiles + row_tile. Or, for a grid of more
+// items (batch, K/V head, row tile) than the GPU holds at once, a 1-D grid
+// (p.whole_items > 0, core.Plan.WholeItems): blocks 0..whole_items-1 each
+// take one whole item and write the output, and the items after those
+// follow in num_splits consecutive blocks each, writing partials for the
+// combine, so that the last wave's smaller blocks fill the slots the first
+// wave frees instead of landing two to an SM on a few SMs. KEYS (keys per tile) =
 // 8192 / D, so one tile of K plus one of V is always 32 KiB; a warp owns 16
 // keys of a tile, and at D 256 two warps share each 16 keys, one per half
 // of the output columns (see kDimSplit):
@@ -278,10 +284,23 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     using C = fd_split_kv_config<D, ROWS>;
     using DT = fd_dtype<T>;
 
-    const int split = blockIdx.x;
-    const int kv_head = blockIdx.y / p.row_tiles;
-    const int row0 = (blockIdx.y % p.row_tiles) * ROWS;  // first packed row of this block
-    const int b = blockIdx.z;
+    // This block's item (sequence b, K/V head, row tile) and split of it.
+    int split = blockIdx.x, item_y = blockIdx.y, b = blockIdx.z, num_splits = p.num_splits;
+    if (p.whole_items > 0) {  // 1-D grid: whole items first, then the rest split (params.h)
+        int item = blockIdx.x;
+        split = 0;
+        num_splits = 1;
+        if (item >= p.whole_items) {
+            const int t = item - p.whole_items;
+            item = p.whole_items + t / p.num_splits;
+            split = t % p.num_splits;
+            num_splits = p.num_splits;
+        }
+        item_y = item % (p.heads_kv * p.row_tiles);
+        b = item / (p.heads_kv * p.row_tiles);
+    }
+    const int kv_head = item_y / p.row_tiles;
+    const int row0 = (item_y % p.row_tiles) * ROWS;  // first packed row of this block
     const int warp = threadIdx.x / 32;
     // Which 16 keys of a tile, and which kWarpDim of the head dim (both known
     // at compile time to be the whole head dim where kDimSplit is 1).
@@ -331,7 +350,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
     len = min(max(len, 0), p.seqlen_cache);
     const int tiles = (len + C::kKeys - 1) / C::kKeys;
-    const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
+    const int per_split = (tiles + num_splits - 1) / num_splits;
     const int tile_begin = min(split * per_split, tiles);
     const int tile_end = min(tile_begin + per_split, tiles);
     const int key_end = min(tile_end * C::kKeys, len);
@@ -595,7 +614,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
         const int head = kv_head * p.group + r / p.seqlen_q;
         const int qi = r % p.seqlen_q;
         const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
-        if (p.o_partial == nullptr) {
+        if (p.o_partial == nullptr || num_splits == 1) {
             T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
                      head * p.out_head_stride + d;
             fd_store4(out, acc);

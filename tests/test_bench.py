@@ -193,6 +193,8 @@ def test_format_row_shows_peers_and_na():
     assert "30.0us" in text and "cudnn 1.33x" in text and "flex n/a (too big)" in text
     assert "splits 2:31.0 4:29.5" in bench.format_row(row(sweep_us={2: 31.0, 4: 29.5}), [])
     assert "read 28.0us 95%" in bench.format_row(row() | {"read_us": 28.0, "read_pct": 95.2}, [])
+    assert "splits=66 | 30.0us" in text  # no tail split
+    assert "splits=2 after 264 whole | 30.0us" in bench.format_row(row() | {"num_splits": 2, "whole_items": 264}, [])
     bare = {k: v for k, v in r.items() if not k.startswith("ours")} | {"check": "MISMATCH: 1"}
     assert "MISMATCH: 1" in bench.format_row(bare, ["cudnn"])
 

@@ -92,6 +92,32 @@ def test_long_cache(dtype, seqlen_q, causal):
     run_and_check(q, k, v, causal=causal)
 
 
+# More items (batch x K/V heads x row tiles) than an H200 or H100 holds at
+# once (264 or 264 blocks): the planner keeps the full wave whole and splits
+# only the items of the last, partial one (core.Plan.WholeItems), merging
+# those rows with the combine. Ragged and empty lengths, causal, GQA with
+# seqlen_q > 1, two row tiles per K/V head, every head dim.
+@pytest.mark.parametrize("batch, nheads_q, nheads_kv, headdim, seqlen_q, dtype", [
+    (8, 48, 48, 128, 10, torch.float16),
+    (40, 32, 8, 128, 1, torch.bfloat16),
+    (40, 32, 8, 256, 1, torch.float16),
+    (40, 32, 8, 64, 2, torch.float16),
+    (70, 64, 2, 128, 2, torch.bfloat16),
+], ids=["mha-sq10", "gqa-bf16", "d256", "d64-sq2", "two-row-tiles"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tail_split(batch, nheads_q, nheads_kv, headdim, seqlen_q, dtype, causal):
+    seqlen_cache = 1024
+    plan = flash_decode.plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, dtype=dtype)
+    if plan["whole_items"] == 0:
+        pytest.skip(f"no partial wave on this GPU: {plan}")
+    assert plan["grid"][1:] == [1, 1] and plan["combine_grid"] > 0 and plan["combine_row0"] > 0
+    q, k, v = make(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, dtype)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    lens = torch.randint(0, seqlen_cache + 1, (batch,), generator=g, device="cuda", dtype=torch.int32)
+    lens[0], lens[-1], lens[-2] = seqlen_cache, 0, 1  # the last items are the split ones
+    run_and_check(q, k, v, cache_seqlens=lens, causal=causal)
+
+
 @pytest.mark.parametrize("cache_seqlens", [None, 0, 1, 77, 640])
 @pytest.mark.parametrize("causal", [False, True])
 def test_int_cache_seqlens(cache_seqlens, causal):

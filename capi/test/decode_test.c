@@ -83,11 +83,29 @@ static void test_plan(void) {
     }
     // A long cache on one sequence must be split (that is the point of flash decoding).
     CHECK(p.num_splits > 1, "b=1 32K cache planned with %d split(s)", p.num_splits);
+    CHECK(p.whole_items == 0 && p.combine_row0 == 0, "whole_items %d, combine_row0 %d", p.whole_items, p.combine_row0);
 
     size_t ws = 12345;
     rc = fd_workspace_size(&a, &ws);
     CHECK(rc == FD_OK && ws == (size_t)p.workspace_bytes, "fd_workspace_size %d: %zu vs %lld", rc, ws,
           (long long)p.workspace_bytes);
+
+    // More items (8 x 48 K/V heads, 10 rows each) than an H200 holds at once
+    // (264): the full wave whole, the other items split, merged from the
+    // first split item's first row.
+    fd_args t = shape_args();
+    t.batch = 8;
+    t.seqlen_q = 10;
+    t.heads_q = t.heads_kv = 48;
+    t.seqlen_cache = 4096;
+    rc = fd_plan(&t, &p);
+    const int items = t.batch * t.heads_kv;
+    CHECK(rc == FD_OK && p.whole_items > 0 && p.whole_items < items && p.num_splits > 1 && p.cluster == 1 &&
+              p.grid[0] == p.whole_items + (items - p.whole_items) * p.num_splits && p.grid[1] == 1 &&
+              p.grid[2] == 1 && p.combine_row0 == p.whole_items * 10 &&
+              p.combine_grid == (items - p.whole_items) * 10,
+          "tail split: rc %d, %d whole, %d splits, grid (%d,%d,%d), combine %d from row %d", rc, p.whole_items,
+          p.num_splits, p.grid[0], p.grid[1], p.grid[2], p.combine_grid, p.combine_row0);
 
     a.num_splits = 1;
     rc = fd_plan(&a, &p);

@@ -168,6 +168,8 @@ func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
 	if pl.EarlyDependents() {
 		k.early_dependents = 1
 	}
+	k.whole_items = C.int(pl.WholeItems)
+	k.combine_row0 = C.int(pl.CombineRow0)
 	scale := p.Scale
 	if scale == 0 {
 		scale = float32(1 / math.Sqrt(float64(p.HeadDim)))

@@ -209,7 +209,10 @@ def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
         inside the split kernel, else 1), ``workspace_bytes`` (0 unless the
         combine kernel runs), ``kernel`` (the stage-1 kernel's name) and
         ``combine`` (the combine kernel's: 4 warps, or 16 above 32 splits;
-        "" when none runs).
+        "" when none runs) and ``whole_items`` (> 0 for a grid of more
+        items than the GPU holds at once: that many batch x K/V head items
+        run unsplit and the rest in ``num_splits`` splits each, on a 1-D
+        ``grid``).
 
     Example (on an H200)::
 

@@ -425,7 +425,7 @@ def run_case(shape, dtype, peers, args):
     row["layers"] = n
     try:
         plan = flash_decode.plan(shape.b, shape.sq, shape.hq, shape.hkv, shape.d, shape.L, dtype=DTYPES[dtype])
-        row.update(num_splits=plan["num_splits"], kernel=plan.get("kernel"))
+        row.update(num_splits=plan["num_splits"], whole_items=plan.get("whole_items", 0), kernel=plan.get("kernel"))
         ok, err = matches(ours_call(ours[0]).transpose(1, 2), ref, dtype)
         row["check"] = "ok" if ok else f"MISMATCH: max error {err:.3g}"
     except Exception as exc:  # noqa: BLE001 (report it, still time the peers)
@@ -572,7 +572,8 @@ def format_row(r, peers):
     """One progress line: ours (µs, TB/s, % of ceiling), then each peer's ratio (or µs, or n/a)."""
     text = f"{r['dtype']} {label(Shape(*(r[f] for f in Shape._fields)))} {r['kv_mb']:.1f}MB"
     if "ours_us" in r:
-        text += (f" x{r['layers']} splits={r['num_splits']} | {r['ours_us']:.1f}us "
+        whole = f" after {r['whole_items']} whole" if r.get("whole_items") else ""
+        text += (f" x{r['layers']} splits={r['num_splits']}{whole} | {r['ours_us']:.1f}us "
                  f"{r['ours_tbs']:.2f}TB/s {r['ours_pct']:.0f}%")
     else:
         text += f" | {r.get('check')}"
