@@ -96,10 +96,12 @@ typedef struct fd_plan_info {
     char kernel[64];            /* stage-1 (split-KV) kernel name */
     char combine[64];           /* stage-2 (combine) kernel that runs; "" when combine_grid == 0 */
     int32_t num_splits;         /* splits of each sequence's keys: grid[0] (of the items after
-                                   whole_items when that is > 0) */
+                                   the whole ones when grid[1] == grid[2] == 1, see grid) */
     int32_t row_tiles;          /* tiles of packed query rows per K/V head */
     int32_t grid[3];            /* stage-1 grid (num_splits, heads_kv * row_tiles, batch), or
-                                   (whole_items + other items * num_splits, 1, 1) */
+                                   (whole_items + other items * num_splits, 1, 1) for a grid of
+                                   more items than the GPU holds at once, whose first
+                                   whole_items (fd_plan_json) run unsplit */
     int32_t threads;            /* stage-1 threads per block */
     int32_t shared_bytes;       /* stage-1 dynamic shared memory per block */
     int32_t cluster;            /* stage-1 cluster size along x: num_splits when the splits
@@ -110,11 +112,8 @@ typedef struct fd_plan_info {
     int32_t blocks_per_sm;      /* resident stage-1 blocks per SM planned for */
     int64_t lse_partial_offset; /* byte offset of the partial LSEs in the workspace */
     int64_t workspace_bytes;    /* workspace fd_decode needs (0 when combine_grid == 0) */
-    int32_t whole_items;        /* > 0: a grid of more items (batch x heads_kv x row_tiles) than
-                                   the GPU holds at once; its first whole_items run unsplit, the
-                                   rest in num_splits splits each (core.Plan.WholeItems) */
-    int32_t combine_row0;       /* first output row the combine merges (0 unless whole_items > 0) */
-} fd_plan_info;
+} fd_plan_info; /* (its layout is fixed: newer plan fields, such as whole_items and
+                   combine_row0, are in fd_plan_json only) */
 
 #ifndef FD_CGO_EXPORTS /* capi's Go code declares these itself (cgo has no const) */
 

@@ -179,8 +179,6 @@ func fd_plan(args *C.fd_args, out *C.fd_plan_info) (ret C.int) {
 	out.blocks_per_sm = C.int32_t(pl.BlocksPerSM)
 	out.lse_partial_offset = C.int64_t(pl.LSEPartialOffset)
 	out.workspace_bytes = C.int64_t(pl.WorkspaceBytes)
-	out.whole_items = C.int32_t(pl.WholeItems)
-	out.combine_row0 = C.int32_t(pl.CombineRow0)
 	return finish(nil)
 }
 
