@@ -379,12 +379,19 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		}
 		return mergeCombine
 	}
-	splits := s.NumSplits
+	// A requested count splits every item. Automatically, a grid of more
+	// items than the GPU holds at once keeps its full waves whole and splits
+	// only the last, partial wave's items (tailSplit); otherwise autoSplits.
+	splits, whole := s.NumSplits, 0
 	if splits > 0 {
 		splits = clampSplits(splits, tiles)
 	} else {
 		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
-		splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, merging)
+		if w, m := tailSplit(blocks, sms*blocksPerSM, maxN); m > 1 {
+			splits, whole = m, w
+		} else {
+			splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, merging)
+		}
 	}
 
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
@@ -399,34 +406,26 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		SMs:         sms,
 		BlocksPerSM: blocksPerSM,
 	}
-	switch merging(splits) {
-	case mergeCluster:
+	switch {
+	case whole > 0:
+		// The items after the whole ones, split: their rows start at the
+		// first packed row of item `whole` (items are batch, K/V head, row tile).
+		p.WholeItems = whole
+		p.Grid = [3]int{whole + (blocks-whole)*splits, 1, 1}
+		p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
+		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
+		p.CombineGrid = ceilDiv(rows-p.CombineRow0, v.CombineRows)
+		p.Combine, p.CombineThreads = combineFor(v, splits)
+	case merging(splits) == mergeCluster:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterSharedBytes
-	case mergePairs:
+	case merging(splits) == mergePairs:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterDenseSharedBytes
-	default:
-		if splits == 1 {
-			break
-		}
+	case splits > 1:
 		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
 		p.CombineGrid = ceilDiv(rows, v.CombineRows)
 		p.Combine, p.CombineThreads = combineFor(v, splits)
-	}
-	if s.NumSplits == 0 {
-		// More items than the GPU holds at once: the full waves stay whole
-		// and only the last, partial wave's items split (tailSplit).
-		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
-		if whole, m := tailSplit(blocks, sms*blocksPerSM, maxN); m > 1 {
-			p.NumSplits, p.WholeItems = m, whole
-			p.Grid = [3]int{whole + (blocks-whole)*m, 1, 1}
-			p.Cluster, p.SharedBytes = 1, v.SharedBytes
-			p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
-			p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(m, rows, s.HeadDim)
-			p.CombineGrid = ceilDiv(rows-p.CombineRow0, v.CombineRows)
-			p.Combine, p.CombineThreads = combineFor(v, m)
-		}
 	}
 	return p, nil
 }
