@@ -42,7 +42,7 @@ typedef struct fd_params {
     int head_dim;           // actual head dim (<= the variant's compiled head dim, multiple of 8)
     int seqlen_cache;       // rows of K/V per sequence; lengths are clamped to [0, seqlen_cache]
     int seqlen;             // length used when cache_seqlens is NULL
-    int num_splits;         // splits of each sequence's length (grid.x of stage 1)
+    int num_splits;         // splits of each sequence's length (grid.x of stage 1; see whole_items)
     int row_tiles;          // ceil(group * seqlen_q / variant rows): grid.y = heads_kv * row_tiles
     int causal;             // 1: query i sees keys j <= len - seqlen_q + i (bottom-right aligned)
     int early_dependents;   // 1: stage 1 lets the next kernel be scheduled as it starts, 0: once its loop is done
