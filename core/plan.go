@@ -561,10 +561,13 @@ const (
 //     faster than HBM (hbmSlotsPct of the slots): the larger of
 //     2kt*100/sharedSlotPct and 2gt*100/(slots*hbmSlotsPct), + blockCost.
 //   - g > resident: waves of resident blocks, each costed the same way,
-//     except the last, partial one: its blocks start as earlier ones end,
-//     spread over the SMs, so it takes the larger of one block alone (2t)
-//     and its tiles at HBM's rate. blockCost is counted once: the blocks of
-//     a later wave ramp up while others still stream.
+//     except the last, partial one, which takes the larger of one block
+//     alone (2t) and its tiles at HBM's rate: its blocks start as earlier
+//     ones end. (Optimistic: whole blocks of a last wave land two to an SM
+//     on the SMs that free first, which is why a grid of more items than
+//     resident takes tailSplit instead, when its last wave is partial.)
+//     blockCost is counted once: the blocks of a later wave ramp up while
+//     others still stream.
 //
 // With n > 1 the splits merge (m) inside stage 1 in clusters that all run
 // at once (mergeCluster: one block per slot, plus clusterMergeCost), or in
@@ -639,8 +642,8 @@ func combineRounds(n int) int {
 // 128. No split of at most 16 tiles fits a cluster of at most 16, so the
 // combine kernel merges: 16 splits make 128 blocks, one per slot, 2*32 +
 // 24 + 4 + 5 = 97; 32 make 256 blocks, two on most SMs, which HBM holds
-// to 2*256*16*100/(132*66) = 95 (the busiest SM alone: 2*2*16*100/75 =
-// 86), + 24 + 9 = 128; 128 take three waves of the 264 resident and a
+// to 2*256*16*100/(132*66) = 95 (the busiest SM alone: 2*2*16*100/120 =
+// 54), + 24 + 9 = 128; 128 take three waves of the 264 resident and a
 // partial fourth (130); 1 split costs 1048. The least cost is 16: grid
 // (16, 8, 1), 128 of 132 SMs busy, 2048 keys each, then the combine. With
 // batch 16 (128 blocks, 80-100% of 132) it is 1. With 1024 keys (16
@@ -658,8 +661,9 @@ func combineRounds(n int) int {
 // end (85), + 24 + 9 = 252; 2 splits cost 291 (24 blocks of 32 tiles left
 // alone at the end), 4 cost 259: unsplit (H200: 71.4 us unsplit, 87.7,
 // 74.4 and 79.0 in 2, 3 and 4). With batch 6 (288 blocks, more than
-// resident) 24 blocks would stream alone after the first wave: 3 splits
-// (165.5 us unsplit, 145.4 in 3).
+// resident) autoSplits is not asked: planVariant keeps 264 items whole and
+// splits the other 24 in 11 (tailSplit; 140.7-141.7 us against 165.5
+// unsplit and 145.4 in 3 splits).
 func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) merge) int {
 	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1

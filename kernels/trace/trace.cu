@@ -235,6 +235,12 @@ static void run(const Scenario &sc) {
     CK(cudaFuncSetAttribute(tr_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 122880));
     CK(cudaFuncSetAttribute(tr_split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
+    // As core.Plan.EarlyDependents: the next kernel is let in at stage 1's
+    // start when the combine follows or the grid has no more blocks than SMs.
+    int num_sms = 0;
+    CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+    const bool early_dependents = combine || g1 <= num_sms;
+
     auto call = [&](int i) {
         u64 *t = ts + per_call * i;
         void *kv = bufs[i % layers];
@@ -274,11 +280,7 @@ static void run(const Scenario &sc) {
         p.seqlen = sc.L;
         p.num_splits = sc.splits;
         p.row_tiles = 1;
-        // As core.Plan.EarlyDependents: the next kernel is let in at the
-        // start when the combine follows or the grid has no more blocks than SMs.
-        int sm_count = 0;
-        CK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-        p.early_dependents = combine || sc.splits * hkv * sc.batch <= sm_count;
+        p.early_dependents = early_dependents;
         p.scale = 0.088f;
         p.scale_log2 = 0.088f * 1.4427f;
         if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
