@@ -27,8 +27,9 @@ type HostProblem struct {
 // natural-log lse (Batch, HeadsQ, SeqlenQ).
 //
 // Stage 1 splits each sequence's length len exactly as the kernels do:
-// tiles = ceil(len/keysPerTile), per = ceil(tiles/numSplits), split s takes
-// key tiles [s*per, min((s+1)*per, tiles)), so trailing splits may be empty.
+// tiles = ceil(len/keysPerTile), and split s takes key tiles s, s+numSplits,
+// s+2*numSplits, ... below tiles (dealt round robin), so splits past tiles
+// are empty.
 // Each split runs an online softmax tile by tile (base-2 exponentials of
 // scale*log2(e)*q.k, as the kernels compute) and yields a partial output
 // normalized by its own sum and its lse; a split that sees no key yields
@@ -58,8 +59,6 @@ func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []flo
 	}
 	for b := 0; b < s.Batch; b++ {
 		n := h.length(b)
-		tiles := ceilDiv(n, keysPerTile)
-		per := ceilDiv(tiles, numSplits)
 		for kvh := 0; kvh < s.HeadsKV; kvh++ {
 			// Packed rows of this (batch, K/V head), as the kernels order them.
 			for r := 0; r < group*s.SeqlenQ; r++ {
@@ -67,9 +66,7 @@ func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []flo
 				q := h.Q[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d]
 				visible := h.visible(n, i)
 				for sp := 0; sp < numSplits; sp++ {
-					lo := min(sp*per, tiles) * keysPerTile
-					hi := min((sp+1)*per, tiles) * keysPerTile
-					lsePart[sp] = h.splitPartial(oPart[sp], q, b, kvh, lo, min(hi, visible), keysPerTile, float32(scaleLog2))
+					lsePart[sp] = h.splitPartial(oPart[sp], q, b, kvh, sp, numSplits, visible, keysPerTile, float32(scaleLog2))
 				}
 				row := (b*s.HeadsQ+hq)*s.SeqlenQ + i
 				o := out[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d]
@@ -86,17 +83,17 @@ func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []flo
 }
 
 // splitPartial is stage 1 for one row and one split: an online softmax over
-// keys [lo, hi) (hi already limited to the visible keys) in tiles of
-// keysPerTile. It writes the partial output, normalized by its own sum, to o
-// and returns its natural-log lse: -inf, with o = 0, when it saw no key.
-func (h *HostProblem) splitPartial(o, q []float32, b, kvh, lo, hi, keysPerTile int, scaleLog2 float32) float32 {
+// the key tiles first, first+step, ... (tiles of keysPerTile keys, cut at the
+// visible keys). It writes the partial output, normalized by its own sum, to
+// o and returns its natural-log lse: -inf, with o = 0, when it saw no key.
+func (h *HostProblem) splitPartial(o, q []float32, b, kvh, first, step, visible, keysPerTile int, scaleLog2 float32) float32 {
 	d := h.HeadDim
 	clear(o)
 	m := float32(math.Inf(-1)) // running max of scaleLog2*q.k
 	var l float32              // running sum of exp2(x - m)
 	x := make([]float32, keysPerTile)
-	for t := lo; t < hi; t += keysPerTile {
-		te := min(t+keysPerTile, hi)
+	for t := first * keysPerTile; t < visible; t += step * keysPerTile {
+		te := min(t+keysPerTile, visible)
 		tmax := float32(math.Inf(-1))
 		for j := t; j < te; j++ {
 			var dot float32

@@ -10,7 +10,9 @@
 // the event time per call and the medians over calls of those moments,
 // counted from the end of the previous call, and (from %smid) how many SMs
 // held one, two or more stage-1 blocks with those blocks' loop time and
-// end, next to a plain streaming read of the same bytes. fp16, head dim
+// end, and how far apart the blocks end (the spread of their ends, and of
+// its means by SM and by block, whose bytes are the same every call), next
+// to a plain streaming read of the same bytes. fp16, head dim
 // 128, (batch, heads, seq, dim) layout, zero data. BENCHMARKS.md ("Per
 // block: a trace of one call") shows what it found.
 //
@@ -38,6 +40,7 @@ __device__ __forceinline__ unsigned long long fd_trace_now() {
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -102,10 +105,11 @@ __global__ void __launch_bounds__(32 * WARPS) tr_combine(const fd_params p, u64 
 }
 
 // A plain streaming read: block i sums `per_block` bytes from x + i * per_block
-// with 16-byte loads, UNROLL in flight per thread.
+// with 16-byte loads, UNROLL in flight per thread; or, with interleave, the
+// same bytes in 32 KB chunks dealt round robin (chunk c to block c % blocks).
 template <int UNROLL>
 __global__ void __launch_bounds__(256) tr_read(const int4 *x, long long per_block16, float *outp,
-                                               u64 *ts, int pdl) {
+                                               u64 *ts, int pdl, int interleave) {
     const u64 t0 = gtime();
     if (pdl) {
         fd_pdl_wait();
@@ -114,13 +118,25 @@ __global__ void __launch_bounds__(256) tr_read(const int4 *x, long long per_bloc
     const u64 t1 = gtime();
     const int4 *src = x + blockIdx.x * per_block16;
     float acc = 0.f;
-    for (long long i = threadIdx.x; i < per_block16; i += 256 * UNROLL) {
-        int4 v[UNROLL];
+    if (interleave) {  // 2048-int4 (32 KB) chunks blockIdx.x, +gridDim.x, ...: 8 loads a thread each
+        const long long chunks = per_block16 * gridDim.x / 2048;
+        for (long long ch = blockIdx.x; ch < chunks; ch += gridDim.x) {
+            const int4 *c = x + ch * 2048;
+            int4 v[8];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            v[u] = i + u * 256 < per_block16 ? __ldcs(src + i + u * 256) : make_int4(0, 0, 0, 0);
+            for (int u = 0; u < 8; ++u) v[u] = __ldcs(c + threadIdx.x + u * 256);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) acc += __int_as_float(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+            for (int u = 0; u < 8; ++u) acc += __int_as_float(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+        }
+    } else {
+        for (long long i = threadIdx.x; i < per_block16; i += 256 * UNROLL) {
+            int4 v[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                v[u] = i + u * 256 < per_block16 ? __ldcs(src + i + u * 256) : make_int4(0, 0, 0, 0);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) acc += __int_as_float(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+        }
     }
     if (acc == 1.2345f) outp[blockIdx.x] = acc;  // keeps the loads
     __syncthreads();
@@ -185,6 +201,7 @@ struct Scenario {
     long long read_bytes = 0;
     int read_blocks = 0, read_unroll = 4;
     bool pdl = true;
+    bool interleave = false;  // read in 32 KB chunks dealt round robin to the blocks, not one run each
 };
 
 static void run(const Scenario &sc) {
@@ -247,9 +264,9 @@ static void run(const Scenario &sc) {
         if (sc.read) {
             const long long per16 = cache_bytes / 16 / sc.read_blocks;
             if (sc.read_unroll == 8)
-                launch(tr_read<8>, dim3(sc.read_blocks), 256, 0, s, sc.pdl, 1, (const int4 *)kv, per16, partial, t, (int)sc.pdl);
+                launch(tr_read<8>, dim3(sc.read_blocks), 256, 0, s, sc.pdl, 1, (const int4 *)kv, per16, partial, t, (int)sc.pdl, (int)sc.interleave);
             else
-                launch(tr_read<4>, dim3(sc.read_blocks), 256, 0, s, sc.pdl, 1, (const int4 *)kv, per16, partial, t, (int)sc.pdl);
+                launch(tr_read<4>, dim3(sc.read_blocks), 256, 0, s, sc.pdl, 1, (const int4 *)kv, per16, partial, t, (int)sc.pdl, (int)sc.interleave);
             return;
         }
         fd_params p = {};
@@ -325,6 +342,12 @@ static void run(const Scenario &sc) {
     // previous call's end). Whether two blocks on one SM stream slower
     // each, and where the blocks of a grid of more blocks than SMs land.
     std::map<int, Stats> sm_count, sm_loop, sm_end;
+    // Why blocks end apart: each block's end (from its call's first go) by
+    // SM and by block index (its bytes), over calls: the spread of the group
+    // means against the whole spread says whether an SM or an address range is slow.
+    std::map<unsigned, Stats> by_sm;
+    std::map<int, Stats> by_block;
+    Stats all_ends;
     u64 prev_end = 0;
     for (int i = 0; i < kCalls; ++i) {
         const u64 *c = h.data() + per_call * i;
@@ -339,6 +362,13 @@ static void run(const Scenario &sc) {
             ends.push_back((double)c[NS * b + 5]);
         }
         std::sort(ends.begin(), ends.end());
+        if (i >= 2)
+            for (int b = 0; b < g1; ++b) {
+                const double e = ((double)c[NS * b + 5] - (double)go_min) / 1e3;
+                by_sm[(unsigned)c[NS * b + 6]].add(e);
+                by_block[b].add(e);
+                all_ends.add(e);
+            }
         if (!sc.read && i >= 2) {
             std::map<unsigned, int> on_sm;  // stage-1 blocks of this call per SM
             for (int b = 0; b < g1; ++b) on_sm[(unsigned)c[NS * b + 6]]++;
@@ -405,6 +435,25 @@ static void run(const Scenario &sc) {
         for (auto &e : sm_count)
             printf(" %g SMs held %d (loop %6.2f, end %7.2f);", e.second.med(), e.first,
                    sm_loop[e.first].med() / 1e3, sm_end[e.first].med() / 1e3);
+    }
+    {
+        auto sd_means = [](auto &groups) {
+            double n = 0, m = 0, m2 = 0;
+            for (auto &e : groups) {
+                double mu = 0;
+                for (double x : e.second.v) mu += x;
+                mu /= e.second.v.size();
+                n += 1, m += mu, m2 += mu * mu;
+            }
+            m /= n;
+            return std::sqrt(std::max(0.0, m2 / n - m * m));
+        };
+        double mu = 0, mu2 = 0;
+        for (double x : all_ends.v) mu += x, mu2 += x * x;
+        mu /= all_ends.v.size();
+        printf("\n    block ends from first go: mean %7.2f sd %5.2f; sd of means by SM %5.2f (%zu SMs), by block %5.2f",
+               mu, std::sqrt(std::max(0.0, mu2 / all_ends.v.size() - mu * mu)), sd_means(by_sm), by_sm.size(),
+               sd_means(by_block));
     }
     if (g2)
         printf("\n    combine per block (median): go->loads merged %5.2f, ->warps met %5.2f, ->exit %5.2f",
@@ -502,6 +551,14 @@ int main(int argc, char **argv) {
             rd("", MB134, blocks, 4);
             v.back().name = "plain read 134 MB, " + std::to_string(blocks) + " blocks, " + where[pl];
             v.back().placement = pl;
+        }
+    // Runs against chunks dealt round robin (the split kernel deals its
+    // tiles so since the eleventh session): how evenly the blocks end.
+    for (int blocks : {128, 264})
+        for (bool rr : {false, true}) {
+            rd("", 4 * MB134, blocks, 8);
+            v.back().name = "plain read 537 MB, " + std::to_string(blocks) + " blocks" + (rr ? ", 32 KB round robin" : ", in runs");
+            v.back().interleave = rr;
         }
     for (auto &s : v)
         if (argc < 2 || s.name.find(argv[1]) != std::string::npos) run(s);
