@@ -512,6 +512,10 @@ int main(int argc, char **argv) {
     att("b=8 8K, 2 splits + combine", 8, 8192, 2, 1);
     att("b=32 1K, 1 split", 32, 1024, 1, 1);
     att("MQA b=1 128K, 121 splits + combine", 1, 131072, 121, 1, true, 8, 1);
+    // The same 128 blocks of 64 tiles as b=8 8K above, with 8 query rows a
+    // block (MQA b=32, 4 splits; 64/8 heads b=8, 2 splits) instead of 4.
+    att("MQA b=32 16K, 4 splits + combine", 32, 16384, 4, 1, true, 8, 1);
+    att("64/8 b=8 8K, 2 splits + combine", 8, 8192, 2, 1, true, 64, 8);
     // MHA, one query row per KV head: unsplit, cuDNN's launch shape (one
     // block per sequence and head), against the planner's 3 splits, and
     // b=2 (96 blocks, one an SM) as the lone-block reference.
