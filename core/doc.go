@@ -21,7 +21,9 @@
 // part of the keys. Unsplit, the grid has only Batch x HeadsKV blocks; at
 // batch 1 with 8 K/V heads that is 8 blocks on a 132-SM GPU, and 124 SMs
 // would idle while 8 read the cache. Splitting each sequence's keys n ways
-// gives every SM a part of the cache; each split writes its partial output,
+// gives every SM a part of the cache (its key tiles dealt round robin: split
+// s takes tiles s, s+n, s+2n, ..., so a sequence's blocks read neighbouring
+// tiles at any moment); each split writes its partial output,
 // normalized by its own softmax sum, and its log-sum-exp (LSE) to a
 // workspace.
 //
