@@ -98,6 +98,11 @@ var h200Sweeps = []struct {
 	{"d256 b6 8K", 6, 32, 8, 256, 8192, 1, map[int]float64{1: 188.6, 2: 100.4, 3: 104.3, 4: 105.4, 5: 101.3}},
 	{"d64 b20 4K", 20, 32, 8, 64, 4096, 1, map[int]float64{1: 42.8, 2: 51.7, 3: 46.5, 4: 48.3, 5: 47.7, 8: 50.0, 16: 55.2}},
 	{"d64 b12 32K", 12, 32, 8, 64, 32768, 1, map[int]float64{1: 187.8, 2: 199.8, 3: 240.4, 4: 202.3, 5: 191.8}},
+	// Eleventh session, with the splits' tiles dealt round robin (kernels
+	// of 655d0b3): the matrix shapes of 128 blocks of 64 tiles with 8 query
+	// rows a block (MQA: the faster of two runs at each count).
+	{"mqa b32 16K", 32, 8, 1, 128, 16384, 1, map[int]float64{2: 85.1, 3: 68.0, 4: 66.6, 5: 70.0, 6: 71.5, 8: 68.4}},
+	{"g8 b8 8K", 8, 64, 8, 128, 8192, 1, map[int]float64{1: 83.1, 2: 64.9, 3: 70.5, 4: 68.8}},
 }
 
 // tailSplitKey holds a sweep's time of the tail split (tailSplit), which
