@@ -43,7 +43,7 @@
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
 
-// FD_TRACE(i): a timestamp hook for kernels/trace/trace.cu (see split_kv.cuh);
+// FD_TRACE(i): a timestamp hook for dev/trace/trace.cu (see split_kv.cuh);
 // empty in the library build.
 #ifndef FD_TRACE
 #define FD_TRACE(i)
@@ -121,7 +121,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         }
     }
 
-    FD_TRACE(2);  // kernels/trace/trace.cu: this warp's loads have landed and are merged
+    FD_TRACE(2);  // dev/trace/trace.cu: this warp's loads have landed and are merged
 
     // Warps 1.. hand their states and sums to warp 0, which merges them,
     // normalizes and writes.

@@ -57,7 +57,7 @@
 #include "split_kv_config.cuh"
 #include "state.cuh"
 
-// FD_TRACE(i): a timestamp hook for kernels/trace/trace.cu, which defines it
+// FD_TRACE(i): a timestamp hook for dev/trace/trace.cu, which defines it
 // to record %globaltimer per block at four points (1: released from the PDL
 // wait, 2: first tile landed, 3: loop done, 4: rows written). Empty in the
 // library build.
@@ -126,7 +126,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // blocks would take every free slot while this grid streams and then
     // find themselves two to an SM on some SMs and none on others (H200,
     // 48/48 heads, b=3, 4096 keys unsplit: 144 blocks on 74 SMs, 107 us;
-    // let in late, on 130 SMs, 73 us; kernels/trace/trace.cu shows where
+    // let in late, on 130 SMs, 73 us; dev/trace/trace.cu shows where
     // blocks run).
     fd_pdl_wait();
     if (p.early_dependents) fd_pdl_launch_dependents();

@@ -16,7 +16,7 @@
 // 128, (batch, heads, seq, dim) layout, zero data. BENCHMARKS.md ("Per
 // block: a trace of one call") shows what it found.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace kernels/trace/trace.cu && ./trace [name part]
+//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace dev/trace/trace.cu && ./trace [name part]
 //
 // The globaltimer ticks in 0.256 us steps on the H200.
 #include <cstdint>
@@ -35,7 +35,7 @@ __device__ __forceinline__ unsigned long long fd_trace_now() {
             fd_trace_ts[8 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) + \
                         (i)] = fd_trace_now();                                                  \
     } while (0)
-#include "../flashdecode.cu"
+#include "../../kernels/flashdecode.cu"
 
 #include <cuda_runtime.h>
 
