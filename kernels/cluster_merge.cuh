@@ -34,25 +34,18 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
         m = fmaxf(m, lse2[s]);
     }
     const float off = fd_state_offset(m);
-    float sum = 0.f;
+    fd_state st{m, 0.f};
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < KMAX; ++s) {
         if (s < n) {
             const float w = exp2f(lse2[s] - off);  // 0 for a split that saw no key
             const float4 x = o_of(s);
-            sum += w;
-            acc.x += w * x.x;
-            acc.y += w * x.y;
-            acc.z += w * x.z;
-            acc.w += w * x.w;
+            st.d += w;
+            acc = fd_fma4(acc, w, x);
         }
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // no visible key: output 0
-    acc.x *= inv;
-    acc.y *= inv;
-    acc.z *= inv;
-    acc.w *= inv;
+    acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
     const int head = kv_head * p.group + r / p.seqlen_q;
     const int qi = r % p.seqlen_q;
     T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
@@ -60,7 +53,7 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
     fd_store4(out, acc);
     if (d == 0 && p.lse != nullptr)
         p.lse[(b * p.heads_q + head) * p.seqlen_q + qi] =
-            sum > 0.f ? (off + log2f(sum)) * CUDART_LN2_F : -CUDART_INF_F;
+            st.d > 0.f ? (off + log2f(st.d)) * CUDART_LN2_F : -CUDART_INF_F;
 }
 
 // Stage 2 inside stage 1, for a cluster launch (sm_90) of a variant without

@@ -97,27 +97,14 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         float mx = st.m;
 #pragma unroll
         for (int u = 0; u < FD_COMBINE_UNROLL; ++u) mx = fmaxf(mx, m[u]);
-        const float off = fd_state_offset(mx);
-        const float alpha = exp2f(st.m - off);  // rescales what the warp has so far
-        st = fd_state{mx, st.d * alpha};
+        const float alpha = fd_state_rescale(st, mx);  // rescales what the warp has so far
 #pragma unroll
-        for (int i = 0; i < kSlices; ++i) {
-            acc[i].x *= alpha;
-            acc[i].y *= alpha;
-            acc[i].z *= alpha;
-            acc[i].w *= alpha;
-        }
+        for (int i = 0; i < kSlices; ++i) acc[i] = fd_scale4(acc[i], alpha);
 #pragma unroll
         for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
-            const float w = exp2f(m[u] - off);  // 0 for an empty split
-            st.d += w;
+            const float w = fd_state_add(st, m[u]);  // 0 for an empty split
 #pragma unroll
-            for (int i = 0; i < kSlices; ++i) {
-                acc[i].x += w * x[u][i].x;
-                acc[i].y += w * x[u][i].y;
-                acc[i].z += w * x[u][i].z;
-                acc[i].w += w * x[u][i].w;
-            }
+            for (int i = 0; i < kSlices; ++i) acc[i] = fd_fma4(acc[i], w, x[u][i]);
         }
     }
 
@@ -140,20 +127,14 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 #pragma unroll
         for (int i = 0; i < kSlices; ++i) {
             const float4 o = sum[w][i * 32 + lane];
-            acc[i].x = acc[i].x * sa + o.x * sb;
-            acc[i].y = acc[i].y * sa + o.y * sb;
-            acc[i].z = acc[i].z * sa + o.z * sb;
-            acc[i].w = acc[i].w * sa + o.w * sb;
+            acc[i] = fd_axpby4(acc[i], sa, o, sb);
         }
     }
-    const float inv = st.d > 0.f ? 1.f / st.d : 0.f;  // every split empty: output 0
+    const float inv = fd_state_norm(st);  // every split empty: output 0
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
-        acc[i].x *= inv;
-        acc[i].y *= inv;
-        acc[i].z *= inv;
-        acc[i].w *= inv;
+        acc[i] = fd_scale4(acc[i], inv);
         if (d < p.head_dim) fd_store4(out + d, acc[i]);
     }
     if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;

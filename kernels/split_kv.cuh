@@ -381,17 +381,9 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             const int wr = w * ROWS + row;
             float sa, sb;
             fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
-            const float4 x = *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d);
-            acc.x = acc.x * sa + x.x * sb;
-            acc.y = acc.y * sa + x.y * sb;
-            acc.z = acc.z * sa + x.z * sb;
-            acc.w = acc.w * sa + x.w * sb;
+            acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
         }
-        const float inv = st.d > 0.f ? 1.f / st.d : 0.f;  // no visible key: output 0
-        acc.x *= inv;
-        acc.y *= inv;
-        acc.z *= inv;
-        acc.w *= inv;
+        acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
         if (push) {
             fd_cluster_push<D, ROWS>(&merge_bar, cluster_n, rank, per_block, idx, row, acc, fd_state_lse2(st));
             continue;
