@@ -11,7 +11,8 @@
 // variants with kPushMerge) has every block send each item to its owner.
 //
 // Why it is fast. No workspace, no second launch, no partials through HBM:
-// the splits meet in distributed shared memory within the one kernel.
+// the splits meet in distributed shared memory within the one kernel, which
+// is what a small cache gains most from splitting.
 #ifndef FLASHDECODE_CLUSTER_MERGE_CUH
 #define FLASHDECODE_CLUSTER_MERGE_CUH
 
@@ -21,8 +22,10 @@
 #include "state.cuh"
 
 // Merges item (packed row r, columns d..d+3) over the n blocks of a cluster
-// (n <= KMAX): lse2_of(s) gives block s's base-2 LSE of the row, o_of(s) its
-// normalized output there; writes out (and lse). Both cluster merges use it.
+// (n <= KMAX) with the combine's formula
+//     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s:
+// lse2_of(s) gives block s's base-2 LSE of the row, o_of(s) its normalized
+// output there; writes out (and lse). Both forms below use it.
 template <typename T, int KMAX, typename LseOf, typename OOf>
 __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n, int b, int kv_head, int r, int d,
                                                       LseOf lse2_of, OOf o_of) {
@@ -56,18 +59,12 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
             st.d > 0.f ? (off + log2f(st.d)) * CUDART_LN2_F : -CUDART_INF_F;
 }
 
-// Stage 2 inside stage 1, for a cluster launch (sm_90) of a variant without
-// kPushMerge (the push form is below): the num_splits blocks
-// of one (batch, KV head, row tile) form one cluster (cluster dims
-// (num_splits, 1, 1)), and each has parked its normalized rows `park_o` and
-// their base-2 LSEs `park_lse` in its shared memory. After a cluster barrier,
-// block `rank` takes a contiguous 1/num_splits of the tile's (row, 4 columns)
-// items and merges them over every block through distributed shared memory,
-// exactly as the combine kernel does over the workspace:
-//     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s,
-// then writes out (and lse). A second barrier keeps every block's shared
-// memory alive until the others have read it. No workspace, no second launch,
-// no partials through HBM: what a small cache gains most from splitting.
+// The pull form, for variants without kPushMerge: each block has parked its
+// normalized rows `park_o` and their base-2 LSEs `park_lse` in its own
+// shared memory. After a cluster barrier, block `rank` merges the items it
+// owns, reading every block's through distributed shared memory, and writes
+// out (and lse). A second barrier keeps every block's shared memory alive
+// until the others have read it.
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void fd_split_kv_cluster_merge(const fd_params &p, const float *park_o,
                                                           const float *park_lse, int b,
@@ -91,21 +88,16 @@ __device__ __forceinline__ void fd_split_kv_cluster_merge(const fd_params &p, co
     fd_cluster_sync();  // the others have read this block's rows: it may exit
 }
 
-// The push form of the cluster merge, for variants with kPushMerge (at
-// most 4 items a thread): block `rank` owns the same contiguous
-// 1/num_splits of the items, and every block sends each merged item to its
-// owner, and all its rows' base-2 LSEs to every block, with st.async into
-// the owner's inbox (kInboxBytes after the pipeline buffers), each store
-// counted on the owner's mbarrier; the owner waits on its own barrier for
-// exactly the bytes it expects, then merges its items from its own shared
-// memory with the same formula. One cluster barrier (whose arrive is at the
-// kernel's start) instead of two, and no round trip between blocks. On the
-// H200 this took b=1 at 1024 tokens from 6.8-6.9 to 6.5 us (head dim 128)
-// and from 5.8 to 4.4-4.5 us (head dim 64). But each st.async travels on
-// its own, so the sending grows with the items a thread sends (1.3 us more
-// than parking the rows, at 4 items, in the trace harness): at head dim 256
-// (16 items a thread) the push lost, 14.1 against 10.9 us, hence only
-// where kPushMerge.
+// The push form, for variants with kPushMerge (at most 4 items a thread):
+// every block sends each merged item to its owner, and all its rows' base-2
+// LSEs to every block, with st.async into the owner's inbox (kInboxBytes
+// after the pipeline buffers), each store counted on the owner's mbarrier;
+// the owner waits on its own barrier for exactly the bytes it expects, then
+// merges its items from its own shared memory. One cluster barrier (whose
+// arrive is at the kernel's start) instead of two, and no round trip between
+// blocks. But each st.async travels on its own, so the sending grows with
+// the items a thread sends: at head dim 256 (16 items a thread) parking the
+// rows is faster, hence only where kPushMerge.
 
 // The inbox of a cluster block, at kSharedBytes in its dynamic shared memory.
 template <int D, int ROWS>

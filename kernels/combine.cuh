@@ -1,4 +1,6 @@
-// combine.cuh: stage 2, merging the splits of stage 1 by their log-sum-exp.
+// combine.cuh: stage 2, the reduce kernel (reduce path 1): merges the splits
+// of stage 1 by their log-sum-exp. (Reduce path 2, where the splits merge
+// inside stage 1, is cluster_merge.cuh.)
 //
 // What it does. For each output row (b, query head, query token) it reads the
 // num_splits partial LSEs (natural log, -inf for a split that saw no key) and
@@ -13,13 +15,12 @@
 // Launch shape. One block of WARPS warps per output row: grid batch *
 // heads_q * seqlen_q (core/variants.go CombineRows = 1), or only the rows
 // from p.combine_row0 on, where stage 1 split only its last items
-// (p.whole_items > 0). WARPS is 4
-// (fd_combine_<dtype>, CombineThreads) or, for plans of more than 32
-// splits, 16 (fd_combine_<dtype>_w16, CombineWideThreads); 3 or 15 KB of
-// static shared memory. It may be launched with
-// programmatic dependent launch (sm_90): its blocks then start while stage 1
-// drains and wait in fd_pdl_wait for its results, which hides most of the
-// second launch's latency.
+// (p.whole_items > 0). WARPS is 4 (fd_combine_<dtype>, CombineThreads) or,
+// for plans of more than 32 splits, 16 (fd_combine_<dtype>_w16,
+// CombineWideThreads); 3 or 15 KB of static shared memory. It may be
+// launched with programmatic dependent launch (sm_90): its blocks then start
+// while stage 1 drains and wait in fd_pdl_wait for its results, which hides
+// most of the second launch's latency.
 //
 // Why it is fast enough. It reads num_splits * head_dim * 4 bytes per row, a
 // small fraction of the KV cache stage 1 read, so its time is L2 round trips,
@@ -29,11 +30,8 @@
 // 512-byte rows) and their LSEs in flight, and merges them into its own
 // online-softmax state without waiting for the other warps; the warps'
 // states and rows meet once in shared memory at the end. So 8 * WARPS splits
-// (32 or 128) are a single round trip. A first version merged every split's
-// LSE before loading any row, and had only 4 warps: on the H200 that cost
-// 0.3-0.5 us more per call at 2-16 splits, and several us at 114 splits
-// (MQA, b=1, 128K tokens; BENCHMARKS.md). One row per block also spreads a
-// small batch (b=1: 32 rows) over 32 SMs instead of 8.
+// (32 or 128) are a single round trip. One row per block also spreads a
+// small batch over as many SMs as it has rows (b=1, 32 heads: 32).
 #ifndef FLASHDECODE_COMBINE_CUH
 #define FLASHDECODE_COMBINE_CUH
 

@@ -124,10 +124,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // is let in once this block's loop is done (below): the next kernel is
     // often this one again (the next layer), and scheduled from here, its
     // blocks would take every free slot while this grid streams and then
-    // find themselves two to an SM on some SMs and none on others (H200,
-    // 48/48 heads, b=3, 4096 keys unsplit: 144 blocks on 74 SMs, 107 us;
-    // let in late, on 130 SMs, 73 us; dev/trace/trace.cu shows where
-    // blocks run).
+    // find themselves two to an SM on some SMs and none on others.
     fd_pdl_wait();
     if (p.early_dependents) fd_pdl_launch_dependents();
     FD_TRACE(1);
@@ -208,10 +205,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // The tiles of the splits are dealt round robin rather than in runs of
     // ceil(tiles / num_splits): at any moment the blocks of a sequence read
     // neighbouring tiles instead of addresses a whole split apart (often a
-    // power of two), and the blocks end closer together. kernels/trace, b=1,
-    // 32/8 heads, 128K keys in 16 splits (H200): block ends spread sd 1.47 ->
-    // 0.97 us, last 120.6 -> 119.0 us; the plain read of 537 MB in 264 blocks
-    // 124.4 us in runs, 120.7 in 32 KB chunks dealt round robin.
+    // power of two), and the blocks end closer together.
     const auto tile_of = [&](int i) { return split + i * num_splits; };
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {

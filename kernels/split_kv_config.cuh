@@ -19,11 +19,9 @@ struct fd_split_kv_config {
     // 16 keys add their halves of the scores through shared memory (kXchg),
     // meeting at a barrier of their own. At D 256 a tile has only 32 keys:
     // two warps alone, each with 64 dependent mmas a tile and one warp per
-    // scheduler at two blocks per SM, were stalled on fixed-latency
-    // dependencies (Nsight Compute: 2.7 cycles per issue) and read 81-82%
-    // of the ceiling; 4 warps read 86-87% (H200, b=1, 32K tokens) when both
-    // warps of 16 keys computed all of Q K^T, and 1% more, 6% more at 1K
-    // tokens, with the halves added instead.
+    // scheduler at two blocks per SM, stall on fixed-latency dependencies.
+    // Four warps hide them, and splitting Q K^T as well (rather than both
+    // warps of 16 keys computing all of it) halves each warp's share.
     static constexpr int kDimSplit = D == 256 ? 2 : 1;
     static constexpr int kWarpDim = D / kDimSplit;        // head dims (Q K^T) and output columns (P V) a warp covers
     static constexpr int kWarps = kKeyWarps * kDimSplit;

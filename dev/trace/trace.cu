@@ -556,8 +556,8 @@ int main(int argc, char **argv) {
             v.back().name = "plain read 134 MB, " + std::to_string(blocks) + " blocks, " + where[pl];
             v.back().placement = pl;
         }
-    // Runs against chunks dealt round robin (the split kernel deals its
-    // tiles so since the eleventh session): how evenly the blocks end.
+    // Runs against chunks dealt round robin (as the split kernel deals its
+    // tiles): how evenly the blocks end.
     for (int blocks : {128, 264})
         for (bool rr : {false, true}) {
             rd("", 4 * MB134, blocks, 8);
