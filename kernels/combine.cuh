@@ -1,4 +1,6 @@
-// combine.cuh: stage 2, merging the splits of stage 1 by their log-sum-exp.
+// combine.cuh: stage 2, the reduce kernel (reduce path 1): merges the splits
+// of stage 1 by their log-sum-exp. (Reduce path 2, where the splits merge
+// inside stage 1, is cluster_merge.cuh.)
 //
 // What it does. For each output row (b, query head, query token) it reads the
 // num_splits partial LSEs (natural log, -inf for a split that saw no key) and
@@ -13,13 +15,12 @@
 // Launch shape. One block of WARPS warps per output row: grid batch *
 // heads_q * seqlen_q (core/variants.go CombineRows = 1), or only the rows
 // from p.combine_row0 on, where stage 1 split only its last items
-// (p.whole_items > 0). WARPS is 4
-// (fd_combine_<dtype>, CombineThreads) or, for plans of more than 32
-// splits, 16 (fd_combine_<dtype>_w16, CombineWideThreads); 3 or 15 KB of
-// static shared memory. It may be launched with
-// programmatic dependent launch (sm_90): its blocks then start while stage 1
-// drains and wait in fd_pdl_wait for its results, which hides most of the
-// second launch's latency.
+// (p.whole_items > 0). WARPS is 4 (fd_combine_<dtype>, CombineThreads) or,
+// for plans of more than 32 splits, 16 (fd_combine_<dtype>_w16,
+// CombineWideThreads); 3 or 15 KB of static shared memory. It may be
+// launched with programmatic dependent launch (sm_90): its blocks then start
+// while stage 1 drains and wait in fd_pdl_wait for its results, which hides
+// most of the second launch's latency.
 //
 // Why it is fast enough. It reads num_splits * head_dim * 4 bytes per row, a
 // small fraction of the KV cache stage 1 read, so its time is L2 round trips,
@@ -29,11 +30,8 @@
 // 512-byte rows) and their LSEs in flight, and merges them into its own
 // online-softmax state without waiting for the other warps; the warps'
 // states and rows meet once in shared memory at the end. So 8 * WARPS splits
-// (32 or 128) are a single round trip. A first version merged every split's
-// LSE before loading any row, and had only 4 warps: on the H200 that cost
-// 0.3-0.5 us more per call at 2-16 splits, and several us at 114 splits
-// (MQA, b=1, 128K tokens; BENCHMARKS.md). One row per block also spreads a
-// small batch (b=1: 32 rows) over 32 SMs instead of 8.
+// (32 or 128) are a single round trip. One row per block also spreads a
+// small batch over as many SMs as it has rows (b=1, 32 heads: 32).
 #ifndef FLASHDECODE_COMBINE_CUH
 #define FLASHDECODE_COMBINE_CUH
 
@@ -43,7 +41,7 @@
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
 
-// FD_TRACE(i): a timestamp hook for kernels/trace/trace.cu (see split_kv.cuh);
+// FD_TRACE(i): a timestamp hook for dev/trace/trace.cu (see split_kv.cuh);
 // empty in the library build.
 #ifndef FD_TRACE
 #define FD_TRACE(i)
@@ -97,31 +95,18 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         float mx = st.m;
 #pragma unroll
         for (int u = 0; u < FD_COMBINE_UNROLL; ++u) mx = fmaxf(mx, m[u]);
-        const float off = fd_state_offset(mx);
-        const float alpha = exp2f(st.m - off);  // rescales what the warp has so far
-        st = fd_state{mx, st.d * alpha};
+        const float alpha = fd_state_rescale(st, mx);  // rescales what the warp has so far
 #pragma unroll
-        for (int i = 0; i < kSlices; ++i) {
-            acc[i].x *= alpha;
-            acc[i].y *= alpha;
-            acc[i].z *= alpha;
-            acc[i].w *= alpha;
-        }
+        for (int i = 0; i < kSlices; ++i) acc[i] = fd_scale4(acc[i], alpha);
 #pragma unroll
         for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
-            const float w = exp2f(m[u] - off);  // 0 for an empty split
-            st.d += w;
+            const float w = fd_state_add(st, m[u]);  // 0 for an empty split
 #pragma unroll
-            for (int i = 0; i < kSlices; ++i) {
-                acc[i].x += w * x[u][i].x;
-                acc[i].y += w * x[u][i].y;
-                acc[i].z += w * x[u][i].z;
-                acc[i].w += w * x[u][i].w;
-            }
+            for (int i = 0; i < kSlices; ++i) acc[i] = fd_fma4(acc[i], w, x[u][i]);
         }
     }
 
-    FD_TRACE(2);  // kernels/trace/trace.cu: this warp's loads have landed and are merged
+    FD_TRACE(2);  // dev/trace/trace.cu: this warp's loads have landed and are merged
 
     // Warps 1.. hand their states and sums to warp 0, which merges them,
     // normalizes and writes.
@@ -140,20 +125,14 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 #pragma unroll
         for (int i = 0; i < kSlices; ++i) {
             const float4 o = sum[w][i * 32 + lane];
-            acc[i].x = acc[i].x * sa + o.x * sb;
-            acc[i].y = acc[i].y * sa + o.y * sb;
-            acc[i].z = acc[i].z * sa + o.z * sb;
-            acc[i].w = acc[i].w * sa + o.w * sb;
+            acc[i] = fd_axpby4(acc[i], sa, o, sb);
         }
     }
-    const float inv = st.d > 0.f ? 1.f / st.d : 0.f;  // every split empty: output 0
+    const float inv = fd_state_norm(st);  // every split empty: output 0
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
-        acc[i].x *= inv;
-        acc[i].y *= inv;
-        acc[i].z *= inv;
-        acc[i].w *= inv;
+        acc[i] = fd_scale4(acc[i], inv);
         if (d < p.head_dim) fd_store4(out + d, acc[i]);
     }
     if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;

@@ -1,16 +1,24 @@
 // flashdecode.cu: the one translation unit nvcc compiles into the fatbin; it
 // instantiates every kernel the Go core can launch, by name.
 //
-// Two stages (see each header for its launch shape and why it is fast):
-//   split_kv.cuh  stage 1: fd_split_kv_<dtype>_d<D>_r<ROWS>, one block per
-//                 (split, KV head x row tile, batch); writes out/lse when
-//                 num_splits == 1, else fp32 partials and their LSE, or, in
-//                 a cluster launch (sm_90), merges the splits itself
-//   combine.cuh   stage 2: fd_combine_<dtype> (4 warps) and _w16 (16 warps,
-//                 for more than 32 splits), merges the partials by LSE (the
-//                 reduce kernel, when the splits did not merge in stage 1)
-//   state.cuh     the online-softmax state and merge both stages share
-//   ptx.cuh       cp.async / ldmatrix / mma wrappers and the dtype pieces
+// The files (each header gives its launch shape and why it is fast):
+//   split_kv.cuh         stage 1: fd_split_kv_<dtype>_d<D>_r<ROWS>, one block
+//                        per (split, KV head x row tile, batch); writes out/lse
+//                        when num_splits == 1, else fp32 partials and their LSE
+//                        for the combine, or, in a cluster launch, merges the
+//                        splits itself (cluster_merge.cuh)
+//   split_kv_config.cuh  a stage-1 variant's compile-time shape (threads,
+//                        tiles, shared memory) and its dynamic shared memory
+//   combine.cuh          reduce path 1, the reduce kernel: fd_combine_<dtype>
+//                        (4 warps) and _w16 (16 warps, for more than 32
+//                        splits) merge the partials by LSE
+//   cluster_merge.cuh    reduce path 2, the in-cluster reduce (sm_90): the
+//                        blocks of one cluster merge their splits through
+//                        distributed shared memory, inside stage 1
+//   state.cuh            the online-softmax state and merge all of them share
+//   ptx.cuh              cp.async / ldmatrix / mma / cluster wrappers and the
+//                        dtype pieces
+//   params.h             fd_params, the argument struct (shared with core/cuda)
 //
 // Every kernel takes `const fd_params p` (params.h) by value. Stage 1 uses
 // 98304 bytes of dynamic shared memory for every variant:

@@ -145,10 +145,9 @@ __device__ __forceinline__ void fd_cluster_sync() {
 // have started (and initialized their mbarriers) before it writes to their
 // shared memory: every thread arrives at its start (relaxed: it orders
 // nothing except an mbarrier initialization fenced by fd_mbar_init) and
-// waits just before its first write. The wait still lasts until the
-// cluster's last block has started, which can be late: the blocks of a
-// cluster start as the previous kernel frees SMs (1.8 us after release in
-// the trace harness on the H200, waiting right after the first loads).
+// waits just before its first write. The wait lasts until the cluster's
+// last block has started, which can be late (the blocks of a cluster start
+// as the previous kernel frees SMs), so it belongs as late as it can be.
 __device__ __forceinline__ void fd_cluster_arrive_relaxed() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");

@@ -9,7 +9,7 @@
 // normalized fp32 partial output and its natural-log LSE for the combine,
 // or, launched in clusters of num_splits blocks (sm_90), merges the splits
 // with the other blocks of its cluster and writes the final output (see
-// fd_split_kv_cluster_merge).
+// cluster_merge.cuh).
 //
 // Launch shape. grid (num_splits, heads_kv * row_tiles, batch);
 // blockIdx.y = kv_head * row_tiles + row_tile. Or, for a grid of more
@@ -51,234 +51,19 @@
 #ifndef FLASHDECODE_SPLIT_KV_CUH
 #define FLASHDECODE_SPLIT_KV_CUH
 
+#include "cluster_merge.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "split_kv_config.cuh"
 #include "state.cuh"
 
-extern __shared__ __align__(128) unsigned char fd_dynamic_smem[];
-
-// FD_TRACE(i): a timestamp hook for kernels/trace/trace.cu, which defines it
+// FD_TRACE(i): a timestamp hook for dev/trace/trace.cu, which defines it
 // to record %globaltimer per block at four points (1: released from the PDL
 // wait, 2: first tile landed, 3: loop done, 4: rows written). Empty in the
 // library build.
 #ifndef FD_TRACE
 #define FD_TRACE(i)
 #endif
-
-// Compile-time shape of a stage-1 variant.
-template <int D, int ROWS>
-struct fd_split_kv_config {
-    static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
-    static_assert(ROWS % 16 == 0, "rows are whole mma tiles of 16");
-    static constexpr int kKeys = 8192 / D;                // keys per tile (32 KiB of K+V)
-    static constexpr int kKeyWarps = kKeys / 16;          // each owns 16 keys of a tile
-    // Warps per 16 keys, each accumulating D / kDimSplit output columns of
-    // P V, and Q K^T over D / kDimSplit of the head dim: the two warps of
-    // 16 keys add their halves of the scores through shared memory (kXchg),
-    // meeting at a barrier of their own. At D 256 a tile has only 32 keys:
-    // two warps alone, each with 64 dependent mmas a tile and one warp per
-    // scheduler at two blocks per SM, were stalled on fixed-latency
-    // dependencies (Nsight Compute: 2.7 cycles per issue) and read 81-82%
-    // of the ceiling; 4 warps read 86-87% (H200, b=1, 32K tokens) when both
-    // warps of 16 keys computed all of Q K^T, and 1% more, 6% more at 1K
-    // tokens, with the halves added instead.
-    static constexpr int kDimSplit = D == 256 ? 2 : 1;
-    static constexpr int kWarpDim = D / kDimSplit;        // head dims (Q K^T) and output columns (P V) a warp covers
-    static constexpr int kWarps = kKeyWarps * kDimSplit;
-    static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
-    static constexpr int kMTiles = ROWS / 16;             // mma row tiles
-    static constexpr int kXchg = kDimSplit > 1 ? kWarps * kMTiles * 8 * 32 : 1;  // floats: [warp][score][lane]
-    static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
-    static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
-    static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
-    static constexpr int kSharedBytes = kStages * 2 * kTileElems * 2;
-    // End-of-block merge scratch, reusing the pipeline buffers: every key
-    // warp's unnormalized output (rows padded by 8 floats; the halves of D
-    // fill their own columns) and its max and sum.
-    static constexpr int kMergeStride = D + 8;
-    static constexpr int kMergeBytes = (kKeyWarps * ROWS * kMergeStride + 2 * kKeyWarps * ROWS) * 4;
-    // With a cluster launch, each block's merged rows for the other blocks of
-    // its cluster: normalized output [ROWS][D] and base-2 LSE [ROWS], after
-    // the merge scratch.
-    static constexpr int kMaxCluster = 16;                // non-portable cluster size on sm_90
-    static constexpr int kParkBytes = (ROWS * D + ROWS) * 4;
-    // Or, where each thread has at most 4 (row, 4 columns) items to send
-    // (head dim 64 and 128 at 16 rows), the blocks push their rows to the
-    // block that merges them instead (fd_cluster_push): into its inbox after
-    // the pipeline buffers, every block's base-2 LSEs [kMaxCluster][ROWS],
-    // then [n][per_block] float4s, per_block = ceil(kItems / n). The cluster
-    // launch's 120 KB (core/variants.go oneBlockPerSMBytes) covers it.
-    static constexpr int kItems = ROWS * (D / 4);         // (row, 4 columns) items of a block's rows
-    static constexpr bool kPushMerge = kItems <= 4 * kThreads;
-    static constexpr int kInboxBytes = kMaxCluster * ROWS * 4 + (kItems + kMaxCluster) * 16;
-    static_assert(kThreads % kChunks == 0, "a thread copies the same chunk of every key it copies");
-    static_assert(kMergeBytes + kParkBytes <= kSharedBytes, "merge scratch must fit in the pipeline buffers");
-    static_assert(!kPushMerge || kSharedBytes + kInboxBytes <= 120 * 1024, "the inbox must fit a cluster launch");
-};
-
-// Merges item (packed row r, columns d..d+3) over the n blocks of a cluster
-// (n <= KMAX): lse2_of(s) gives block s's base-2 LSE of the row, o_of(s) its
-// normalized output there; writes out (and lse). Both cluster merges use it.
-template <typename T, int KMAX, typename LseOf, typename OOf>
-__device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n, int b, int kv_head, int r, int d,
-                                                      LseOf lse2_of, OOf o_of) {
-    float lse2[KMAX];
-    float m = -CUDART_INF_F;
-#pragma unroll
-    for (int s = 0; s < KMAX; ++s) {
-        lse2[s] = s < n ? lse2_of(s) : -CUDART_INF_F;
-        m = fmaxf(m, lse2[s]);
-    }
-    const float off = fd_state_offset(m);
-    float sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s = 0; s < KMAX; ++s) {
-        if (s < n) {
-            const float w = exp2f(lse2[s] - off);  // 0 for a split that saw no key
-            const float4 x = o_of(s);
-            sum += w;
-            acc.x += w * x.x;
-            acc.y += w * x.y;
-            acc.z += w * x.z;
-            acc.w += w * x.w;
-        }
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // no visible key: output 0
-    acc.x *= inv;
-    acc.y *= inv;
-    acc.z *= inv;
-    acc.w *= inv;
-    const int head = kv_head * p.group + r / p.seqlen_q;
-    const int qi = r % p.seqlen_q;
-    T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
-             head * p.out_head_stride + d;
-    fd_store4(out, acc);
-    if (d == 0 && p.lse != nullptr)
-        p.lse[(b * p.heads_q + head) * p.seqlen_q + qi] =
-            sum > 0.f ? (off + log2f(sum)) * CUDART_LN2_F : -CUDART_INF_F;
-}
-
-// Stage 2 inside stage 1, for a cluster launch (sm_90) of a variant without
-// kPushMerge (the push form is below): the num_splits blocks
-// of one (batch, KV head, row tile) form one cluster (cluster dims
-// (num_splits, 1, 1)), and each has parked its normalized rows `park_o` and
-// their base-2 LSEs `park_lse` in its shared memory. After a cluster barrier,
-// block `rank` takes a contiguous 1/num_splits of the tile's (row, 4 columns)
-// items and merges them over every block through distributed shared memory,
-// exactly as the combine kernel does over the workspace:
-//     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s,
-// then writes out (and lse). A second barrier keeps every block's shared
-// memory alive until the others have read it. No workspace, no second launch,
-// no partials through HBM: what a small cache gains most from splitting.
-template <typename T, int D, int ROWS>
-__device__ __forceinline__ void fd_split_kv_cluster_merge(const fd_params &p, const float *park_o,
-                                                          const float *park_lse, int b,
-                                                          int kv_head, int row0) {
-    using C = fd_split_kv_config<D, ROWS>;
-    const int n = fd_cluster_size();
-    const int rank = fd_cluster_rank();
-    const int packed_rows = p.group * p.seqlen_q;
-    const int per_block = (C::kItems + n - 1) / n;
-    const int end = min((rank + 1) * per_block, C::kItems);
-    fd_cluster_sync();  // every block's rows are parked
-    for (int idx = rank * per_block + threadIdx.x; idx < end; idx += C::kThreads) {
-        const int row = idx / (D / 4);
-        const int d = (idx % (D / 4)) * 4;
-        const int r = row0 + row;
-        if (r >= packed_rows || d >= p.head_dim) continue;
-        fd_cluster_merge_item<T, C::kMaxCluster>(
-            p, n, b, kv_head, r, d, [&](int s) { return fd_cluster_ld(fd_cluster_addr(park_lse + row, s)); },
-            [&](int s) { return fd_cluster_ld4(fd_cluster_addr(park_o + row * D + d, s)); });
-    }
-    fd_cluster_sync();  // the others have read this block's rows: it may exit
-}
-
-// The push form of the cluster merge, for variants with kPushMerge (at
-// most 4 items a thread): block `rank` owns the same contiguous
-// 1/num_splits of the items, and every block sends each merged item to its
-// owner, and all its rows' base-2 LSEs to every block, with st.async into
-// the owner's inbox (kInboxBytes after the pipeline buffers), each store
-// counted on the owner's mbarrier; the owner waits on its own barrier for
-// exactly the bytes it expects, then merges its items from its own shared
-// memory with the same formula. One cluster barrier (whose arrive is at the
-// kernel's start) instead of two, and no round trip between blocks. On the
-// H200 this took b=1 at 1024 tokens from 6.8-6.9 to 6.5 us (head dim 128)
-// and from 5.8 to 4.4-4.5 us (head dim 64). But each st.async travels on
-// its own, so the sending grows with the items a thread sends (1.3 us more
-// than parking the rows, at 4 items, in the trace harness): at head dim 256
-// (16 items a thread) the push lost, 14.1 against 10.9 us, hence only
-// where kPushMerge.
-
-// The inbox of a cluster block, at kSharedBytes in its dynamic shared memory.
-template <int D, int ROWS>
-struct fd_cluster_inbox {
-    using C = fd_split_kv_config<D, ROWS>;
-    float *lse;  // [kMaxCluster][ROWS]: block s's base-2 LSE of row r at lse[s * ROWS + r]
-    float4 *o;   // [n][per_block]: block s's output for owned item i at o[s * per_block + i]
-    __device__ __forceinline__ fd_cluster_inbox() {
-        lse = reinterpret_cast<float *>(fd_dynamic_smem + C::kSharedBytes);
-        o = reinterpret_cast<float4 *>(lse + C::kMaxCluster * ROWS);
-    }
-};
-
-// Block `rank` of `n` sends its merged item `idx` (output `o`, row `row`, a
-// real row and column) to the item's owner, and, from the row's first item,
-// the row's base-2 LSE to every block. `bar` is the mbarrier at the same
-// place in each block.
-template <int D, int ROWS>
-__device__ __forceinline__ void fd_cluster_push(uint64_t *bar, int n, int rank, int per_block, int idx,
-                                                int row, float4 o, float lse2) {
-    const fd_cluster_inbox<D, ROWS> in;
-    const int owner = idx / per_block;
-    fd_st_async4(fd_cluster_addr(in.o + rank * per_block + (idx - owner * per_block), owner), o,
-                 fd_cluster_addr(bar, owner));
-    if (idx % (D / 4) == 0)
-        for (int s = 0; s < n; ++s)
-            fd_st_async1(fd_cluster_addr(in.lse + rank * ROWS + row, s), lse2, fd_cluster_addr(bar, s));
-}
-
-// The bytes block `rank` receives: from every block, the LSEs of the real
-// rows (rows < rows, of the packed rows this block's tile holds) and its
-// outputs for the items `rank` owns in real rows and columns (columns
-// < cols 4-column chunks). Only real items travel: at one query row per
-// tile (MHA) the padding would be 15 rows of 16.
-template <int D, int ROWS>
-__device__ __forceinline__ uint32_t fd_cluster_inbox_bytes(int n, int rank, int per_block, int rows,
-                                                           int cols) {
-    constexpr int kItems = fd_split_kv_config<D, ROWS>::kItems;
-    constexpr int kPerRow = D / 4;
-    const int first = rank * per_block;
-    const int end = min(first + per_block, kItems);
-    int items = 0;
-    for (int row = first / kPerRow; row < rows && row * kPerRow < end; ++row)
-        items += max(0, min(end, row * kPerRow + cols) - max(first, row * kPerRow));
-    return n * (rows * 4 + items * 16);
-}
-
-// Block `rank` merges the items it owns from its inbox once all have landed,
-// and writes out (and lse).
-template <typename T, int D, int ROWS>
-__device__ __forceinline__ void fd_cluster_push_merge(const fd_params &p, uint64_t *bar, int n, int rank,
-                                                      int per_block, int b, int kv_head, int row0) {
-    using C = fd_split_kv_config<D, ROWS>;
-    const fd_cluster_inbox<D, ROWS> in;
-    const int packed_rows = p.group * p.seqlen_q;
-    const int first = rank * per_block;
-    const int owned = min(per_block, C::kItems - first);
-    fd_mbar_wait_phase0(bar);
-    for (int i = threadIdx.x; i < owned; i += C::kThreads) {
-        const int idx = first + i;
-        const int row = idx / (D / 4);
-        const int d = (idx % (D / 4)) * 4;
-        const int r = row0 + row;
-        if (r >= packed_rows || d >= p.head_dim) continue;
-        fd_cluster_merge_item<T, C::kMaxCluster>(
-            p, n, b, kv_head, r, d, [&](int s) { return in.lse[s * ROWS + row]; },
-            [&](int s) { return in.o[s * per_block + i]; });
-    }
-}
 
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
@@ -315,7 +100,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // In a cluster launch of a push-merge variant, the barrier the other
     // blocks' pushes to this block's inbox count on, set up before anything
     // else so that it is long visible to them when they push
-    // (fd_cluster_push_merge, above).
+    // (fd_cluster_push_merge, cluster_merge.cuh).
     const int cluster_n = fd_cluster_size();  // 1 outside a cluster launch
     const bool clustered = cluster_n > 1;
     __shared__ uint64_t merge_bar;
@@ -339,10 +124,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // is let in once this block's loop is done (below): the next kernel is
     // often this one again (the next layer), and scheduled from here, its
     // blocks would take every free slot while this grid streams and then
-    // find themselves two to an SM on some SMs and none on others (H200,
-    // 48/48 heads, b=3, 4096 keys unsplit: 144 blocks on 74 SMs, 107 us;
-    // let in late, on 130 SMs, 73 us; kernels/trace/trace.cu shows where
-    // blocks run).
+    // find themselves two to an SM on some SMs and none on others.
     fd_pdl_wait();
     if (p.early_dependents) fd_pdl_launch_dependents();
     FD_TRACE(1);
@@ -423,10 +205,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // The tiles of the splits are dealt round robin rather than in runs of
     // ceil(tiles / num_splits): at any moment the blocks of a sequence read
     // neighbouring tiles instead of addresses a whole split apart (often a
-    // power of two), and the blocks end closer together. kernels/trace, b=1,
-    // 32/8 heads, 128K keys in 16 splits (H200): block ends spread sd 1.47 ->
-    // 0.97 us, last 120.6 -> 119.0 us; the plain read of 537 MB in 264 blocks
-    // 124.4 us in runs, 120.7 in 32 KB chunks dealt round robin.
+    // power of two), and the blocks end closer together.
     const auto tile_of = [&](int i) { return split + i * num_splits; };
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
@@ -596,17 +375,9 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             const int wr = w * ROWS + row;
             float sa, sb;
             fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
-            const float4 x = *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d);
-            acc.x = acc.x * sa + x.x * sb;
-            acc.y = acc.y * sa + x.y * sb;
-            acc.z = acc.z * sa + x.z * sb;
-            acc.w = acc.w * sa + x.w * sb;
+            acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
         }
-        const float inv = st.d > 0.f ? 1.f / st.d : 0.f;  // no visible key: output 0
-        acc.x *= inv;
-        acc.y *= inv;
-        acc.z *= inv;
-        acc.w *= inv;
+        acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
         if (push) {
             fd_cluster_push<D, ROWS>(&merge_bar, cluster_n, rank, per_block, idx, row, acc, fd_state_lse2(st));
             continue;

@@ -38,9 +38,47 @@ __device__ __forceinline__ void fd_state_merge(fd_state &a, fd_state b, float &s
     a.d = a.d * scale_a + b.d * scale_b;
 }
 
+// Raises s's max to m (m >= s.m) and returns the factor that brings its
+// output to the new max: fd_state_merge's scale_a against a side of max m.
+__device__ __forceinline__ float fd_state_rescale(fd_state &s, float m) {
+    const float alpha = exp2f(s.m - fd_state_offset(m));
+    s = fd_state{m, s.d * alpha};
+    return alpha;
+}
+
+// Adds a key set of base-2 LSE lse2 (the state (lse2, 1), whose output is
+// normalized) to s, whose max is already at least lse2; returns the weight
+// 2^(lse2 - m) of that output: fd_state_merge's scale_b when scale_a is 1.
+__device__ __forceinline__ float fd_state_add(fd_state &s, float lse2) {
+    const float w = exp2f(lse2 - fd_state_offset(s.m));
+    s = fd_state{s.m, s.d + w};
+    return w;
+}
+
+// The factor that normalizes the state's output: 1 / d, or 0 when empty (no
+// visible key: output 0).
+__device__ __forceinline__ float fd_state_norm(fd_state s) { return s.d > 0.f ? 1.f / s.d : 0.f; }
+
 // Base-2 log-sum-exp of the state's scores; -inf when empty.
 __device__ __forceinline__ float fd_state_lse2(fd_state s) {
     return s.d > 0.f ? s.m + log2f(s.d) : -CUDART_INF_F;
+}
+
+// The outputs that go with states, 4 columns (a float4) at a time.
+
+// a * s.
+__device__ __forceinline__ float4 fd_scale4(const float4 &a, float s) {
+    return make_float4(a.x * s, a.y * s, a.z * s, a.w * s);
+}
+
+// a + w * x.
+__device__ __forceinline__ float4 fd_fma4(const float4 &a, float w, const float4 &x) {
+    return make_float4(a.x + w * x.x, a.y + w * x.y, a.z + w * x.z, a.w + w * x.w);
+}
+
+// a * sa + x * sb: two outputs merged with fd_state_merge's scales.
+__device__ __forceinline__ float4 fd_axpby4(const float4 &a, float sa, const float4 &x, float sb) {
+    return make_float4(a.x * sa + x.x * sb, a.y * sa + x.y * sb, a.z * sa + x.z * sb, a.w * sa + x.w * sb);
 }
 
 #endif  // FLASHDECODE_STATE_CUH

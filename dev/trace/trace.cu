@@ -16,7 +16,7 @@
 // 128, (batch, heads, seq, dim) layout, zero data. BENCHMARKS.md ("Per
 // block: a trace of one call") shows what it found.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace kernels/trace/trace.cu && ./trace [name part]
+//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace dev/trace/trace.cu && ./trace [name part]
 //
 // The globaltimer ticks in 0.256 us steps on the H200.
 #include <cstdint>
@@ -35,7 +35,7 @@ __device__ __forceinline__ unsigned long long fd_trace_now() {
             fd_trace_ts[8 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) + \
                         (i)] = fd_trace_now();                                                  \
     } while (0)
-#include "../flashdecode.cu"
+#include "../../kernels/flashdecode.cu"
 
 #include <cuda_runtime.h>
 
@@ -556,8 +556,8 @@ int main(int argc, char **argv) {
             v.back().name = "plain read 134 MB, " + std::to_string(blocks) + " blocks, " + where[pl];
             v.back().placement = pl;
         }
-    // Runs against chunks dealt round robin (the split kernel deals its
-    // tiles so since the eleventh session): how evenly the blocks end.
+    // Runs against chunks dealt round robin (as the split kernel deals its
+    // tiles): how evenly the blocks end.
     for (int blocks : {128, 264})
         for (bool rr : {false, true}) {
             rd("", 4 * MB134, blocks, 8);

@@ -1,0 +1,60 @@
+// split_kv_config.cuh: the compile-time shape of a stage-1 variant and its
+// dynamic shared memory, shared by split_kv.cuh and cluster_merge.cuh.
+#ifndef FLASHDECODE_SPLIT_KV_CONFIG_CUH
+#define FLASHDECODE_SPLIT_KV_CONFIG_CUH
+
+// Stage 1's dynamic shared memory: the cp.async pipeline (kSharedBytes),
+// then, in a push-merge cluster launch, the inbox (kInboxBytes).
+extern __shared__ __align__(128) unsigned char fd_dynamic_smem[];
+
+// Compile-time shape of a stage-1 variant.
+template <int D, int ROWS>
+struct fd_split_kv_config {
+    static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
+    static_assert(ROWS % 16 == 0, "rows are whole mma tiles of 16");
+    static constexpr int kKeys = 8192 / D;                // keys per tile (32 KiB of K+V)
+    static constexpr int kKeyWarps = kKeys / 16;          // each owns 16 keys of a tile
+    // Warps per 16 keys, each accumulating D / kDimSplit output columns of
+    // P V, and Q K^T over D / kDimSplit of the head dim: the two warps of
+    // 16 keys add their halves of the scores through shared memory (kXchg),
+    // meeting at a barrier of their own. At D 256 a tile has only 32 keys:
+    // two warps alone, each with 64 dependent mmas a tile and one warp per
+    // scheduler at two blocks per SM, stall on fixed-latency dependencies.
+    // Four warps hide them, and splitting Q K^T as well (rather than both
+    // warps of 16 keys computing all of it) halves each warp's share.
+    static constexpr int kDimSplit = D == 256 ? 2 : 1;
+    static constexpr int kWarpDim = D / kDimSplit;        // head dims (Q K^T) and output columns (P V) a warp covers
+    static constexpr int kWarps = kKeyWarps * kDimSplit;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
+    static constexpr int kMTiles = ROWS / 16;             // mma row tiles
+    static constexpr int kXchg = kDimSplit > 1 ? kWarps * kMTiles * 8 * 32 : 1;  // floats: [warp][score][lane]
+    static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
+    static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
+    static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
+    static constexpr int kSharedBytes = kStages * 2 * kTileElems * 2;
+    // End-of-block merge scratch, reusing the pipeline buffers: every key
+    // warp's unnormalized output (rows padded by 8 floats; the halves of D
+    // fill their own columns) and its max and sum.
+    static constexpr int kMergeStride = D + 8;
+    static constexpr int kMergeBytes = (kKeyWarps * ROWS * kMergeStride + 2 * kKeyWarps * ROWS) * 4;
+    // With a cluster launch, each block's merged rows for the other blocks of
+    // its cluster: normalized output [ROWS][D] and base-2 LSE [ROWS], after
+    // the merge scratch.
+    static constexpr int kMaxCluster = 16;                // non-portable cluster size on sm_90
+    static constexpr int kParkBytes = (ROWS * D + ROWS) * 4;
+    // Or, where each thread has at most 4 (row, 4 columns) items to send
+    // (head dim 64 and 128 at 16 rows), the blocks push their rows to the
+    // block that merges them instead (fd_cluster_push): into its inbox after
+    // the pipeline buffers, every block's base-2 LSEs [kMaxCluster][ROWS],
+    // then [n][per_block] float4s, per_block = ceil(kItems / n). The cluster
+    // launch's 120 KB (core/variants.go oneBlockPerSMBytes) covers it.
+    static constexpr int kItems = ROWS * (D / 4);         // (row, 4 columns) items of a block's rows
+    static constexpr bool kPushMerge = kItems <= 4 * kThreads;
+    static constexpr int kInboxBytes = kMaxCluster * ROWS * 4 + (kItems + kMaxCluster) * 16;
+    static_assert(kThreads % kChunks == 0, "a thread copies the same chunk of every key it copies");
+    static_assert(kMergeBytes + kParkBytes <= kSharedBytes, "merge scratch must fit in the pipeline buffers");
+    static_assert(!kPushMerge || kSharedBytes + kInboxBytes <= 120 * 1024, "the inbox must fit a cluster launch");
+};
+
+#endif  // FLASHDECODE_SPLIT_KV_CONFIG_CUH
