@@ -23,13 +23,11 @@ type Device struct {
 	// means DefaultOccupancy.
 	Occupancy Occupancy
 	// Clusters tells how many thread-block clusters of stage 1 run at once
-	// (sm_90 and newer); nil where the GPU has none. A plan of n short
-	// splits (at most 16 key tiles each, or 64 when the split grid is one
-	// block on 80-100% of the SMs), 2 <= n <= MaxCluster, whose clusters
-	// (one per sequence, K/V head and row tile) all run at once, merges its
-	// splits inside stage 1 (see Plan.Cluster), and so do 2 splits of at
-	// most 64 tiles in a grid of more blocks than SMs, in pairs at two
-	// blocks per SM (mergePairs); other plans use the combine kernel.
+	// (sm_90 and newer); nil where the GPU has none, and then the combine
+	// kernel merges every split plan. With it, short splits whose clusters
+	// (one per sequence, K/V head and row tile) all run at once merge
+	// inside stage 1 instead, and so do 2 splits in a grid of more blocks
+	// than SMs, in pairs (see Plan.Cluster).
 	Clusters ClusterOccupancy
 }
 

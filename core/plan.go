@@ -1,9 +1,6 @@
 package core
 
-import (
-	"fmt"
-	"strings"
-)
+import "fmt"
 
 // Plan is everything a launch needs, computed once from a Shape and device
 // facts and reusable for every call (every layer) with that Shape. Launch
@@ -63,8 +60,7 @@ type Plan struct {
 // next kernel in late: that kernel is often this one again, the next
 // layer's attention, whose blocks, let in early, would take the free slots
 // while this grid streams and then run two to an SM on some SMs and none on
-// others (H200, 48/48 heads, b=3, 4096 keys unsplit: 144 blocks on 74 SMs
-// in 107 us; let in late, on 130 SMs in 73 us).
+// others.
 func (p Plan) EarlyDependents() bool {
 	return p.CombineGrid > 0 || p.Grid[0]*p.Grid[1]*p.Grid[2] <= p.SMs
 }
@@ -109,6 +105,8 @@ func PlanVariant(s Shape, v Variant, d Device) (Plan, error) {
 	return planVariant(op, s, v, d)
 }
 
+// planVariant is MakePlan and PlanVariant past their checks: the split
+// count (requested, tailSplit or autoSplits), the merge, grid and workspace.
 func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	sms, blocksPerSM := d.SMs, d.blocksPerSM(v)
 	if sms < 1 {
@@ -238,20 +236,5 @@ func workspaceLayout(splits, rows, headDim int) (lseOffset, total int) {
 	return lseOffset, lseOffset + splits*rows*f32
 }
 
+// ceilDiv is a/b rounded up, for a >= 0 and b > 0.
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
-
-// compiledHeadDims lists the head dims the variant table has for dt.
-func compiledHeadDims(dt DType) string {
-	var ds []string
-	seen := map[int]bool{}
-	for _, v := range variants {
-		if v.DType == dt && !seen[v.HeadDim] {
-			seen[v.HeadDim] = true
-			ds = append(ds, fmt.Sprint(v.HeadDim))
-		}
-	}
-	if len(ds) == 0 {
-		return "none"
-	}
-	return strings.Join(ds, ", ")
-}
