@@ -50,34 +50,36 @@
 //
 // # How num_splits = 0 picks
 //
-// MakePlan chooses the kernel variant, then the split count from the grid's
-// blocks without splitting, the SM count, the blocks each SM holds at once
-// (occupancy, capped at one block of 4 or more warps, which every kernel
-// has: a block's copy pipeline alone keeps enough bytes in flight to cover
-// HBM latency, and more splits only add partials) and the number of key
-// tiles of the length the shape promises (Seqlen, or SeqlenCache when
-// per-sequence lengths live on the device). It never splits when the
-// unsplit grid already keeps 80-100% of those block slots busy in one wave
-// (more blocks than slots leave a partial second wave, which splitting can
-// fill), never makes a split shorter than 64 keys (16 per packed query
-// row, so the fp32 partials stay under 1/8 of the K/V traffic) or more
-// than MaxSplits, and otherwise takes the count that streams the cache
-// soonest by a model of each block's bytes (the SMs given two blocks end
-// last, and HBM bounds a grid of more blocks than SMs), counting a fixed
-// cost and the merge: the combine's launch and L2 round trips, or a
-// cluster's barriers where the device runs every cluster at once
-// (Device.Clusters) and the splits are short (at most 16 tiles, or 64 when
-// the split grid is one block on 80-100% of the SMs), or, for 2 splits of
-// at most 64 tiles in a grid of more blocks than SMs, pairs of clusters at
-// two blocks per SM. See autoSplits in plan.go for the model and a worked
-// example; batch 1, 32/8 heads, head dim 128, 32768 keys on an H200 gives
-// 16 splits and the combine: 128 blocks, one wave, 2048 keys each; 1024 or
-// 4096 keys give 8 splits merged in clusters of 8. A grid of more items
-// (batch x K/V heads x row tiles) than the GPU holds at once keeps its full
-// waves whole and splits only the items of its last, partial wave, so that
-// their blocks fill the slots as the full waves end (tailSplit,
-// Plan.WholeItems). A requested num_splits n > 0 is clamped to
-// [1, min(MaxSplits, key tiles)] and splits every item.
+// MakePlan chooses the kernel variant (SelectVariant), then the split count
+// from the grid's blocks without splitting, the SM count, the blocks each
+// SM holds at once (occupancy; the heuristic fills one block of 4 or more
+// warps per SM, which every kernel has: a block's copy pipeline alone keeps
+// enough bytes in flight to cover HBM latency) and the key tiles of the
+// length the shape promises (Seqlen, or SeqlenCache when per-sequence
+// lengths live on the device).
+//
+//   - It never splits when the unsplit grid already keeps 80-100% of the
+//     block slots busy in one wave, never makes a split shorter than 64
+//     keys (16 per packed query row, so the fp32 partials stay under 1/8 of
+//     the K/V traffic), and never makes more than MaxSplits.
+//   - Otherwise it takes the count that streams the cache soonest by a
+//     model of each block's bytes (the SMs given two blocks end last, and
+//     HBM bounds a grid of more blocks than SMs), plus a fixed cost and the
+//     merge's: the combine's launch and L2 round trips, or a cluster's
+//     barrier where the device runs every cluster at once (Device.Clusters)
+//     and the splits are short, or, for 2 splits in a grid of more blocks
+//     than SMs, pairs merged in clusters at two blocks per SM.
+//   - A grid of more items (batch x K/V heads x row tiles) than the GPU
+//     holds at once keeps its full waves whole and splits only the items of
+//     its last, partial wave, so that their blocks fill the slots as the
+//     full waves end (Plan.WholeItems).
+//
+// Batch 1, 32/8 heads, head dim 128 and 32768 keys on an H200 gives 16
+// splits and the combine: 128 blocks, one wave, 2048 keys each; 1024 or
+// 4096 keys give 8 splits merged in clusters of 8. A requested num_splits
+// n > 0 is clamped to [1, min(MaxSplits, key tiles)] and splits every item.
+// The model's constants are fitted to split sweeps on an H200
+// (docs/tuning.md), and a test checks every pick against them.
 //
 // Launch shapes depend on shapes only, never on device data, so a Plan can
 // be computed once per shape and reused for every layer, and a captured CUDA
@@ -89,6 +91,19 @@
 // starts when a combine follows or its grid fits one block an SM, else once
 // each block has streamed its keys, so that the next layer's call cannot
 // crowd a grid of more blocks than SMs onto half of them.
+//
+// # Where things live
+//
+//   - problem.go, dtype.go: Shape, Tensor, Problem, DType and their checks.
+//   - variants.go: the compiled kernels (Variant) and SelectVariant.
+//   - device.go: what the planner knows of a GPU (Device, H200, the
+//     occupancy estimates used without a GPU).
+//   - plan.go: Plan, MakePlan and PlanVariant: grid, merge and workspace.
+//   - splits.go: the num_splits=0 cost model (autoSplits, splitCost,
+//     tailSplit) and its fitted constants, with a worked example.
+//   - plan_encoding.go: Plan.String and the JSON the Python and C callers read.
+//   - reference.go: HostProblem, ReferenceDecode and NaiveAttention on the CPU.
+//   - errors.go: Error, ErrInvalid and ErrUnsupported.
 //
 // # Errors
 //

@@ -1,6 +1,9 @@
 package core
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Variant is one compiled stage-1 kernel of kernels/flashdecode.cu and the
 // combine kernel that pairs with it, with the launch facts the planner needs.
@@ -23,9 +26,8 @@ type Variant struct {
 	// in a grid of more blocks than SMs (pairs of splits, see
 	// mergePairs): SharedBytes plus the push merge's inbox, so that two
 	// blocks still fit an SM as in a plain launch. 0 for the variants that
-	// merge by pulling (head dim 256, 32 rows), whose clusters ran slower
-	// there than the combine (H200: b=20, 32/8, d256, 4096 keys, 2 splits
-	// 198.9 against 194.3 us, 3 splits 181.7 against 163.0).
+	// merge by pulling (head dim 256, 32 rows), whose clusters run slower
+	// there than the combine.
 	ClusterDenseSharedBytes int
 	CombineThreads          int // stage-2 threads per block
 	CombineRows             int // output rows one stage-2 block merges
@@ -41,7 +43,8 @@ type Variant struct {
 // fd_split_kv_config). A tile of K plus a tile of V is always 32 KiB:
 // KeysPerTile = 8192 / HeadDim keys, one warp per 16 keys of a tile and
 // half of the output columns at head dim 256 (splitKVDimSplit), so
-// Threads = 32 * KeysPerTile / 16 * splitKVDimSplit. The 3-stage cp.async pipeline then needs
+// Threads = 32 * KeysPerTile / 16 * splitKVDimSplit. The 3-stage cp.async
+// pipeline then needs
 //
 //	SharedBytes = 3 stages * (K tile + V tile) * KeysPerTile * HeadDim * 2 bytes
 //	            = 3 * 2 * 8192 * 2 = 98304
@@ -111,10 +114,8 @@ func splitKV(dt DType, headDim, rows int) Variant {
 // combineSplitsPerStep is how many splits a combine of `threads` threads
 // loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
 // round trip adds to every call, so plans with more splits than the 4-warp
-// combine takes at once (32) run the 16-warp one (128 at once): on the H200,
-// MQA at b=1 with 128K tokens (114 splits) took 23.6-23.8 us with it
-// against 27.1 us with 4 warps. At 16 splits 4 warps were faster (7.4
-// against 7.7 us at 1024 tokens): the extra warps only add to the final
+// combine takes at once (32) run the 16-warp one (128 at once). With fewer
+// splits the 4-warp one is faster: the extra warps only add to the final
 // merge.
 func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }
 
@@ -173,3 +174,19 @@ func SelectVariant(dt DType, headDim, rows int) (Variant, error) {
 // Variants returns a copy of the dispatch table: every kernel variant the
 // fatbin holds, in search order.
 func Variants() []Variant { return append([]Variant(nil), variants...) }
+
+// compiledHeadDims lists the head dims the variant table has for dt.
+func compiledHeadDims(dt DType) string {
+	var ds []string
+	seen := map[int]bool{}
+	for _, v := range variants {
+		if v.DType == dt && !seen[v.HeadDim] {
+			seen[v.HeadDim] = true
+			ds = append(ds, fmt.Sprint(v.HeadDim))
+		}
+	}
+	if len(ds) == 0 {
+		return "none"
+	}
+	return strings.Join(ds, ", ")
+}

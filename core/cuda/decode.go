@@ -1,21 +1,56 @@
 package cuda
 
 import (
+	"fmt"
+	"runtime"
+
 	"github.com/flash-decode/flash-decode/core"
+	"gorgonia.org/cu"
 )
 
 // Decode computes flash-decoding attention for p on GPU device, launching on
 // stream (a CUstream handle; 0 is the legacy default stream) and returning the
 // plan it ran. workspace must hold at least Plan.WorkspaceBytes bytes of
 // device memory (PlanFor tells how many; 0 bytes unless the plan runs the
-// combine kernel); its contents need no initialization. Decode never synchronizes with
-// the host and allocates no device memory: out and the optional LSE are
-// ready when the stream reaches this point.
+// combine kernel); its contents need no initialization. Decode never
+// synchronizes with the host and allocates no device memory: out and the
+// optional LSE are ready when the stream reaches this point.
 func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, stream uintptr) (core.Plan, error) {
 	if err := p.Validate(); err != nil {
 		return core.Plan{}, err
 	}
 	return run(p, workspace, workspaceBytes, device, stream)
+}
+
+// run plans (from the device's cache) and launches a problem whose layout
+// and pointers are valid: the launch path Decode and Prepared.Run share.
+func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, stream uintptr) (core.Plan, error) {
+	d, err := getDevice(device)
+	if err != nil {
+		return core.Plan{}, err
+	}
+	pd, err := d.plan(p.Shape)
+	if err != nil {
+		return core.Plan{}, err
+	}
+	pl := &pd.plan
+	if workspaceBytes < pl.WorkspaceBytes || (pl.WorkspaceBytes > 0 && workspace == 0) {
+		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
+			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
+	}
+	// The context is current per OS thread: keep this goroutine on one
+	// thread from making it current to the launches. The calling thread may
+	// have another context (or none) current.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cu.SetCurrentContext(d.ctx); err != nil {
+		return core.Plan{}, fmt.Errorf("flashdecode: device %d: %w", device, err)
+	}
+	k := params(p, pl, workspace)
+	if err := d.launch(&k, &pd, stream); err != nil {
+		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)
+	}
+	return *pl, nil
 }
 
 // PlanFor returns the plan Decode would run for shape s on GPU device: the

@@ -98,7 +98,7 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
 	}
-	mod, err := cu.LoadData(fatbin)
+	mod, err := loadModule(fatbin)
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
 	}
@@ -108,28 +108,26 @@ func openDevice(ordinal int) (*device, error) {
 		d.maxCluster = min(core.MaxCluster, clusterLimit())
 	}
 	for _, v := range core.Variants() {
-		split, err := mod.Function(v.Kernel)
+		split, err := lookup(mod, v.Kernel)
 		if err != nil {
 			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
 		}
-		combine, err := mod.Function(v.Combine)
+		combine, err := lookup(mod, v.Combine)
 		if err != nil {
 			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Combine, err)
 		}
-		k := &kernels{split: handle(split), combine: handle(combine)}
+		k := &kernels{split: split, combine: combine}
 		if v.CombineWide != "" {
-			wide, err := mod.Function(v.CombineWide)
-			if err != nil {
+			if k.combineWide, err = lookup(mod, v.CombineWide); err != nil {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.CombineWide, err)
 			}
-			k.combineWide = handle(wide)
 		}
 		if shared := max(v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes); shared > 48<<10 {
 			if err := setMaxDynamicShared(k.split, shared); err != nil {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
 			}
 		}
-		k.blocksPerSM, err = split.MaxActiveBlocksPerMultiProcessor(v.Threads, int64(v.SharedBytes))
+		k.blocksPerSM, err = maxActiveBlocks(k.split, v.Threads, v.SharedBytes)
 		if err != nil {
 			return nil, fmt.Errorf("flashdecode: occupancy of %s: %w", v.Kernel, err)
 		}

@@ -1,15 +1,19 @@
 package cuda
 
-// What gorgonia.org/cu lacks, in a few lines of C: launching a kernel whose
-// one argument is the fd_params struct by value (cu.Function.Launch passes
-// every argument as 8 bytes and mallocs per call) with programmatic
-// dependent launch and thread-block clusters, raising a kernel's dynamic
-// shared memory limit above 48 KB, and asking how many clusters fit.
+// The driver calls flash-decode makes itself, in a few lines of C: loading
+// the module and looking up its kernels (gorgonia.org/cu keeps the handles it
+// gets unexported, and every call below needs them), asking how many blocks
+// and clusters of a kernel fit, raising its dynamic shared memory limit above
+// 48 KB, and launching a kernel whose one argument is the fd_params struct by
+// value (cu.Function.Launch passes every argument as 8 bytes and mallocs per
+// call) with programmatic dependent launch and thread-block clusters.
+// gorgonia.org/cu keeps the rest: devices, their attributes and contexts.
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../kernels
 #cgo noescape fd_launch
 #cgo nocallback fd_launch
+#include <stdlib.h>
 #include <cuda.h>
 #include "params.h"
 
@@ -93,16 +97,40 @@ import (
 	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
-	"gorgonia.org/cu"
 )
+
+// module is a loaded module's driver handle.
+type module C.CUmodule
 
 // function is a loaded kernel's driver handle.
 type function C.CUfunction
 
-// handle returns the driver handle inside a cu.Function, which keeps it in an
-// unexported field of the same (single-pointer) layout.
-func handle(f cu.Function) function {
-	return *(*function)(unsafe.Pointer(&f))
+// loadModule loads a fatbin (or cubin or PTX) image into the current
+// context, from a C copy of it as gorgonia.org/cu's LoadData does.
+func loadModule(image string) (module, error) {
+	c := C.CString(image)
+	defer C.free(unsafe.Pointer(c))
+	var m C.CUmodule
+	err := check("cuModuleLoadData", C.cuModuleLoadData(&m, unsafe.Pointer(c)))
+	return module(m), err
+}
+
+// lookup returns the kernel called name in m.
+func lookup(m module, name string) (function, error) {
+	c := C.CString(name)
+	defer C.free(unsafe.Pointer(c))
+	var f C.CUfunction
+	err := check("cuModuleGetFunction", C.cuModuleGetFunction(&f, C.CUmodule(m), c))
+	return function(f), err
+}
+
+// maxActiveBlocks is how many blocks of f, each of threads threads and smem
+// bytes of dynamic shared memory, one SM runs at once.
+func maxActiveBlocks(f function, threads, smem int) (int, error) {
+	var n C.int
+	err := check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
+		C.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, C.CUfunction(f), C.int(threads), C.size_t(smem)))
+	return int(n), err
 }
 
 // setMaxDynamicShared lets f use bytes of dynamic shared memory.

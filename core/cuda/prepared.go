@@ -2,10 +2,8 @@ package cuda
 
 import (
 	"fmt"
-	"runtime"
 
 	"github.com/flash-decode/flash-decode/core"
-	"gorgonia.org/cu"
 )
 
 // Prepared is a decode whose layout (shapes, strides, dtype, scale, causal,
@@ -66,35 +64,4 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 		return core.Plan{}, p.ValidateLayout() // the one layout check that depends on a per-call value
 	}
 	return run(&p, a.Workspace, a.WorkspaceBytes, r.device, stream)
-}
-
-// run plans (from the device's cache) and launches a problem whose layout
-// and pointers are valid.
-func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, stream uintptr) (core.Plan, error) {
-	d, err := getDevice(device)
-	if err != nil {
-		return core.Plan{}, err
-	}
-	pd, err := d.plan(p.Shape)
-	if err != nil {
-		return core.Plan{}, err
-	}
-	pl := &pd.plan
-	if workspaceBytes < pl.WorkspaceBytes || (pl.WorkspaceBytes > 0 && workspace == 0) {
-		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
-			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
-	}
-	// The context is current per OS thread: keep this goroutine on one
-	// thread from making it current to the launches. The calling thread may
-	// have another context (or none) current.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
-		return core.Plan{}, fmt.Errorf("flashdecode: device %d: %w", device, err)
-	}
-	k := params(p, pl, workspace)
-	if err := d.launch(&k, &pd, stream); err != nil {
-		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)
-	}
-	return *pl, nil
 }

@@ -1,0 +1,272 @@
+package core
+
+// This file is the num_splits=0 heuristic: a cost model of one decode
+// (splitCost), fitted to split sweeps on an H200, and the rules that pick
+// a split count with it (autoSplits, tailSplit). docs/tuning.md says what
+// fixes each constant and how far it may move; core/testdata holds the
+// sweeps, which TestPlanAgainstH200Sweeps checks the picks against.
+
+// MaxSplits is the most splits of one sequence's keys the planner makes or
+// accepts: the combine reads every split of a row, and beyond 128 splits the
+// partials cost more memory traffic than a split saves on any cache the
+// heuristic would split that finely.
+const MaxSplits = 128
+
+// The cost model's constants. Costs are in half key-tile loads of one block
+// streaming alone (see splitCost).
+const (
+	// minSplitKeys is the fewest keys the heuristic gives a split: one
+	// 64-key tile at head dim 128 (minKeysPerSplit adds a floor per row).
+	minSplitKeys = 64
+	// combineRoundCost is one L2 round trip of the combine (combineRounds),
+	// about 2.5 tile loads.
+	combineRoundCost = 5
+	// combineLaunchCost is the combine's fixed cost: a second launch, partly
+	// hidden by programmatic dependent launch, and one L2 round trip before
+	// its first load.
+	combineLaunchCost = 4
+	// clusterMergeCost is merging the splits inside stage 1 in clusters
+	// (mergeCluster): a cluster barrier, each block's pushes into its peers'
+	// shared memory, and every block held until its cluster's slowest ends.
+	clusterMergeCost = 3
+	// pairMergeCost is merging in pairs (mergePairs): more than
+	// clusterMergeCost, since a block whose partner runs in a later wave
+	// holds its SM until then, and less than the combine (9).
+	pairMergeCost = 8
+	// clusterMaxTiles is the longest split (in tiles) that merges in
+	// clusters anywhere; longer ones do only where the split grid fills the
+	// SMs (busySlotsPct), up to clusterLongMaxTiles. With SMs to spare a
+	// plain launch spreads its blocks out, where a cluster's blocks share
+	// neighbouring SMs' path to memory and long splits stream slower.
+	clusterMaxTiles = 16
+	// clusterLongMaxTiles caps the splits that merge in clusters when the
+	// grid fills the SMs: against a long stream the combine's fixed cost,
+	// which a cluster saves, no longer pays for the cluster's slower stream.
+	clusterLongMaxTiles = 64
+	// blockCost is what stage 1 costs besides its tiles, once per launch:
+	// pipeline ramp-up and drain, loading Q, merging the warps, writing the
+	// rows, and the bandwidth a wave of short blocks loses to its uneven end.
+	blockCost = 24
+	// hbmSlotsPct is how fast HBM streams a grid of more blocks than slots:
+	// as fast as this percentage of the slots each streaming one block alone.
+	hbmSlotsPct = 66
+	// sharedSlotPct is how fast an SM streams two blocks held for one slot:
+	// at this percentage of one lone block's rate for the two together.
+	sharedSlotPct = 120
+	// splitTolerancePct: among split counts whose modelled time is within
+	// this many percent of the best, the smallest wins (fewer partials, a
+	// cheaper combine).
+	splitTolerancePct = 5
+	// busySlotsPct: an unsplit grid of one wave that fills at least this
+	// share of the block slots stays unsplit. HBM is then close to saturated
+	// (bandwidth is shared by the whole GPU, not owned per slot), so the gain
+	// the model promises, under 1/4, would not pay for partials and a combine.
+	busySlotsPct = 80
+	// targetWarpsPerSM is the stage-1 warps per SM the heuristic fills, in
+	// whole blocks: one block of 4 or more warps (every compiled kernel).
+	// Its 3-stage cp.async pipeline keeps 64 KiB of K/V in flight, enough to
+	// cover HBM latency, and every extra split costs partials and combine work.
+	targetWarpsPerSM = 4
+)
+
+// merge is how the splits of a plan are merged.
+type merge int
+
+const (
+	// mergeCombine: by the combine kernel, a second launch that reads the
+	// fp32 partials back (Plan.Combine).
+	mergeCombine merge = iota
+	// mergeCluster: inside stage 1, in clusters of n blocks that all run
+	// at once, one block per SM (Plan.Cluster, Variant.ClusterSharedBytes).
+	mergeCluster
+	// mergePairs: inside stage 1, in clusters of 2 in a grid of more
+	// blocks than SMs, launched at two blocks per SM like a plain grid
+	// (Variant.ClusterDenseSharedBytes), so that their waves are the plain
+	// grid's minus the combine. Clusters of 3 and 4 in such grids were as
+	// often slower as faster than the combine, so they keep it.
+	mergePairs
+)
+
+// autoSplits is the num_splits=0 heuristic. Decode streams the whole K/V
+// cache once and is memory-bound; its unsplit grid has only blocks =
+// batch x K/V heads x row tiles blocks, often far fewer than the slots =
+// SMs x blocks-per-SM the GPU can keep streaming. Splitting each sequence's
+// keys n ways gives every slot a part of the cache, at the cost of writing
+// fp32 partials and a combine launch. So:
+//
+//   - blocks in 80-100% of slots (one nearly full wave already;
+//     busySlotsPct) or maxN <= 1: 1 split;
+//   - else the n in [1, maxN] with the least splitCost, preferring the
+//     smallest n within splitTolerancePct of it (fewer partials), which
+//     favours whole waves and splits that divide the tiles evenly.
+//
+// (planVariant passes slots = SMs x targetBlocks: one block per SM for the
+// kernels of 4 or more warps, and resident = SMs x blocks per SM.)
+//
+// Worked example, on an H200: batch 1, 32 query and 8 K/V heads (one row
+// tile of 4 rows), 32768 keys in tiles of 64 (512 tiles), 132 SMs x 1 block
+// = 132 slots. blocks = 8; a split holds >= 64 keys = 1 tile, so maxN =
+// 128. No split of at most 16 tiles fits a cluster of at most 16, so the
+// combine kernel merges: 16 splits make 128 blocks, one per slot, 2*32 +
+// 24 + 4 + 5 = 97; 32 make 256 blocks, two on most SMs, which HBM holds
+// to 2*256*16*100/(132*66) = 95 (the busiest SM alone: 2*2*16*100/120 =
+// 54), + 24 + 9 = 128; 128 take three waves of the 264 resident and a
+// partial fourth (130); 1 split costs 1048. The least cost is 16: grid
+// (16, 8, 1), 128 of 132 SMs busy, 2048 keys each, then the combine. With
+// batch 16 (128 blocks, 80-100% of 132) it is 1. With 1024 keys (16
+// tiles), 8 splits in clusters of 8 cost 4 + 24 + 3 = 31, 16 with the
+// combine 2 + 24 + 9 = 35, 1 split 32 + 24 = 56: 8 splits, merged inside
+// stage 1; with 4096 keys (64 tiles) 16 splits and the combine cost 41, 8
+// in clusters 16 + 24 + 3 = 43, within 5%: 8 in clusters.
+//
+// More blocks than slots all start at once, and HBM bounds them: batch 3
+// with 48 query and K/V heads and 4096 keys (144 blocks of 64 tiles on the
+// 132 slots, 264 resident) leaves 12 SMs two blocks, which stream at 120%
+// of one's rate, 2*2*64*100/120 = 214, against HBM's 2*144*64*100/(132*66)
+// = 212, + 24 = 238. Split 3 ways, 432 blocks run one full wave at HBM's
+// rate (2*264*22*100/(132*66) = 134) and 168 more that start as the first
+// end (85), + 24 + 9 = 252; 2 splits, merged in pairs, cost 290 (24 blocks
+// of 32 tiles left alone at the end), 4 cost 259: unsplit. With batch 6
+// (288 blocks, more than resident) autoSplits is not asked: planVariant
+// keeps 264 items whole and splits the other 24 in 11 (tailSplit).
+func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) merge) int {
+	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
+		return 1
+	}
+	costs := make([]int, maxN+1)
+	best := splitCost(blocks, slots, resident, tiles, 1, mergeCombine)
+	for n := 1; n <= maxN; n++ {
+		costs[n] = splitCost(blocks, slots, resident, tiles, n, merging(n))
+		best = min(best, costs[n])
+	}
+	for n := 1; n <= maxN; n++ {
+		if costs[n]*100 <= best*(100+splitTolerancePct) {
+			return n
+		}
+	}
+	return 1 // unreachable: the best cost itself qualifies
+}
+
+// splitCost models the time of a decode, in half key-tile loads of one
+// block streaming alone, when blocks (batch x K/V heads x row tiles) are each
+// split n ways: g = blocks*n blocks of t = ceil(tiles/n) tiles, on a GPU
+// that streams slots blocks at one per slot (see targetBlocks) and holds
+// resident blocks at once (its occupancy). Decode is memory-bound, so a
+// block's time is the bytes it streams:
+//
+//   - g <= slots: each block streams alone in its slot, 2t + blockCost.
+//     (HBM caps these too from about hbmSlotsPct of the slots up, but
+//     gradually: a sharp cap would cost every count from 88 blocks to 132
+//     the same, and the tolerance would then take the smallest, which
+//     streams slower.)
+//   - slots < g <= resident: one wave, every block started at once. The
+//     busiest SM holds k = ceil(g/slots) blocks for a slot and streams them
+//     at sharedSlotPct of one block's rate, and all g*t tiles stream no
+//     faster than HBM (hbmSlotsPct of the slots): the larger of
+//     2kt*100/sharedSlotPct and 2gt*100/(slots*hbmSlotsPct), + blockCost.
+//   - g > resident: waves of resident blocks, each costed the same way,
+//     except the last, partial one, which takes the larger of one block
+//     alone (2t) and its tiles at HBM's rate: its blocks start as earlier
+//     ones end. (Optimistic: whole blocks of a last wave land two to an SM
+//     on the SMs that free first, which is why a grid of more items than
+//     resident takes tailSplit instead, when its last wave is partial.)
+//     blockCost is counted once: the blocks of a later wave ramp up while
+//     others still stream.
+//
+// With n > 1 the splits merge (m) inside stage 1 in clusters that all run
+// at once (mergeCluster: one block per slot, plus clusterMergeCost), or in
+// pairs among the grid's waves (mergePairs: the waves, plus
+// pairMergeCost), else the combine kernel adds combineLaunchCost plus
+// combineRoundCost per round trip (combineRounds).
+func splitCost(blocks, slots, resident, tiles, n int, m merge) int {
+	g, t := blocks*n, ceilDiv(tiles, n)
+	// wave is the time of w blocks started at once, at most k per slot.
+	wave := func(w, k int) int {
+		busiest := 2 * t
+		if k > 1 {
+			busiest = ceilDiv(2*k*t*100, sharedSlotPct)
+		}
+		return max(busiest, ceilDiv(2*w*t*100, slots*hbmSlotsPct))
+	}
+	var cost int
+	switch {
+	case n > 1 && m == mergeCluster:
+		return 2*t + blockCost + clusterMergeCost
+	case g <= slots:
+		cost = 2*t + blockCost
+	case g <= resident:
+		cost = wave(g, ceilDiv(g, slots)) + blockCost
+	default:
+		cost = g/resident*wave(resident, ceilDiv(resident, slots)) + blockCost
+		if last := g % resident; last > 0 {
+			cost += wave(last, 1)
+		}
+	}
+	switch {
+	case n == 1:
+	case m == mergePairs:
+		cost += pairMergeCost
+	default:
+		cost += combineLaunchCost + combineRoundCost*combineRounds(n)
+	}
+	return cost
+}
+
+// combineRounds is how many round trips to L2 the combine of n splits
+// makes, as combineFor picks it for the compiled variants (all share
+// combineThreads and combineWideThreads; TestCombineRounds checks): one
+// for the 4-warp combine (up to 32 splits), else the 16-warp one's
+// ceil(n / 128).
+func combineRounds(n int) int {
+	if n <= combineSplitsPerStep(combineThreads) {
+		return 1
+	}
+	return ceilDiv(n, combineSplitsPerStep(combineWideThreads))
+}
+
+// tailSplit is the num_splits=0 plan of a grid of more items (blocks
+// unsplit) than the GPU holds at once (resident): the items of the full
+// waves stay whole, and each item of the last, partial wave splits m ways,
+// m = resident / (its items), at most maxN, so that its blocks fill one
+// wave's slots. It returns the whole items and m, or m < 2 where there is
+// no partial wave or it is nearly full.
+//
+// Why: the block scheduler gives each slot that frees the next block, so
+// whole items of a partial wave land two to an SM on the SMs whose first
+// blocks ended first and none on the rest, and the call ends with a few
+// SMs streaming alone. Split, the last wave's smaller blocks fill the
+// slots as they free.
+func tailSplit(blocks, resident, maxN int) (whole, m int) {
+	tail := blocks % resident
+	if blocks <= resident || tail == 0 {
+		return 0, 0
+	}
+	return blocks - tail, min(maxN, resident/tail)
+}
+
+// targetBlocks is how many resident blocks of v per SM the heuristic fills:
+// enough for targetWarpsPerSM warps, at least one, at most blocksPerSM.
+func targetBlocks(v Variant, blocksPerSM int) int {
+	warps := max(1, ceilDiv(v.Threads, 32))
+	return max(1, min(blocksPerSM, ceilDiv(targetWarpsPerSM, warps)))
+}
+
+// minKeysPerSplit is the fewest keys the heuristic gives one split when a
+// block holds rows packed query rows: max(minSplitKeys, 16*rows). A split
+// writes rows*d fp32 partials that the combine reads back (8*rows*d bytes)
+// while it reads 4*keys*d bytes of K and V, so 16 keys per row keep that
+// extra traffic within 1/8.
+func minKeysPerSplit(rows int) int { return max(minSplitKeys, 16*rows) }
+
+// maxAutoSplits is the most splits the heuristic considers for a length of
+// tiles key tiles when a split must hold at least minTiles of them:
+// min(MaxSplits, tiles/minTiles), and at least 1.
+func maxAutoSplits(tiles, minTiles int) int {
+	return max(1, min(MaxSplits, tiles/max(minTiles, 1)))
+}
+
+// clampSplits is what a requested split count n > 0 becomes:
+// n clamped to [1, min(MaxSplits, tiles)].
+func clampSplits(n, tiles int) int {
+	return max(1, min(n, MaxSplits, tiles))
+}
