@@ -1,6 +1,6 @@
 package core
 
-// MaxCluster is the largest cluster a plan uses: kernels/split_kv.cuh
+// MaxCluster is the largest cluster a plan uses: kernels/cluster_merge.cuh
 // merges at most 16 blocks (fd_split_kv_config::kMaxCluster), the most sm_90
 // runs in one cluster.
 const MaxCluster = 16

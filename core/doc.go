@@ -42,7 +42,7 @@
 // of one (sequence, K/V head, row tile) run as one thread-block cluster,
 // park their rows in shared memory, and after a cluster barrier each block
 // merges a slice of the rows over all of them through distributed shared
-// memory, with the same formula (kernels/split_kv.cuh,
+// memory, with the same formula (kernels/cluster_merge.cuh,
 // fd_split_kv_cluster_merge; at head dim 64 and 128 with 16 rows the
 // blocks push their rows to the owners instead, fd_cluster_push_merge). No
 // workspace, no second launch, no partials through HBM; Plan.Cluster says

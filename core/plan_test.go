@@ -650,7 +650,7 @@ func TestVariantTable(t *testing.T) {
 }
 
 // TestClusterInbox checks the cluster launch of every variant whose
-// cluster merge pushes (kernels/split_kv.cuh, kPushMerge: at most 4 (row,
+// cluster merge pushes (kernels/split_kv_config.cuh, kPushMerge: at most 4 (row,
 // 4 columns) items a thread) against the inbox the kernel puts after its
 // pipeline buffers (kInboxBytes, written out here), so that shrinking
 // ClusterSharedBytes cannot leave the pushes writing past the launch's
@@ -669,7 +669,7 @@ func TestClusterInbox(t *testing.T) {
 		}
 	}
 	if pushing == 0 {
-		t.Error("no variant pushes; kernels/split_kv.cuh says head dims 64 and 128 at 16 rows do")
+		t.Error("no variant pushes; kernels/split_kv_config.cuh says head dims 64 and 128 at 16 rows do")
 	}
 }
 

@@ -39,7 +39,7 @@ type Variant struct {
 	CombineWideThreads int
 }
 
-// Stage-1 launch facts shared by every variant (kernels/split_kv.cuh,
+// Stage-1 launch facts shared by every variant (kernels/split_kv_config.cuh,
 // fd_split_kv_config). A tile of K plus a tile of V is always 32 KiB:
 // KeysPerTile = 8192 / HeadDim keys, one warp per 16 keys of a tile and
 // half of the output columns at head dim 256 (splitKVDimSplit), so
@@ -87,7 +87,7 @@ func splitKV(dt DType, headDim, rows int) Variant {
 	if threads >= 32*targetWarpsPerSM {
 		clusterShared = oneBlockPerSMBytes
 	}
-	// The push merge's inbox (kernels/split_kv.cuh kInboxBytes), where a
+	// The push merge's inbox (kernels/split_kv_config.cuh kInboxBytes), where a
 	// thread sends at most 4 items (kPushMerge).
 	dense := 0
 	if items := rows * headDim / 4; items <= 4*threads {
