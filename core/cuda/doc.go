@@ -4,9 +4,10 @@
 // plans it (pure Go); this package turns the plan into kernel launches on the
 // caller's stream. gorgonia.org/cu opens the device and its primary context;
 // a few lines of cgo (launch.go) load the module, look up the kernels and
-// launch them with the attributes gorgonia.org/cu lacks. Per device it retains the primary
-// context (the one PyTorch allocates in), loads the embedded fatbin of
-// kernels/ once and caches kernel handles, occupancy and plans, so a call
+// launch them with the attributes gorgonia.org/cu lacks. Per device it
+// retains the primary context (the one PyTorch allocates in), loads the
+// embedded fatbin of kernels/ once and caches kernel handles, occupancy and
+// plans, so a call
 // makes no device allocation, no module load and no host synchronization:
 // one or two cuLaunchKernel calls.
 //
