@@ -124,7 +124,7 @@ func (s Shape) validate(op string) error {
 	if s.HeadsQ%s.HeadsKV != 0 {
 		return invalid(op, "nheads_q", fmt.Sprintf("%d is not a multiple of nheads_kv=%d", s.HeadsQ, s.HeadsKV))
 	}
-	// Batch, SeqlenQ and HeadsQ are bounded above, so the product fits an int.
+	// Batch, SeqlenQ and HeadsQ are bounded above, so the product fits an int64.
 	if rows := int64(s.Batch) * int64(s.HeadsQ) * int64(s.SeqlenQ); rows > MaxRows {
 		return unsupported(op, "nheads_q", fmt.Sprintf("%d with batch=%d and seqlen_q=%d makes %d output rows; at most %d (the kernels index rows in 32 bits)", s.HeadsQ, s.Batch, s.SeqlenQ, rows, MaxRows))
 	}
@@ -160,7 +160,8 @@ func (s Shape) validate(op string) error {
 // itself; out and lse share no memory with the other tensors; lse and
 // cache_seqlens are 4-byte aligned; the scale is finite and not negative.
 // What cannot be checked from the host (that the memory is allocated, on
-// the right device, and large enough) is the caller's part. Validate is ValidateLayout then CheckPointers.
+// the right device, and large enough) is the caller's part. Validate is
+// ValidateLayout then CheckPointers.
 func (p *Problem) Validate() error {
 	if err := p.ValidateLayout(); err != nil {
 		return err
