@@ -3,14 +3,22 @@ package core
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"sort"
 )
 
 // Limits of the kernels, checked by Validate.
 const (
-	MaxSeqlenQ = 16    // most query tokens per sequence (speculative decoding)
-	MaxHeadDim = 256   // largest head dim; any multiple of 8 up to it runs
-	maxGridYZ  = 65535 // CUDA's limit on gridDim.y and gridDim.z
+	MaxSeqlenQ = 16  // most query tokens per sequence (speculative decoding)
+	MaxHeadDim = 256 // largest head dim; any multiple of 8 up to it runs
+	// MaxSeqlenCache is the largest K/V length per sequence: the kernels
+	// count keys in 32-bit ints, and round a length up to whole tiles of up
+	// to 1024 keys.
+	MaxSeqlenCache = 1 << 30
+	// MaxRows is the most output rows (Batch * HeadsQ * SeqlenQ): the
+	// kernels number the rows of out, lse and the workspace in 32-bit ints.
+	MaxRows   = math.MaxInt32
+	maxGridYZ = 65535 // CUDA's limit on gridDim.y and gridDim.z
 )
 
 // Shape is the part of a Problem the planner reads: sizes and options that
@@ -62,8 +70,26 @@ type Problem struct {
 	// lengths; values are clamped to [0, SeqlenCache] on the device.
 	CacheSeqlens uintptr
 
-	Scale  float32 // softmax scale; 0 means 1/sqrt(HeadDim)
-	Causal bool    // bottom-right aligned causal mask
+	// Scale is the softmax scale; 0 means 1/sqrt(HeadDim). A caller whose
+	// own API says "default" some other way (Python's None) converts an
+	// explicit scale with ExplicitScale, which never yields 0.
+	Scale  float32
+	Causal bool // bottom-right aligned causal mask
+}
+
+// minNormalFloat32 is the smallest positive normal float32, 2^-126.
+const minNormalFloat32 = 0x1p-126
+
+// ExplicitScale returns scale as a Problem.Scale for a caller that gave it
+// explicitly: it must round to a positive normal float32, so that it can
+// neither read as the default (a tiny scale rounds to 0) nor lose its
+// precision or finiteness in the conversion. Otherwise it returns an *Error
+// naming softmax_scale that wraps ErrInvalid.
+func ExplicitScale(scale float64) (float32, error) {
+	if f := float32(scale); f >= minNormalFloat32 && f <= math.MaxFloat32 {
+		return f, nil
+	}
+	return 0, invalid("decode", "softmax_scale", fmt.Sprintf("%v; must be a positive normal float32, %g to %g", scale, minNormalFloat32, math.MaxFloat32))
 }
 
 // Validate reports the first thing wrong with s as an *Error that names the
@@ -98,6 +124,10 @@ func (s Shape) validate(op string) error {
 	if s.HeadsQ%s.HeadsKV != 0 {
 		return invalid(op, "nheads_q", fmt.Sprintf("%d is not a multiple of nheads_kv=%d", s.HeadsQ, s.HeadsKV))
 	}
+	// Batch, SeqlenQ and HeadsQ are bounded above, so the product fits an int64.
+	if rows := int64(s.Batch) * int64(s.HeadsQ) * int64(s.SeqlenQ); rows > MaxRows {
+		return unsupported(op, "nheads_q", fmt.Sprintf("%d with batch=%d and seqlen_q=%d makes %d output rows; at most %d (the kernels index rows in 32 bits)", s.HeadsQ, s.Batch, s.SeqlenQ, rows, MaxRows))
+	}
 	if s.HeadDim < 1 {
 		return invalid(op, "headdim", fmt.Sprintf("%d; must be positive", s.HeadDim))
 	}
@@ -107,8 +137,8 @@ func (s Shape) validate(op string) error {
 	if s.SeqlenCache < 0 {
 		return invalid(op, "seqlen_cache", fmt.Sprintf("%d; must not be negative", s.SeqlenCache))
 	}
-	if s.SeqlenCache > math.MaxInt32 {
-		return unsupported(op, "seqlen_cache", fmt.Sprintf("%d; at most %d", s.SeqlenCache, math.MaxInt32))
+	if s.SeqlenCache > MaxSeqlenCache {
+		return unsupported(op, "seqlen_cache", fmt.Sprintf("%d; at most %d (the kernels count keys in 32 bits)", s.SeqlenCache, MaxSeqlenCache))
 	}
 	if s.Seqlen > s.SeqlenCache {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("%d exceeds seqlen_cache=%d", s.Seqlen, s.SeqlenCache))
@@ -123,13 +153,15 @@ func (s Shape) validate(op string) error {
 // Shape.Validate), then what a C or Python caller can get wrong about the
 // device tensors. It returns an *Error that names the argument.
 //
-// Checked: q, k_cache, v_cache and out are non-null, 16-byte aligned, with
-// non-negative strides that are multiples of 8 elements (the kernels load 8
-// elements at a time) and whose largest element offset fits in 64 bits; out
-// does not overlap itself; lse and cache_seqlens are 4-byte aligned; the
-// scale is finite and not negative. What cannot be checked from the host
-// (that the memory is allocated, on the right device, and large enough) is
-// the caller's part. Validate is ValidateLayout then CheckPointers.
+// Checked: q, k_cache, v_cache and out are non-null (the caches may be
+// null when SeqlenCache is 0), 16-byte aligned, with non-negative strides
+// that are multiples of 8 elements (the kernels load 8 elements at a time)
+// and whose largest element offset fits in 64 bits; out does not overlap
+// itself; out and lse share no memory with the other tensors; lse and
+// cache_seqlens are 4-byte aligned; the scale is finite and not negative.
+// What cannot be checked from the host (that the memory is allocated, on
+// the right device, and large enough) is the caller's part. Validate is
+// ValidateLayout then CheckPointers.
 func (p *Problem) Validate() error {
 	if err := p.ValidateLayout(); err != nil {
 		return err
@@ -172,8 +204,14 @@ func (p *Problem) ValidateLayout() error {
 }
 
 // CheckPointers checks p's device addresses: q, k_cache, v_cache and out
-// non-null and 16-byte aligned, lse and cache_seqlens (optional) 4-byte
-// aligned.
+// non-null and 16-byte aligned (k_cache and v_cache may be null when
+// SeqlenCache is 0: nothing is read), lse and cache_seqlens (optional)
+// 4-byte aligned, and that what the kernels write shares no byte with
+// anything else: out with q, k_cache, v_cache and cache_seqlens, lse with
+// all of those and out. The check compares byte ranges (from the address
+// to the end of the last element), so it also refuses two tensors that
+// interleave in one buffer without sharing an element. p's layout must be
+// valid (ValidateLayout).
 func (p *Problem) CheckPointers() error {
 	const op = "decode"
 	if p == nil {
@@ -184,6 +222,9 @@ func (p *Problem) CheckPointers() error {
 		ptr  uintptr
 	}{{"q", p.Q.Ptr}, {"k_cache", p.K.Ptr}, {"v_cache", p.V.Ptr}, {"out", p.Out.Ptr}} {
 		if x.ptr == 0 {
+			if p.SeqlenCache == 0 && (x.name == "k_cache" || x.name == "v_cache") {
+				continue
+			}
 			return invalid(op, x.name, "null device pointer")
 		}
 		if x.ptr%16 != 0 {
@@ -195,6 +236,63 @@ func (p *Problem) CheckPointers() error {
 	}
 	if p.CacheSeqlens%4 != 0 {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("address %#x is not 4-byte aligned", p.CacheSeqlens))
+	}
+	return p.checkOverlaps(op)
+}
+
+// byteRange is the bytes [lo, hi) a tensor spans; empty when lo == hi.
+type byteRange struct {
+	name   string
+	lo, hi uint64
+}
+
+func (a byteRange) overlaps(b byteRange) bool { return a.lo < b.hi && b.lo < a.hi }
+
+// tensorRange is the byte range of a (batch, seq, heads, head_dim) tensor
+// of elem-byte elements with the given sizes, from t.Ptr to the end of its
+// last element (saturated at the top of the address space).
+func tensorRange(name string, t Tensor, size [4]int, elem int) byteRange {
+	if t.Ptr == 0 || size[0] <= 0 || size[1] <= 0 || size[2] <= 0 || size[3] <= 0 {
+		return byteRange{name: name}
+	}
+	// ValidateLayout keeps the largest element offset within int64.
+	last := int64(size[0]-1)*t.BatchStride + int64(size[1]-1)*t.SeqStride + int64(size[2]-1)*t.HeadStride + int64(size[3]-1)
+	return spanOf(name, t.Ptr, uint64(last)+1, elem)
+}
+
+// spanOf is the byte range of n elem-byte elements at ptr (empty at ptr 0).
+func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
+	if ptr == 0 {
+		return byteRange{name: name}
+	}
+	hi, bytes := bits.Mul64(n, uint64(elem))
+	end, carry := bits.Add64(uint64(ptr), bytes, 0)
+	if hi != 0 || carry != 0 {
+		end = math.MaxUint64
+	}
+	return byteRange{name, uint64(ptr), end}
+}
+
+// checkOverlaps refuses out or lse sharing a byte with another tensor of p
+// (see CheckPointers).
+func (p *Problem) checkOverlaps(op string) error {
+	s := p.Shape
+	el := s.DType.Size()
+	out := tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el)
+	lse := spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4)
+	inputs := [...]byteRange{
+		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
+		tensorRange("k_cache", p.K, [4]int{s.Batch, s.SeqlenCache, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("v_cache", p.V, [4]int{s.Batch, s.SeqlenCache, s.HeadsKV, s.HeadDim}, el),
+		spanOf("cache_seqlens", p.CacheSeqlens, uint64(s.Batch), 4),
+		out,
+	}
+	for _, w := range [...]byteRange{out, lse} {
+		for _, r := range inputs {
+			if r.name != w.name && w.overlaps(r) {
+				return invalid(op, w.name, fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); what the kernels write must not share memory with another tensor", w.lo, w.hi, r.name, r.lo, r.hi))
+			}
+		}
 	}
 	return nil
 }
@@ -213,10 +311,14 @@ func checkStrides(op, name string, t Tensor, size [4]int, exclusive bool) error 
 			return unsupported(op, name, fmt.Sprintf("%s stride %d is not a multiple of 8 elements; the kernels load 8 elements at a time", dims[i], st))
 		}
 	}
-	// The largest element offset must fit in the kernels' 64-bit arithmetic.
+	// The largest element offset must fit in the kernels' 64-bit arithmetic
+	// (an empty tensor, such as the caches of an empty cache, has none).
 	var last int64
 	for i := range stride {
 		n := int64(size[i] - 1)
+		if n < 0 {
+			break
+		}
 		if n > 0 && stride[i] > (math.MaxInt64-last)/n {
 			return invalid(op, name, "strides too large: element offsets overflow 64 bits")
 		}

@@ -47,7 +47,14 @@ func TestShapeValidate(t *testing.T) {
 		{"headdim 100", func(s *Shape) { s.HeadDim = 100 }, "headdim", ErrUnsupported},
 		{"headdim 264", func(s *Shape) { s.HeadDim = 264 }, "headdim", ErrUnsupported},
 		{"cache -1", func(s *Shape) { s.SeqlenCache = -1 }, "seqlen_cache", ErrInvalid},
-		{"cache huge", func(s *Shape) { s.SeqlenCache = math.MaxInt32 + 1 }, "seqlen_cache", ErrUnsupported},
+		{"cache at the limit", func(s *Shape) { s.SeqlenCache = MaxSeqlenCache }, "", nil},
+		{"cache past the limit", func(s *Shape) { s.SeqlenCache = MaxSeqlenCache + 1 }, "seqlen_cache", ErrUnsupported},
+		{"cache past int32", func(s *Shape) { s.SeqlenCache = math.MaxInt32 }, "seqlen_cache", ErrUnsupported},
+		{"rows at the limit", func(s *Shape) { s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadsKV = 1, 1, math.MaxInt32, 1 }, "", nil},
+		{"rows below the limit", func(s *Shape) { s.Batch, s.SeqlenQ, s.HeadsQ = 65535, 16, 2048 }, "", nil},
+		{"rows past the limit", func(s *Shape) { s.Batch, s.SeqlenQ, s.HeadsQ = 65535, 16, 2056 }, "nheads_q", ErrUnsupported},
+		{"rows past the limit, batch 2", func(s *Shape) { s.SeqlenQ, s.HeadsQ, s.HeadsKV = 1, 1<<30, 1 }, "nheads_q", ErrUnsupported},
+		{"heads past int32", func(s *Shape) { s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadsKV = 1, 1, math.MaxInt32+1, 1 }, "nheads_q", ErrUnsupported},
 		{"seqlen > cache", func(s *Shape) { s.Seqlen = 4097 }, "cache_seqlens", ErrInvalid},
 		{"splits -1", func(s *Shape) { s.NumSplits = -1 }, "num_splits", ErrInvalid},
 	}
@@ -57,6 +64,28 @@ func TestShapeValidate(t *testing.T) {
 			tt.edit(&s)
 			checkErr(t, s.Validate(), tt.arg, tt.want)
 		})
+	}
+}
+
+// The messages name the limit a value breaks.
+func TestShapeValidateMessages(t *testing.T) {
+	for _, tt := range []struct {
+		edit func(*Shape)
+		want string
+	}{
+		{func(s *Shape) { s.SeqlenQ = 17 }, "seqlen_q: not supported: 17; supported: 1 to 16"},
+		{func(s *Shape) { s.HeadDim = 100 }, "headdim: not supported: 100; supported: multiples of 8 from 8 to 256"},
+		{func(s *Shape) { s.HeadsQ, s.HeadsKV = 12, 5 }, "nheads_q: invalid argument: 12 is not a multiple of nheads_kv=5"},
+		{func(s *Shape) { s.SeqlenCache = MaxSeqlenCache + 1 }, "seqlen_cache: not supported: 1073741825; at most 1073741824"},
+		{func(s *Shape) { s.Batch, s.SeqlenQ, s.HeadsQ = 65535, 16, 2056 }, "makes 2155839360 output rows; at most 2147483647"},
+		{func(s *Shape) { s.Seqlen = 4097 }, "cache_seqlens: invalid argument: 4097 exceeds seqlen_cache=4096"},
+		{func(s *Shape) { s.NumSplits = -1 }, "num_splits: invalid argument: -1; must be 0 (automatic) or positive"},
+	} {
+		s := validShape()
+		tt.edit(&s)
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("error %v, want it to contain %q", err, tt.want)
+		}
 	}
 }
 
@@ -89,12 +118,13 @@ func validProblem() Problem {
 		d := int64(s.HeadDim)
 		return Tensor{Ptr: ptr, BatchStride: int64(seq*heads) * d, SeqStride: int64(heads) * d, HeadStride: d}
 	}
+	// q and out span 16 KiB each, k_cache and v_cache 16 MiB.
 	return Problem{
 		Shape: s,
 		Q:     dense(0x10000, s.SeqlenQ, s.HeadsQ),
-		K:     dense(0x20000, s.SeqlenCache, s.HeadsKV),
-		V:     dense(0x30000, s.SeqlenCache, s.HeadsKV),
-		Out:   dense(0x40000, s.SeqlenQ, s.HeadsQ),
+		Out:   dense(0x20000, s.SeqlenQ, s.HeadsQ),
+		K:     dense(0x1000000, s.SeqlenCache, s.HeadsKV),
+		V:     dense(0x3000000, s.SeqlenCache, s.HeadsKV),
 	}
 }
 
@@ -112,7 +142,7 @@ func TestProblemValidate(t *testing.T) {
 		{"shared cache over batch", func(p *Problem) { p.K.BatchStride = 0; p.V.BatchStride = 0 }, "", nil},
 		{"out permuted (b,h,s,d)", func(p *Problem) {
 			p.SeqlenQ = 4
-			p.Out = Tensor{Ptr: 0x40000, BatchStride: 32 * 4 * 128, HeadStride: 4 * 128, SeqStride: 128}
+			p.Out = Tensor{Ptr: 0x40000, BatchStride: 32 * 4 * 128, HeadStride: 4 * 128, SeqStride: 128} // q now spans 64 KiB
 		}, "", nil},
 		{"out size-1 dim stride 0", func(p *Problem) { p.Out.SeqStride = 0 }, "", nil},
 		{"bad shape first", func(p *Problem) { p.HeadsKV = 5; p.Q.Ptr = 0 }, "nheads_q", ErrInvalid},
@@ -131,6 +161,38 @@ func TestProblemValidate(t *testing.T) {
 		{"scale negative", func(p *Problem) { p.Scale = -1 }, "softmax_scale", ErrInvalid},
 		{"scale nan", func(p *Problem) { p.Scale = float32(math.NaN()) }, "softmax_scale", ErrInvalid},
 		{"scale inf", func(p *Problem) { p.Scale = float32(math.Inf(1)) }, "softmax_scale", ErrInvalid},
+		{"empty cache, null k and v", func(p *Problem) { p.SeqlenCache, p.K.Ptr, p.V.Ptr = 0, 0, 0 }, "", nil},
+		{"empty cache, torch's strides", func(p *Problem) { // (batch, 0, heads, d) contiguous: batch stride 0
+			p.Batch, p.SeqlenCache = 1, 0
+			p.K = Tensor{BatchStride: 0, SeqStride: 8 * 128, HeadStride: 128}
+			p.V = p.K
+		}, "", nil},
+		{"empty cache, k misaligned", func(p *Problem) { p.SeqlenCache, p.K.Ptr = 0, 0x1000008 }, "k_cache", ErrUnsupported},
+
+		// What the kernels write (out, lse) against everything else. Byte
+		// ranges: q [0x10000, 0x14000), out [0x20000, 0x24000), k_cache
+		// [0x1000000, 0x2000000), v_cache [0x3000000, 0x4000000).
+		{"out is q", func(p *Problem) { p.Out = p.Q }, "out", ErrInvalid},
+		{"out is q, batches padded", func(p *Problem) { p.Out.Ptr = p.Q.Ptr; p.Out.BatchStride *= 2 }, "out", ErrInvalid},
+		{"out ends inside q", func(p *Problem) { p.Out.Ptr = 0x10000 - 0x4000 + 16 }, "out", ErrInvalid},
+		{"out starts inside q", func(p *Problem) { p.Out.Ptr = 0x14000 - 16 }, "out", ErrInvalid},
+		{"out right before q", func(p *Problem) { p.Out.Ptr = 0x10000 - 0x4000 }, "", nil},
+		{"out right after q", func(p *Problem) { p.Out.Ptr = 0x14000 }, "", nil},
+		{"out inside k_cache", func(p *Problem) { p.Out.Ptr = 0x1800000 }, "out", ErrInvalid},
+		{"out over v_cache's end", func(p *Problem) { p.Out.Ptr = 0x4000000 - 0x2000 }, "out", ErrInvalid},
+		{"out right after v_cache", func(p *Problem) { p.Out.Ptr = 0x4000000 }, "", nil},
+		{"out over cache_seqlens", func(p *Problem) { p.CacheSeqlens = 0x20100 }, "out", ErrInvalid},
+		{"out next to cache_seqlens", func(p *Problem) { p.CacheSeqlens = 0x20000 - 8 }, "", nil},
+		{"out over an empty cache", func(p *Problem) { p.SeqlenCache, p.K.Ptr = 0, p.Out.Ptr }, "", nil},
+		{"lse inside out", func(p *Problem) { p.LSE = 0x20000 + 0x1000 }, "lse", ErrInvalid},
+		{"lse over q's end", func(p *Problem) { p.LSE = 0x14000 - 4 }, "lse", ErrInvalid},
+		{"lse inside v_cache", func(p *Problem) { p.LSE = 0x3000000 }, "lse", ErrInvalid},
+		{"lse is cache_seqlens", func(p *Problem) { p.LSE, p.CacheSeqlens = 0x50000, 0x50000 }, "lse", ErrInvalid},
+		{"lse right before out", func(p *Problem) { p.LSE = 0x20000 - 2*32*4 }, "", nil},
+		{"lse right after out", func(p *Problem) { p.LSE = 0x24000 }, "", nil},
+		{"lse one row before out's end", func(p *Problem) { p.LSE = 0x24000 - 4 }, "lse", ErrInvalid},
+		{"k and v share a buffer", func(p *Problem) { p.V.Ptr = p.K.Ptr + 256 }, "", nil},
+		{"out at the top of memory", func(p *Problem) { p.Out.Ptr = ^uintptr(0) &^ 15 }, "", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -145,6 +207,37 @@ func TestProblemValidate(t *testing.T) {
 	}
 	var nilp *Problem
 	checkErr(t, nilp.Validate(), "", ErrInvalid)
+}
+
+func TestExplicitScale(t *testing.T) {
+	for _, tt := range []struct {
+		in   float64
+		want float32 // 0: refused
+	}{
+		{0.125, 0.125},
+		{1, 1},
+		{0x1p-126, 0x1p-126}, // the smallest normal float32
+		{math.MaxFloat32, math.MaxFloat32},
+		{1e-50, 0}, // rounds to 0, the default
+		{1e-40, 0}, // a float32 subnormal
+		{0, 0},
+		{-0.5, 0},
+		{1e39, 0}, // rounds to +Inf
+		{math.Inf(1), 0},
+		{math.NaN(), 0},
+	} {
+		got, err := ExplicitScale(tt.in)
+		if tt.want == 0 {
+			checkErr(t, err, "softmax_scale", ErrInvalid)
+			if !strings.Contains(err.Error(), "positive normal float32") {
+				t.Errorf("%v: error %q does not name the limit", tt.in, err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("ExplicitScale(%v) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
 }
 
 func TestOverlaps(t *testing.T) {

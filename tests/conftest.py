@@ -1,4 +1,5 @@
-"""Shared test setup: the `cuda` marker, the SDPA reference, subprocess helpers.
+"""Shared test setup: the `cuda` marker, the SDPA reference, subprocess helpers,
+and a stand-in for the Go extension that CPU tests of the torch layer use.
 
 Tests marked `cuda` skip cleanly where torch sees no GPU; everything else runs
 everywhere (CI has no GPU). flash_decode is imported from the installed package,
@@ -49,6 +50,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+class FakeBinding:
+    """Stands in for the Go extension in CPU tests of the torch layer: records
+    every call. Prepare gives each distinct layout a handle, Workspace answers
+    1000 bytes for the whole cache and 8 per key of an int length (made-up
+    sizes that tell the calls apart), Run launches nothing."""
+
+    def __init__(self):
+        self.calls = []
+        self.handles = {}
+
+    def Prepare(self, *args):
+        self.calls.append(("Prepare", args))
+        return self.handles.setdefault(args, len(self.handles))
+
+    def Workspace(self, handle, seqlen):
+        self.calls.append(("Workspace", (handle, seqlen)))
+        return 1000 if seqlen < 0 else 8 * seqlen
+
+    def Run(self, *args):
+        self.calls.append(("Run", args))
+        return 1
+
+    def args(self, name):
+        """The arguments of every call to name, in order."""
+        return [args for called, args in self.calls if called == name]
+
+
+@pytest.fixture
+def fake_binding(monkeypatch):
+    """flash_decode over a FakeBinding, with an empty layout cache, on CPU
+    tensors: they pass the device check as CUDA device 0."""
+    from flash_decode import _api, _native
+    fake = FakeBinding()
+    monkeypatch.setattr(_native, "binding", lambda: fake)
+    monkeypatch.setattr(_api, "_prepared", {})
+    monkeypatch.setattr(_api, "_check_devices", lambda q, **others: 0)
+    monkeypatch.setattr(_api, "_current_stream", lambda device: 0)
+    return fake
 
 
 def run_python(code, **env):

@@ -1,6 +1,7 @@
 """flash_decode on the GPU against torch SDPA in fp32 with explicit masks
 (conftest.reference): dtypes, head dims, GQA/MQA, ragged and causal lengths,
-split counts, strided tensors, out=, CUDA graphs, streams and plan()."""
+split counts, strided tensors, out=, empty caches, CUDA graphs, streams and
+plan()."""
 
 import pytest
 import torch
@@ -222,16 +223,6 @@ def test_side_stream():
     assert_matches_reference(out, lse, q, k_new, v_new, cache_seqlens=cache_seqlens)
 
 
-@pytest.mark.parametrize("cache_seqlens", [None, 1000])
-def test_full_layout_table_falls_back_to_one_shot_calls(monkeypatch, cache_seqlens):
-    from flash_decode import _api, _native
-    monkeypatch.setattr(_native.binding(), "Prepare", lambda *args: -1)  # as when the core's table is full
-    monkeypatch.setattr(_api, "_prepared", {})
-    q, k, v = make(2, 1, 32, 8, 128, 3000, seed=5)
-    for _ in range(2):  # the second call takes the cached fallback
-        run_and_check(q, k, v, cache_seqlens=cache_seqlens, num_splits=20)
-
-
 def test_layouts_are_cached_per_signature():
     from flash_decode import _api
     q, k, v = make(1, 1, 32, 8, 128, 2048, seed=6)
@@ -239,9 +230,33 @@ def test_layouts_are_cached_per_signature():
     n = len(_api._prepared)
     run_and_check(q, k.clone(), v.clone())  # new addresses, same layout
     assert len(_api._prepared) == n
-    run_and_check(q, k, v, cache_seqlens=700)  # an int length is part of the layout
+    run_and_check(q, k, v, cache_seqlens=700)  # an int length is "an int" in the layout
     run_and_check(q, k, v, cache_seqlens=701)
-    assert len(_api._prepared) == n + 2
+    assert len(_api._prepared) == n + 1
+
+
+@pytest.mark.parametrize("num_splits", [0, 20])
+def test_int_cache_seqlens_changing_every_call(num_splits):
+    # One layout for every length; each plans its own splits and workspace
+    # (num_splits=20: the combine kernel at long lengths, one split at short ones).
+    q, k, v = make(2, 2, 32, 8, 128, 3000, seed=8)
+    for n in [3000, 1, 2999, 0, 1500, 3000, 64]:
+        run_and_check(q, k, v, cache_seqlens=n, causal=True, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("cache_seqlens", [None, 0, "tensor"])
+def test_empty_cache(cache_seqlens):
+    # seqlen_cache 0: no row sees a key (out 0, lse -inf), whatever the lengths say.
+    q, k, v = make(2, 3, 8, 2, 64, 0)
+    if cache_seqlens == "tensor":
+        cache_seqlens = lengths(0, 5)
+    run_and_check(q, k, v, cache_seqlens=cache_seqlens, causal=True)
+
+
+def test_small_softmax_scale():
+    # 1e-30 is a normal float32: honoured, not taken for the default (1e-50 is refused).
+    q, k, v = make(2, 1, 8, 2, 128, 200)
+    run_and_check(q, k, v, softmax_scale=1e-30)
 
 
 def test_plan():

@@ -1,8 +1,11 @@
 """Bad input raises TypeError / ValueError / NotImplementedError whose message
-starts with the argument's name, and the library keeps working afterwards.
+names the argument, and the library keeps working afterwards.
 
-Argument checks run before any device check, so every case but the ones about
-devices also runs on a machine without a GPU (CPU tensors).
+The torch layer checks what only Python can see (types, ranks, that the
+tensors agree in shape, devices) before any device check, so those cases also
+run on a machine without a GPU (CPU tensors). Every value limit comes from
+the Go core, whose message reads "flashdecode: decode: <argument>: ...": on
+CPU tensors those cases stop at the device check instead.
 """
 
 import re
@@ -57,7 +60,16 @@ def setting(**kw):
     return lambda a: a.update(kw)
 
 
-# (id, mutation of valid_args, exception class, argument name, runs on CPU tensors)
+def overlapping_out(name):
+    """A mutation making out a view of q's shape into args[name]'s memory."""
+    def mutate(a):
+        q, t = a["q"], a[name]
+        a["out"] = t.view(-1)[:q.numel()].view(q.shape)
+    return mutate
+
+
+# (id, mutation of valid_args, exception class, argument name, decided in Python:
+# raised on CPU tensors too)
 CASES = [
     ("q-not-tensor", lambda a: a.update(q=a["q"].tolist()), TypeError, "q", True),
     ("k-not-tensor", lambda a: a.update(k_cache=None), TypeError, "k_cache", True),
@@ -74,20 +86,18 @@ CASES = [
     ("v-seqlen", shaped("v_cache", B, L - 1, HKV, D), ValueError, "v_cache", True),
     ("v-heads", shaped("v_cache", B, L, 2 * HKV, D), ValueError, "v_cache", True),
     ("heads-not-multiple", lambda a: [shaped(n, B, L, 3, D)(a) for n in ("k_cache", "v_cache")],
-     ValueError, "nheads_q", True),
+     ValueError, "nheads_q", False),
     ("headdim-100", lambda a: [shaped(n, *a[n].shape[:3], 100)(a) for n in ("q", "k_cache", "v_cache")],
-     NotImplementedError, "headdim", True),
+     NotImplementedError, "headdim", False),
     ("headdim-264", lambda a: [shaped(n, *a[n].shape[:3], 264)(a) for n in ("q", "k_cache", "v_cache")],
-     NotImplementedError, "headdim", True),
-    ("seqlen_q-17", shaped("q", B, 17, HQ, D), NotImplementedError, "seqlen_q", True),
-    ("seqlen_q-0", shaped("q", B, 0, HQ, D), ValueError, "seqlen_q", True),
+     NotImplementedError, "headdim", False),
+    ("seqlen_q-17", shaped("q", B, 17, HQ, D), NotImplementedError, "seqlen_q", False),
+    ("seqlen_q-0", shaped("q", B, 0, HQ, D), ValueError, "seqlen_q", False),
     ("batch-0", lambda a: [shaped(n, 0, *a[n].shape[1:])(a) for n in ("q", "k_cache", "v_cache")]
-     + [setting(cache_seqlens=None)(a)], ValueError, "batch", True),
-    ("seqlen_cache-0", lambda a: [shaped(n, B, 0, HKV, D)(a) for n in ("k_cache", "v_cache")]
-     + [setting(cache_seqlens=None)(a)], ValueError, "seqlen_cache", True),
-    ("q-last-dim-strided", lambda a: a.update(q=strided_last(a["q"])), ValueError, "q", True),
-    ("k-last-dim-strided", lambda a: a.update(k_cache=strided_last(a["k_cache"])), ValueError, "k_cache", True),
-    ("v-last-dim-strided", lambda a: a.update(v_cache=strided_last(a["v_cache"])), ValueError, "v_cache", True),
+     + [setting(cache_seqlens=None)(a)], ValueError, "batch", False),
+    ("q-last-dim-strided", lambda a: a.update(q=strided_last(a["q"])), ValueError, "q", False),
+    ("k-last-dim-strided", lambda a: a.update(k_cache=strided_last(a["k_cache"])), ValueError, "k_cache", False),
+    ("v-last-dim-strided", lambda a: a.update(v_cache=strided_last(a["v_cache"])), ValueError, "v_cache", False),
     ("seqlens-int64", cast("cache_seqlens", torch.int64), TypeError, "cache_seqlens", True),
     ("seqlens-float", cast("cache_seqlens", torch.float32), TypeError, "cache_seqlens", True),
     ("seqlens-length", lambda a: a.update(cache_seqlens=a["cache_seqlens"].repeat(2)),
@@ -98,23 +108,36 @@ CASES = [
      ValueError, "cache_seqlens", True),
     ("seqlens-list", setting(cache_seqlens=[L, 7]), TypeError, "cache_seqlens", True),
     ("seqlens-bool", setting(cache_seqlens=True), TypeError, "cache_seqlens", True),
-    ("seqlens-int-negative", setting(cache_seqlens=-1), ValueError, "cache_seqlens", True),
-    ("seqlens-int-too-long", setting(cache_seqlens=L + 1), ValueError, "cache_seqlens", True),
-    ("num_splits-negative", setting(num_splits=-1), ValueError, "num_splits", True),
+    # An int length is checked per call (it is not part of the layout), after the devices.
+    ("seqlens-int-negative", setting(cache_seqlens=-1), ValueError, "cache_seqlens", False),
+    ("seqlens-int-too-long", setting(cache_seqlens=L + 1), ValueError, "cache_seqlens", False),
+    ("num_splits-negative", setting(num_splits=-1), ValueError, "num_splits", False),
     ("num_splits-float", setting(num_splits=2.0), TypeError, "num_splits", True),
     ("num_splits-str", setting(num_splits="4"), TypeError, "num_splits", True),
     ("num_splits-bool", setting(num_splits=True), TypeError, "num_splits", True),
     ("scale-str", setting(softmax_scale="0.1"), TypeError, "softmax_scale", True),
-    ("scale-nan", setting(softmax_scale=float("nan")), ValueError, "softmax_scale", True),
-    ("scale-inf", setting(softmax_scale=float("inf")), ValueError, "softmax_scale", True),
-    ("scale-zero", setting(softmax_scale=0.0), ValueError, "softmax_scale", True),
-    ("scale-negative", setting(softmax_scale=-0.1), ValueError, "softmax_scale", True),
+    ("scale-bool", setting(softmax_scale=True), TypeError, "softmax_scale", True),
+    ("scale-nan", setting(softmax_scale=float("nan")), ValueError, "softmax_scale", False),
+    ("scale-inf", setting(softmax_scale=float("inf")), ValueError, "softmax_scale", False),
+    ("scale-zero", setting(softmax_scale=0.0), ValueError, "softmax_scale", False),
+    ("scale-negative", setting(softmax_scale=-0.1), ValueError, "softmax_scale", False),
+    # Rounds to 0 in float32 (the core's "default"), or to a subnormal, or past float32.
+    ("scale-underflow", setting(softmax_scale=1e-50), ValueError, "softmax_scale", False),
+    ("scale-subnormal", setting(softmax_scale=1e-40), ValueError, "softmax_scale", False),
+    ("scale-overflow", setting(softmax_scale=1e39), ValueError, "softmax_scale", False),
+    ("scale-huge-int", setting(softmax_scale=10 ** 400), ValueError, "softmax_scale", False),
+    ("causal-float", setting(causal=1.0), TypeError, "causal", True),
+    ("causal-int", setting(causal=1), TypeError, "causal", True),
+    ("causal-none", setting(causal=None), TypeError, "causal", True),
     ("out-not-tensor", setting(out=[]), TypeError, "out", True),
     ("out-shape", shaped("out", B, SQ, HQ, D + 8), ValueError, "out", True),
     ("out-transposed-shape", lambda a: a.update(out=torch.empty_like(a["q"]).transpose(1, 2)),
      ValueError, "out", True),
     ("out-dtype", lambda a: a.update(out=torch.empty_like(a["q"], dtype=torch.bfloat16)), TypeError, "out", True),
-    ("out-last-dim-strided", lambda a: a.update(out=strided_last(a["q"])), ValueError, "out", True),
+    ("out-last-dim-strided", lambda a: a.update(out=strided_last(a["q"])), ValueError, "out", False),
+    ("out-is-q", lambda a: a.update(out=a["q"]), ValueError, "out", False),
+    ("out-in-k-cache", overlapping_out("k_cache"), ValueError, "out", False),
+    ("out-in-v-cache", overlapping_out("v_cache"), ValueError, "out", False),
     ("q-on-cpu", to_cpu("q"), ValueError, "q", True),
     ("k-on-cpu", to_cpu("k_cache"), ValueError, "k_cache", False),
     ("v-on-cpu", to_cpu("v_cache"), ValueError, "v_cache", False),
@@ -124,18 +147,24 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
+def assert_names(err, exc, name):
+    """err is exactly exc and names argument name: Python's messages start
+    with it, the Go core's read "flashdecode: <op>: <name>: ..."."""
+    assert type(err) is exc, f"{type(err).__name__}: {err}"
+    assert re.match(rf"(?:flashdecode: \w+: )?{name}\b", str(err)), f"message does not name {name!r}: {err}"
+
+
 def check_raises(device, mutate, exc, name):
     args = valid_args(device)
     mutate(args)
     with pytest.raises(exc) as info:
         call(args)
-    assert type(info.value) is exc, f"{type(info.value).__name__}: {info.value}"
-    assert re.match(rf"{name}\b", str(info.value)), f"message does not start with {name!r}: {info.value}"
+    assert_names(info.value, exc, name)
 
 
-@pytest.mark.parametrize("case_id, mutate, exc, name, cpu_ok", CASES, ids=IDS)
-def test_bad_input_cpu(case_id, mutate, exc, name, cpu_ok):
-    if not cpu_ok:
+@pytest.mark.parametrize("case_id, mutate, exc, name, python", CASES, ids=IDS)
+def test_bad_input_cpu(case_id, mutate, exc, name, python):
+    if not python:
         # On CPU tensors the first device error is q's; still an error naming q.
         exc, name = ValueError, "q"
     check_raises("cpu", mutate, exc, name)
@@ -148,16 +177,52 @@ def test_cpu_tensors_rejected_before_native_code():
         assert not torch.cuda.is_initialized()
 
 
-def test_headdim_message_names_supported():
-    args = valid_args("cpu")
-    CASES[IDS.index("headdim-100")][1](args)
-    with pytest.raises(NotImplementedError, match="64, 128 and 256"):
+@pytest.mark.cuda
+@pytest.mark.parametrize("case_id, pattern", [
+    ("headdim-100", r"headdim: not supported: 100; supported: multiples of 8 from 8 to 256"),
+    ("seqlen_q-17", r"seqlen_q: not supported: 17; supported: 1 to 16"),
+    ("heads-not-multiple", r"nheads_q: invalid argument: 8 is not a multiple of nheads_kv=3"),
+    ("scale-underflow", r"softmax_scale: invalid argument: 1e-50; must be a positive normal float32"),
+    ("k-last-dim-strided", r"k_cache: invalid argument: last \(headdim\) dimension has stride 2"),
+    ("out-in-k-cache", r"out: invalid argument: bytes .* overlap k_cache's"),
+])
+def test_message_names_the_limit(case_id, pattern):
+    args = valid_args("cuda")
+    CASES[IDS.index(case_id)][1](args)
+    with pytest.raises(Exception, match=pattern):
         call(args)
 
 
+# Pairs of option values equal as dict keys (True == 1, 2.0 == 2): after a call
+# with the good one, the bad one is still refused.
+REPEATS = [("num_splits", 1, True), ("num_splits", 0, False), ("num_splits", 2, 2.0),
+           ("softmax_scale", 1.0, True), ("causal", True, 1.0), ("causal", False, 0), ("causal", True, 1)]
+REPEAT_IDS = [f"{name}-{good!r}-then-{bad!r}" for name, good, bad in REPEATS]
+
+
+def check_repeat(device, name, good, bad):
+    args = valid_args(device)
+    call(dict(args, **{name: good}))
+    for _ in range(2):  # the bad value's own signature is never cached either
+        with pytest.raises(TypeError) as info:
+            call(dict(args, **{name: bad}))
+        assert_names(info.value, TypeError, name)
+
+
+@pytest.mark.parametrize("name, good, bad", REPEATS, ids=REPEAT_IDS)
+def test_types_checked_on_repeat_calls(fake_binding, name, good, bad):
+    check_repeat("cpu", name, good, bad)
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("case_id, mutate, exc, name, cpu_ok", CASES, ids=IDS)
-def test_bad_input_cuda(case_id, mutate, exc, name, cpu_ok):
+@pytest.mark.parametrize("name, good, bad", REPEATS, ids=REPEAT_IDS)
+def test_types_checked_on_repeat_calls_cuda(name, good, bad):
+    check_repeat("cuda", name, good, bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case_id, mutate, exc, name, python", CASES, ids=IDS)
+def test_bad_input_cuda(case_id, mutate, exc, name, python):
     check_raises("cuda", mutate, exc, name)
 
 
@@ -185,8 +250,8 @@ def test_works_after_errors():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("case_id, mutate, exc, name, cpu_ok", CASES, ids=IDS)
-def test_bad_input_after_good_call(case_id, mutate, exc, name, cpu_ok):
+@pytest.mark.parametrize("case_id, mutate, exc, name, python", CASES, ids=IDS)
+def test_bad_input_after_good_call(case_id, mutate, exc, name, python):
     # The good call's layout is now cached (later calls skip the Python checks): a bad
     # call must still be caught, with the same message.
     call(valid_args("cuda"))

@@ -1,10 +1,12 @@
-"""Import, public API and native loading, on any machine (no GPU needed).
+"""Import, public API, native loading and what the torch layer sends to the
+binding, on any machine (no GPU needed).
 
 The Go extension links gorgonia.org/cu, which calls os.Exit(1) if cuInit fails,
 so these tests run the risky parts in a child interpreter and check that it
 survives. Where tests/fakecuda/libcuda.so.1 (a stand-in driver whose cuInit
 succeeds and which reports no device) and the installed extension exist, the
-real binding is loaded against it: planner, error mapping and the gc fix.
+real binding is loaded against it: planner, layouts, error mapping and the gc
+fix. The calls the torch layer makes are checked against conftest.FakeBinding.
 """
 
 import inspect
@@ -15,6 +17,7 @@ import torch
 
 import flash_decode
 from conftest import FAKECUDA, has_extension, run_python
+from flash_decode import _api
 
 NO_DRIVER = "flash_decode needs an NVIDIA GPU with a CUDA driver"
 needs_fakecuda = pytest.mark.skipif(not (FAKECUDA / "libcuda.so.1").exists(),
@@ -74,8 +77,11 @@ def test_plan_checks_arguments_first():
         flash_decode.plan(1, 1, 32, 8, 128, 1024, dtype=torch.float32)
     with pytest.raises(TypeError, match="^headdim"):
         flash_decode.plan(1, 1, 32, 8, 128.0, 1024)
-    with pytest.raises(ValueError, match="^num_splits"):
-        flash_decode.plan(1, 1, 32, 8, 128, 1024, num_splits=-2)
+    with pytest.raises(TypeError, match="^num_splits"):
+        flash_decode.plan(1, 1, 32, 8, 128, 1024, num_splits=2.0)
+    # The Go core reads a negative length as "the whole cache": Python refuses one.
+    with pytest.raises(ValueError, match="^seqlen=-2 must not be negative"):
+        flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen=-2)
 
 
 @needs_fakecuda
@@ -129,11 +135,36 @@ report["plan_1"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=1, devi
 report["plan_4"] = flash_decode.plan(2, 4, 40, 8, 128, 1024, num_splits=4, device=-1,
                                      dtype=__import__("torch").bfloat16)
 report["plan_40"] = flash_decode.plan(2, 4, 40, 8, 128, 32768, num_splits=40, device=-1)
-for name, args in [("heads", (1, 1, 12, 5, 128, 1024)), ("batch", (0, 1, 32, 8, 128, 1024))]:
+for name, args, kw in [("heads", (1, 1, 12, 5, 128, 1024), {}), ("batch", (0, 1, 32, 8, 128, 1024), {}),
+                       ("splits", (1, 1, 32, 8, 128, 1024), {"num_splits": -2}),
+                       ("headdim", (1, 1, 32, 8, 100, 1024), {})]:
     try:
-        flash_decode.plan(*args, device=-1)
+        flash_decode.plan(*args, device=-1, **kw)
     except Exception as err:
         report["error_" + name] = [type(err).__name__, str(err)]
+# Prepare validates without a GPU; Workspace and Run need one (the stand-in has none).
+q, kv = 32 * 128, 8 * 128
+layout = [1, 1, 1, 32, 8, 128, 1024, q, q, 128, 1, 1024 * kv, kv, 128, 1, 1024 * kv, kv, 128, 1, q, q, 128, 1]
+report["handle"] = native.Prepare(*layout, 0.0, True, False, 0, 0)
+report["handle_again"] = native.Prepare(*layout, 0.0, True, False, 0, 0)
+for name, args in [("scale", layout + [1e-50, False, False, 0, 0]),
+                   ("stride", layout[:14] + [2] + layout[15:] + [0.0, True, False, 0, 0])]:
+    try:
+        native.Prepare(*args)
+    except Exception as err:
+        err = flash_decode._api._translate(err)
+        report["prepare_" + name] = [type(err).__name__, str(err)]
+for name, call in [("workspace", lambda: native.Workspace(report["handle"], -1)),
+                   ("run", lambda: native.Run(report["handle"], -1, 0, 16, 16, 16, 0, 0, 0, 0, 0)),
+                   ("run_handle", lambda: native.Run(1 << 20, -1, 16, 16, 16, 16, 0, 0, 0, 0, 0)),
+                   # out = q: refused before any GPU work
+                   ("run_overlap", lambda: native.Run(report["handle"], -1, 1 << 20, 1 << 24, 1 << 26, 1 << 20,
+                                                      0, 0, 0, 0, 0))]:
+    try:
+        call()
+    except Exception as err:
+        err = flash_decode._api._translate(err)
+        report[name] = [type(err).__name__, str(err)]
 print(json.dumps(report))
 """
 
@@ -173,3 +204,92 @@ def test_binding_with_fake_driver():
 
     assert report["error_heads"][0] == "ValueError" and "invalid argument" in report["error_heads"][1]
     assert report["error_batch"][0] == "ValueError"
+    assert report["error_splits"][0] == "ValueError" and "num_splits: invalid argument" in report["error_splits"][1]
+    assert report["error_headdim"][0] == "NotImplementedError" and "headdim: not supported" in report["error_headdim"][1]
+
+    assert report["handle"] >= 0 and report["handle_again"] == report["handle"]
+    assert report["prepare_scale"][0] == "ValueError" and "softmax_scale" in report["prepare_scale"][1]
+    assert report["prepare_stride"][0] == "ValueError" and "k_cache" in report["prepare_stride"][1]
+    assert report["workspace"][0] == "ValueError" and "no CUDA device 0" in report["workspace"][1]
+    assert report["run"][0] == "ValueError" and ": q: " in report["run"][1]
+    assert report["run_handle"][0] == "ValueError" and ": handle: " in report["run_handle"][1]
+    assert report["run_overlap"][0] == "ValueError" and "out: invalid argument: bytes" in report["run_overlap"][1]
+
+
+# ---- what the torch layer sends to the binding (conftest.FakeBinding, CPU tensors) ----
+
+def tensors(batch=2, seqlen_q=1, nheads_q=8, nheads_kv=2, headdim=64, seqlen_cache=1000):
+    q = torch.zeros(batch, seqlen_q, nheads_q, headdim, dtype=torch.float16)
+    k = torch.zeros(batch, seqlen_cache, nheads_kv, headdim, dtype=torch.float16)
+    return q, k, torch.zeros_like(k)
+
+
+def test_layout_prepared_once_workspace_from_binding(fake_binding):
+    q, k, v = tensors()
+    lens = torch.tensor([1000, 3], dtype=torch.int32)
+    for _ in range(3):
+        out, lse = flash_decode.flash_decode(q, k, v, cache_seqlens=lens, return_softmax_lse=True)
+        assert out.shape == q.shape and lse.shape == (2, 8, 1)
+    (prepared,) = fake_binding.args("Prepare")
+    assert prepared == (1, 2, 1, 8, 2, 64, 1000, 512, 512, 64, 1, 128000, 128, 64, 1, 128000, 128, 64, 1,
+                        512, 512, 64, 1, 0.0, True, False, 0, 0)
+    assert fake_binding.args("Workspace") == [(0, -1)]  # the size comes straight from the core
+    runs = fake_binding.args("Run")
+    assert len(runs) == 3
+    for handle, seqlen, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seqlens, ws, ws_bytes, stream in runs:
+        assert (handle, seqlen, q_ptr, k_ptr, v_ptr, seqlens) == (0, -1, q.data_ptr(), k.data_ptr(),
+                                                                 v.data_ptr(), lens.data_ptr())
+        assert out_ptr and lse_ptr and ws and ws_bytes == 1000
+
+
+def test_int_cache_seqlens_passed_per_call(fake_binding):
+    q, k, v = tensors()
+    lengths = [700, 701, 700, 0, 1000, 701]
+    for n in lengths:
+        flash_decode.flash_decode(q, k, v, cache_seqlens=n, num_splits=4)
+    assert len(fake_binding.args("Prepare")) == 1  # one layout for every length
+    assert [seqlen for _, seqlen in fake_binding.args("Workspace")] == [700, 701, 0, 1000]
+    runs = fake_binding.args("Run")
+    assert [r[1] for r in runs] == lengths
+    assert [r[9] for r in runs] == [8 * n for n in lengths]  # each length's own workspace
+    assert all(r[7] == 0 for r in runs) and runs[3][8] == 0  # no lengths tensor; no workspace of 0 bytes
+    # The value is still checked on every call, however many came before.
+    with pytest.raises(ValueError, match=r"^cache_seqlens=-1 must not be negative"):
+        flash_decode.flash_decode(q, k, v, cache_seqlens=-1, num_splits=4)
+    with pytest.raises(TypeError, match=r"^cache_seqlens"):
+        flash_decode.flash_decode(q, k, v, cache_seqlens=True, num_splits=4)
+
+
+def test_workspaces_per_length_are_bounded(fake_binding, monkeypatch):
+    monkeypatch.setattr(_api, "_WORKSPACES_LIMIT", 3)
+    q, k, v = tensors()
+    for n in range(10):
+        flash_decode.flash_decode(q, k, v, cache_seqlens=n)
+    (entry,) = _api._prepared.values()
+    assert 1 <= len(entry[3]) <= 3
+    assert [r[9] for r in fake_binding.args("Run")] == [8 * n for n in range(10)]
+
+
+@pytest.mark.parametrize("softmax_scale, sent", [(None, (0.0, True)), (0.5, (0.5, False)), (2, (2.0, False)),
+                                                 (1e-50, (1e-50, False))])
+def test_scale_sent_with_default_flag(fake_binding, softmax_scale, sent):
+    # The core refuses an explicit scale that rounds to 0 in float32 (1e-50):
+    # python/binding TestPrepareChecks. None alone means "the default".
+    flash_decode.flash_decode(*tensors(), softmax_scale=softmax_scale)
+    (prepared,) = fake_binding.args("Prepare")
+    assert prepared[23:25] == sent and type(prepared[23]) is float
+
+
+@pytest.mark.parametrize("text, exc", [
+    ("flashdecode: decode: headdim: not supported: 100; supported: ...", NotImplementedError),
+    ("flashdecode: plan: nheads_q: invalid argument: 12 is not a multiple of nheads_kv=5", ValueError),
+    ("flashdecode: decode: invalid argument: nil Problem", ValueError),
+    ("flashdecode: decode: out: invalid argument: bytes [0x10, 0x20) overlap q's [0x0, 0x40); ...", ValueError),
+    ("flashdecode: decode: too many layouts: 65536 are prepared (...), the most one process holds", RuntimeError),
+    ("flashdecode: launch fd_split_kv_f16_d128_r16: invalid argument (CUDA error 1)", RuntimeError),
+    ("flashdecode: internal error (please report): panic: runtime error: invalid memory address", RuntimeError),
+    ("flashdecode: counting CUDA devices: not supported", RuntimeError),
+])
+def test_translate(text, exc):
+    err = _api._translate(RuntimeError(text))
+    assert type(err) is exc and str(err) == text

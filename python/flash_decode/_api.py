@@ -1,23 +1,25 @@
-"""The torch layer: argument checks (once per layout), allocation of out / LSE /
-workspace, the stream handle, then one call into the Go core."""
+"""The torch layer: the checks only Python can make (types, ranks, that the
+tensors agree in shape, devices), allocation of out / LSE / workspace, the
+stream handle, then one call into the Go core, which checks every value
+(sizes, strides, options) and names the argument at fault."""
 
-import functools
 import json
 import math
 import operator
+import re
 
 import torch
 
 from . import _native
 
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}  # core.DType
-_MAX_SEQLEN_Q = 16
-_MAX_HEADDIM = 256
-_SUPPORTED_HEADDIMS = "64, 128 and 256, and any other multiple of 8 up to 256"
 
 # Layouts seen before (see flash_decode): call signature -> what _prepare returns.
 _prepared = {}
 _PREPARED_LIMIT = 4096
+# Per layout with an int cache_seqlens: workspace bytes by length (the planner
+# sizes the splits by it), at most this many lengths.
+_WORKSPACES_LIMIT = 1024
 
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -42,7 +44,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
     graph: launch shapes depend on tensor shapes only, so a replay after new
     values are written into ``cache_seqlens`` gives the right answer. The
     first call with a new layout (shapes, strides, dtypes, devices, options)
-    checks it; later calls with the same layout only pass the new addresses.
+    checks it; later calls with the same layout only pass the new addresses
+    (and an int ``cache_seqlens``, which is not part of the layout).
 
     Args:
         q: ``(batch, seqlen_q, nheads_q, headdim)``, float16 or bfloat16, with
@@ -50,19 +53,22 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
         k_cache, v_cache: ``(batch, seqlen_cache, nheads_kv, headdim)``, q's
             dtype and device; nheads_q must be a multiple of nheads_kv (MHA,
             GQA, MQA). headdim: 64, 128 and 256, and any other multiple of 8
-            up to 256. Every tensor needs a contiguous last dimension; other
+            up to 256; seqlen_cache: 0 to 2**30; batch * nheads_q * seqlen_q
+            below 2**31. Every tensor needs a contiguous last dimension; other
             strides are free (a cache may be a slice of a larger buffer).
         cache_seqlens: valid keys per sequence: None (the whole cache), an int
             in [0, seqlen_cache], or an int32 CUDA tensor ``(batch,)`` whose
             values the kernels clamp to [0, seqlen_cache].
-        softmax_scale: positive scale of q.k before the softmax; default
-            1/sqrt(headdim).
-        causal: mask aligned bottom-right: query row i sees keys
+        softmax_scale: scale of q.k before the softmax, a positive normal
+            float32 (about 1.2e-38 to 3.4e38); None: 1/sqrt(headdim).
+        causal: a bool; mask aligned bottom-right: query row i sees keys
             j <= cache_seqlens - seqlen_q + i.
         num_splits: 0 lets the Go core's planner choose (see :func:`plan`);
             n > 0 asks for n, clamped to [1, min(cap, key tiles of the cache)].
         return_softmax_lse: also return the natural-log LSE of each row.
-        out: optional tensor of q's shape, dtype and device to write into.
+        out: optional tensor of q's shape, dtype and device to write into;
+            it must not share memory with q, k_cache, v_cache or
+            cache_seqlens.
 
     Returns:
         ``out`` ``(batch, seqlen_q, nheads_q, headdim)`` in q's dtype, and with
@@ -72,9 +78,10 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
 
     Raises:
         TypeError: an argument of the wrong type or dtype.
-        ValueError: wrong rank, shape, device or value; the message names the
-            argument.
-        NotImplementedError: an unsupported headdim or seqlen_q > 16.
+        ValueError: wrong rank, shape, device, stride or value, or out
+            sharing memory with an input; the message names the argument.
+        NotImplementedError: a size or stride the kernels do not support
+            (such as headdim 100 or seqlen_q > 16); the message says what is.
         RuntimeError: no usable CUDA driver, or a failure in the native code.
 
     Example::
@@ -90,16 +97,18 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
         (torch.Size([2, 1, 32, 128]), torch.Size([2, 32, 1]))
     """
     # The hot path: a call whose layout (shapes, strides, dtypes, devices and
-    # options) was seen before skips the checks and the 33-argument native
-    # call; the Go core checks the new addresses and launches.
+    # options) was seen before skips the checks; the Go core checks the new
+    # addresses and launches. Option values go in with their types: as dict
+    # keys True == 1 and 2.0 == 2, and every call must refuse what the first
+    # call with that value would. An int cache_seqlens counts as "an int".
     try:
         # get_device(): the CUDA ordinal, -1 off the GPU (never in a cached layout).
         sig = (q.shape, q.stride(), q.dtype, q.get_device(),
                k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.get_device(),
                v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
-               cache_seqlens if cache_seqlens is None or type(cache_seqlens) is int else
+               cache_seqlens if cache_seqlens is None else int if type(cache_seqlens) is int else
                (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.get_device()),
-               softmax_scale, bool(causal), num_splits,
+               type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
                None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
         entry = _prepared.get(sig)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks will say
@@ -110,8 +119,16 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
             if len(_prepared) >= _PREPARED_LIMIT:
                 _prepared.clear()  # the Go core keeps its handles: asking again is cheap
             _prepared[sig] = entry
-    run, handle, seqlen, workspace_bytes, device, lse_shape, q_contiguous = entry
+    run, handle, workspace_bytes, workspaces, device, lse_shape, q_contiguous = entry
 
+    seqlen, seqlens = -1, 0
+    if workspaces is not None:  # an int cache_seqlens
+        seqlen = cache_seqlens
+        workspace_bytes = workspaces.get(seqlen)
+        if workspace_bytes is None:
+            workspace_bytes = _workspace(handle, workspaces, seqlen)
+    elif cache_seqlens is not None:
+        seqlens = cache_seqlens.data_ptr()
     if out is None:
         # A plain empty_like keeps q's strides, which are the contiguous ones
         # the layout was registered with when q_contiguous; it is 0.2 us
@@ -126,8 +143,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
     stream = _current_stream(device)
     try:
         run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-            0 if lse is None else lse.data_ptr(),
-            0 if cache_seqlens is None or type(cache_seqlens) is int else cache_seqlens.data_ptr(),
+            0 if lse is None else lse.data_ptr(), seqlens,
             0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
     except Exception as err:
         raise _translate(err) from None
@@ -135,52 +151,56 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
 
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_splits, out):
-    """Check a call's layout with the messages users see, register it with the
-    Go core, and return what the hot path needs: (run, handle, seqlen,
-    workspace_bytes, device index, lse shape, whether q's strides are the
+    """Check what only Python can, register the layout with the Go core
+    (which checks the rest), and return what the hot path needs: (run,
+    handle, workspace bytes, workspaces by length for an int cache_seqlens
+    (else None), device index, lse shape, whether q's strides are the
     contiguous ones)."""
     batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache = _check_shapes(q, k_cache, v_cache)
-    seqlen = _check_cache_seqlens(cache_seqlens, batch, seqlen_cache)
-    scale = _check_scale(softmax_scale, headdim)
-    num_splits = _check_num_splits(num_splits)
+    _check_cache_seqlens(cache_seqlens, batch)
+    scale = _check_scale(softmax_scale)
+    if type(causal) is not bool:
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    num_splits = _check_int("num_splits", num_splits)
     if out is not None:
         _check_out(out, q)
-    _check_devices(q, k_cache=k_cache, v_cache=v_cache, out=out,
-                   cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
+    device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, out=out,
+                            cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
 
     native = _native.binding()
-    dtype = _DTYPE_CODES[q.dtype]
-    device = q.device.index
-    workspace_bytes = _plan(native, dtype, batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache,
-                            seqlen, num_splits, device)["workspace_bytes"]
     # out=None gets a contiguous tensor of q's shape: its strides are known now.
     contiguous = (seqlen_q * nheads_q * headdim, nheads_q * headdim, headdim, 1)
     out_strides = out.stride() if out is not None else contiguous
-    qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
+    workspace_bytes, workspaces = 0, None
     try:
-        handle = native.Prepare(dtype, batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache,
-                                qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-                                out_strides[0], out_strides[1], out_strides[2],
-                                scale, bool(causal), num_splits, device)
+        handle = native.Prepare(_DTYPE_CODES[q.dtype], batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache,
+                                *q.stride(), *k_cache.stride(), *v_cache.stride(), *out_strides,
+                                scale, softmax_scale is None, causal, num_splits, device)
+        if type(cache_seqlens) is int:
+            workspaces = {}  # filled per length by the hot path
+        else:
+            workspace_bytes = native.Workspace(handle, -1)
     except Exception as err:
         raise _translate(err) from None
-    if handle < 0:  # the core's table of layouts is full: the one-shot call checks everything each time
-        handle = (dtype, batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache,
-                  qs[:3], ks[:3], vs[:3], tuple(out_strides[:3]), scale, bool(causal), num_splits, device)
-        run = functools.partial(_decode, native)
-    else:
-        # gopy's module-level wrapper only forwards to the extension function.
-        run = getattr(getattr(native, "_binding", None), "binding_Run", None) or native.Run
-    return run, handle, seqlen, workspace_bytes, device, (batch, nheads_q, seqlen_q), tuple(qs) == contiguous
+    # gopy's module-level wrapper only forwards to the extension function.
+    run = getattr(getattr(native, "_binding", None), "binding_Run", None) or native.Run
+    return (run, handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
+            tuple(q.stride()) == contiguous)
 
 
-def _decode(native, layout, seqlen, q, k, v, out, lse, seqlens, workspace, workspace_bytes, stream):
-    """Run's signature over the core's one-shot Decode (layout as _prepare builds it)."""
-    (dtype, batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache,
-     qs, ks, vs, os_, scale, causal, num_splits, device) = layout
-    return native.Decode(dtype, batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, seqlen,
-                         q, *qs, k, *ks, v, *vs, out, *os_, lse, seqlens, workspace, workspace_bytes,
-                         scale, causal, num_splits, device, stream)
+def _workspace(handle, workspaces, seqlen):
+    """The workspace bytes for an int cache_seqlens value the layout has not
+    met yet, from the Go core (which refuses a value above seqlen_cache),
+    kept in workspaces (a bounded dict)."""
+    _check_length("cache_seqlens", seqlen)
+    try:
+        workspace_bytes = _native.binding().Workspace(handle, seqlen)
+    except Exception as err:
+        raise _translate(err) from None
+    if len(workspaces) >= _WORKSPACES_LIMIT:
+        workspaces.clear()
+    workspaces[seqlen] = workspace_bytes
+    return workspace_bytes
 
 
 def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
@@ -229,30 +249,32 @@ def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
     shape = [_check_int(name, value) for name, value in (
         ("batch", batch), ("seqlen_q", seqlen_q), ("nheads_q", nheads_q),
         ("nheads_kv", nheads_kv), ("headdim", headdim), ("seqlen_cache", seqlen_cache))]
-    seqlen = -1 if seqlen is None else _check_int("seqlen", seqlen)
-    num_splits = _check_num_splits(num_splits)
+    seqlen = -1 if seqlen is None else _check_length("seqlen", _check_int("seqlen", seqlen))
+    num_splits = _check_int("num_splits", num_splits)
     native = _native.binding()
-    return _plan(native, _DTYPE_CODES[dtype], *shape, seqlen, num_splits, _device_index(device))
-
-
-def _plan(native, *args):
-    """Call the binding's Plan and decode its JSON, adding "kernel"."""
+    device = _device_index(device)
     try:
-        result = json.loads(native.Plan(*args))
+        result = json.loads(native.Plan(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, device))
     except Exception as err:
         raise _translate(err) from None
     result.setdefault("kernel", result["variant"]["kernel"])
     return result
 
 
+# The text of a core.Error: "flashdecode: <op>: <argument>: <sentinel>: <what>".
+_CORE_ERROR = re.compile(r"flashdecode: \w+: (?:\w+: )?(invalid argument|not supported)\b")
+
+
 def _translate(err):
-    """Map a Go error (raised by gopy with the Go error's text) to a Python exception."""
+    """Map a Go error (raised by gopy as RuntimeError with the Go error's text)
+    to a Python exception: core.ErrInvalid -> ValueError, core.ErrUnsupported
+    -> NotImplementedError, anything else (a CUDA failure, a full table of
+    layouts, a Go panic) -> RuntimeError."""
     text = str(err)
-    if "not supported" in text:
-        return NotImplementedError(text)
-    if "invalid argument" in text:
-        return ValueError(text)
-    return RuntimeError(text)
+    m = _CORE_ERROR.match(text)
+    if m is None:
+        return RuntimeError(text)
+    return ValueError(text) if m.group(1) == "invalid argument" else NotImplementedError(text)
 
 
 def _device_index(device):
@@ -266,7 +288,7 @@ def _device_index(device):
     return torch.cuda.current_device() if device.index is None else device.index
 
 
-# ---- checks: everything that can be decided without a GPU comes first ----
+# ---- checks: what the Go core cannot see; the devices' come last ----
 
 def _check_tensor(name, t):
     if not isinstance(t, torch.Tensor):
@@ -283,8 +305,16 @@ def _check_int(name, value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
 
 
+def _check_length(name, value):
+    """Return value, a length, if it is not negative: the Go core reads a
+    negative length as "the whole cache"."""
+    if value < 0:
+        raise ValueError(f"{name}={value} must not be negative (a length in [0, seqlen_cache])")
+    return value
+
+
 def _check_shapes(q, k_cache, v_cache):
-    """Check types, ranks, dtypes, shapes and strides; return the sizes."""
+    """Check types, ranks and dtypes, and that the shapes agree; return the sizes."""
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
     for name, t in tensors:
         _check_tensor(name, t)
@@ -301,8 +331,6 @@ def _check_shapes(q, k_cache, v_cache):
 
     batch, seqlen_q, nheads_q, headdim = q.shape
     _, seqlen_cache, nheads_kv, _ = k_cache.shape
-    if batch < 1:
-        raise ValueError(f"batch={batch} (q.shape[0]) must be at least 1")
     for name, t in tensors[1:]:
         if t.shape[0] != batch or t.shape[3] != headdim:
             raise ValueError(f"{name} must have shape (batch={batch}, seqlen_cache, nheads_kv, "
@@ -310,30 +338,14 @@ def _check_shapes(q, k_cache, v_cache):
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
                          f"got {tuple(v_cache.shape)}")
-    if seqlen_q < 1:
-        raise ValueError(f"seqlen_q={seqlen_q} (q.shape[1]) must be at least 1")
-    if seqlen_q > _MAX_SEQLEN_Q:
-        raise NotImplementedError(f"seqlen_q={seqlen_q} (q.shape[1]) is not supported: "
-                                  f"1 to {_MAX_SEQLEN_Q} query tokens per sequence are")
-    if seqlen_cache < 1:
-        raise ValueError(f"seqlen_cache={seqlen_cache} (k_cache.shape[1]) must be at least 1")
-    if nheads_q < 1 or nheads_kv < 1 or nheads_q % nheads_kv:
-        raise ValueError(f"nheads_q={nheads_q} (q.shape[2]) must be a multiple of "
-                         f"nheads_kv={nheads_kv} (k_cache.shape[2])")
-    if headdim % 8 or not 8 <= headdim <= _MAX_HEADDIM:
-        raise NotImplementedError(f"headdim={headdim} (q.shape[3]) is not supported: "
-                                  f"supported are {_SUPPORTED_HEADDIMS}")
-    for name, t in tensors:
-        if t.stride(3) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension (headdim), "
-                             f"got strides {t.stride()}")
     return batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache
 
 
-def _check_cache_seqlens(cache_seqlens, batch, seqlen_cache):
-    """Check cache_seqlens (but its device); return the core's seqlen (-1: none)."""
-    if cache_seqlens is None:
-        return -1
+def _check_cache_seqlens(cache_seqlens, batch):
+    """Check cache_seqlens's type, and a tensor's dtype, shape and stride (not
+    its device); an int's value comes with each call (see _workspace)."""
+    if cache_seqlens is None or type(cache_seqlens) is int:
+        return
     if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.dtype != torch.int32:
             raise TypeError(f"cache_seqlens must be an int32 tensor, got {cache_seqlens.dtype}")
@@ -342,32 +354,22 @@ def _check_cache_seqlens(cache_seqlens, batch, seqlen_cache):
                              f"got {tuple(cache_seqlens.shape)}")
         if batch > 1 and cache_seqlens.stride(0) != 1:
             raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
-        return -1
-    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = int(cache_seqlens)
-        if not 0 <= cache_seqlens <= seqlen_cache:
-            raise ValueError(f"cache_seqlens={cache_seqlens} must lie in [0, seqlen_cache={seqlen_cache}]")
-        return cache_seqlens
+        return
     raise TypeError("cache_seqlens must be None, an int or an int32 tensor, "
                     f"got {type(cache_seqlens).__name__}")
 
 
-def _check_scale(softmax_scale, headdim):
+def _check_scale(softmax_scale):
+    """Return softmax_scale as a float for the Go core (0.0 for None, which the
+    core reads as its default); the core checks its value."""
     if softmax_scale is None:
-        return 1.0 / math.sqrt(headdim)
+        return 0.0
     if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        # The core reads 0 as "the default" and rejects negative scales.
-        raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale}")
-    return float(softmax_scale)
-
-
-def _check_num_splits(num_splits):
-    num_splits = _check_int("num_splits", num_splits)
-    if num_splits < 0:
-        raise ValueError(f"num_splits must be 0 (automatic) or positive, got {num_splits}")
-    return num_splits
+    try:
+        return float(softmax_scale)
+    except OverflowError:  # an int past float64: as far out of range as infinity
+        return math.inf
 
 
 def _check_out(out, q):
@@ -376,15 +378,14 @@ def _check_out(out, q):
         raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     if out.dtype != q.dtype:
         raise TypeError(f"out must have q's dtype {q.dtype}, got {out.dtype}")
-    if out.stride(3) != 1:
-        raise ValueError(f"out must be contiguous in its last dimension (headdim), "
-                         f"got strides {out.stride()}")
 
 
 def _check_devices(q, **others):
-    """Every tensor on q's CUDA device (others may be None)."""
+    """Check that q is a CUDA tensor and every other one (others may be None)
+    is on its device; return the device index."""
     if q.device.type != "cuda":
         raise ValueError(f"q must be a CUDA tensor, got device {q.device}")
     for name, t in others.items():
         if t is not None and t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    return q.device.index
