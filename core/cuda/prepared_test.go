@@ -39,7 +39,7 @@ func TestPrepareWithoutGPU(t *testing.T) {
 		t.Errorf("device -1: %v", err)
 	}
 
-	ok := Args{Q: 0x10000, K: 0x20000, V: 0x30000, Out: 0x40000, Seqlen: -1}
+	ok := Args{Q: 0x10000, K: 0x1000000, V: 0x3000000, Out: 0x20000, Seqlen: -1}
 	for _, tt := range []struct {
 		name string
 		edit func(*Args)
