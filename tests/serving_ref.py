@@ -47,6 +47,18 @@ The semantics, per sequence b (FA2's docstring and kernels):
 * Output: softmax over the visible keys; lse = logsumexp of the final
   scores (natural log). A row that sees no key gets out = 0 and lse = -inf.
 * GQA: query head h reads kv head ``h // (nheads_q // nheads_kv)``.
+
+Query rows are rotated at ``L + i`` but masked at ``end - seqlen_q + i``; the
+two agree when seqlen_new == seqlen_q, the usual case, and FA keeps both as
+they are otherwise.
+
+Where this contract differs from FA2's kernels (the same outputs, fewer limits):
+a row with no key has lse -inf (FA2's unsplit kernel returns +inf); with
+causal, ALiBi is the docstring's ``-slope * |d_i - j|`` (FA2's causal kernel
+adds ``slope * (j - P)``, which gives the same out but shifts lse by a
+per-row constant); any page size >= 1 (FA2: multiples of 256), any even
+rotary_dim (FA2: multiples of 16), and leftpad together with block_table
+(FA2 refuses that pair).
 """
 
 import torch
