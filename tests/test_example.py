@@ -18,9 +18,15 @@ def example():
     return module
 
 
+def small(example, **changes):
+    """A smaller model than the example's default, so that CI stays fast: the same code path."""
+    return example.Config(**dict(dict(vocab=2048, hidden=256, layers=2, heads=8, kv_heads=2, head_dim=32,
+                                      intermediate=704), **changes))
+
+
 def test_cpu_paged_decode_matches_dense_sdpa(example):
     lines = []
-    result = example.run("cpu", tokens=8, log=lines.append)
+    result = example.run("cpu", tokens=8, cfg=small(example), log=lines.append)
     assert result["tokens"].shape == (8, 4)
     assert torch.equal(result["tokens"], result["ref_tokens"])
     assert result["mismatches"] == 0 and result["ties"] == 0
@@ -35,7 +41,7 @@ def test_a_wrong_decode_is_caught(example, monkeypatch):
         return right(*args, **dict(kwargs, rotary_interleaved=True))
 
     monkeypatch.setattr(example, "paged_decode_torch", wrong)
-    result = example.run("cpu", tokens=8, cfg=example.Config(layers=2), log=lambda line: None)
+    result = example.run("cpu", tokens=8, cfg=small(example), log=lambda line: None)
     assert result["mismatches"] > 0
 
 
