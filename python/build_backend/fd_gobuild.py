@@ -53,7 +53,7 @@ GO_TOOLS = ["github.com/go-python/gopy", "golang.org/x/tools/cmd/goimports"]
 LDSHARED_FLAGS = r"-f[A-Za-z0-9_=.+-]+|-O[0-3sgz]?|-g[A-Za-z0-9]*|-Wl,.*|-specs=.*|-pthread"
 # Source files an sdist needs besides the Python package (the wheel build compiles them).
 SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend", "tests/fakecuda"]
-SDIST_FILES = ["go.mod", "go.sum", "README.md", "setup.py", "pyproject.toml"]
+SDIST_FILES = ["go.mod", "go.sum", "LICENSE", "README.md", "setup.py", "pyproject.toml"]
 SDIST_SKIP = re.compile(r"(\.fatbin|\.so(\.\d+)*|libflashdecode\.h|__pycache__.*|\.pyc)$")
 
 
