@@ -1,9 +1,10 @@
-"""CPU-side tests of flash_decode.bench's pure parts: arguments, shape specs,
-the default matrix, bytes and TB/s arithmetic, the summary, the JSON/CSV
-writers and the plot (with synthetic data); and `python -m flash_decode.bench`
-on a machine without a GPU."""
+"""CPU-side tests of flash_decode.bench: arguments, shape specs, the default
+matrix, bytes and TB/s arithmetic, the summary, the JSON/CSV writers, the plot
+and main's table and files (with synthetic data), and `python -m
+flash_decode.bench` on a machine without a GPU."""
 
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -261,3 +262,34 @@ def test_settle_frees_then_waits(monkeypatch):
     bench.settle(0.25)
     # The memory goes back to the driver first; the pause counts from when the GPU is idle.
     assert calls == ["empty_cache", "synchronize", ("sleep", 0.25)]
+
+
+@pytest.mark.parametrize("with_tqdm", [True, False])
+def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys, with_tqdm):
+    # main's reporting on CPU: the GPU parts (ceiling, cases, eager call) return synthetic data.
+    if with_tqdm:
+        pytest.importorskip("tqdm")
+    else:
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
+    cases = {1024: row(L=1024, ours=5.0, kv_mb=4.19, cudnn=6.0), 32768: row(ours=30.0, cudnn=36.0)}
+    monkeypatch.setattr(bench, "gpu_missing", lambda: None)
+    monkeypatch.setattr(bench, "read_ceiling", lambda repeats: {"torch.sum": 4.0, "triton": 4.4})
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+    monkeypatch.setattr(bench, "run_case", lambda shape, dtype, peers, args: dict(cases[shape.L]))
+    monkeypatch.setattr(bench, "eager_tiny", lambda: dict(shape="b=1", ours_us=3.0, sdpa_us=9.0, ratio=1 / 3))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
+    out = tmp_path / "bench"
+    assert bench.main(["--shapes", "b=1,L=1k/32k", "--peers", "cudnn", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "flash_decode bench on a GPU" in printed and "read ceiling torch.sum 4.00, triton 4.40 TB/s" in printed
+    assert "[1/2] fp16 b=1,hq=32,hkv=8,d=128,L=1024,sq=1 4.2MB" in printed and "cudnn 1.20x" in printed
+    assert "[2/2] fp16 b=1,hq=32,hkv=8,d=128,L=32768,sq=1" in printed
+    assert "vs cudnn (its time / flash_decode's): min 1.200x, geomean 1.200x, max 1.200x over 2 shapes" in printed
+    assert "eager call on b=1: flash_decode 3.0 us, torch SDPA 9.0 us (0.333x)" in printed
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["device"] == "a GPU" and data["meta"]["ceiling_tbs"] == 4.4 and len(data["rows"]) == 2
+    assert (out / "results.csv").read_text().count("\n") == 3
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "matplotlib is not installed" in printed
