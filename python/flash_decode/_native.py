@@ -1,10 +1,24 @@
 """Loading of the gopy-built Go extension, only once it is safe to do so.
 
 The extension links gorgonia.org/cu, whose package init calls ``cuInit`` and,
-if that fails, ``os.Exit(1)``: importing it on a machine without a usable
-CUDA driver would end the Python process. So :func:`binding` first asks the
-driver itself (through ctypes, without touching torch's CUDA state) and only
-then imports the extension. The outcome is cached either way.
+if that fails, ``os.Exit(1)``; and it needs a libcuda.so.1 to load at all. So
+:func:`binding` first asks the driver itself (through ctypes, without touching
+torch's CUDA state) and only then imports the extension.
+
+Two ways to ask for it:
+
+- ``binding()``: for decoding and device plans. Needs a libcuda.so.1 whose
+  ``cuInit`` succeeds and at least one device.
+- ``binding(planner_only=True)``: for what never touches a GPU (``Plan`` with
+  device < 0, ``Version``). Where no libcuda.so.1 can be loaded, it first loads
+  the stand-in the wheel carries (:data:`STANDIN`: ``cuInit`` succeeds, no
+  device; see python/build_backend/make_libcuda.py), which then answers for
+  libcuda.so.1 in this process: the CUDA runtime (torch's too) sees a driver
+  without a device, and ``binding()`` still raises. A libcuda.so.1 that loads
+  but whose ``cuInit`` fails is a broken driver: both raise.
+
+The driver check runs once; each outcome is cached, and a failure is re-raised
+on every later call.
 """
 
 import ctypes
@@ -16,6 +30,9 @@ import threading
 # The gopy-generated Python module that holds Decode, Plan and Version.
 BINDING_MODULE = "flash_decode._binding.binding"
 
+# The stand-in libcuda.so.1 built into the wheel (python/build_backend/fd_gobuild.py).
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_binding", "libcuda_standin.so")
+
 # FORCE_NATIVE_ENV=1 skips the device-count check (cuInit must still succeed):
 # CI uses it with a stand-in libcuda.so.1 that reports no device.
 FORCE_NATIVE_ENV = "FLASH_DECODE_FORCE_NATIVE"
@@ -24,79 +41,122 @@ _NO_DRIVER = "flash_decode needs an NVIDIA GPU with a CUDA driver: "
 
 _lock = threading.Lock()
 _module = None
-_error = None  # message of the first failure, re-raised on every later call
+_errors = {}   # planner_only -> message of its first failure
+_loaded = set()  # the planner_only values that binding() has returned the module for
+_driver = None  # _Driver, once probed
 
 
-def binding():
+class _Driver:
+    """What the probe found: libcuda_error (None if libcuda.so.1 loads), cuinit_error
+    (None if cuInit(0) succeeds) and device_error (None if a device is present, or if
+    FORCE_NATIVE_ENV says not to count)."""
+
+    def __init__(self, libcuda_error=None, cuinit_error=None, device_error=None):
+        self.libcuda_error, self.cuinit_error, self.device_error = libcuda_error, cuinit_error, device_error
+
+    @property
+    def error(self):
+        """Why decoding cannot run here, or None."""
+        return self.libcuda_error or self.cuinit_error or self.device_error
+
+
+def binding(planner_only=False):
     """Return the Go extension module, importing it on first use.
 
+    Args:
+        planner_only: the caller only plans without a device (``Plan`` with
+            device < 0) or asks ``Version``: no GPU or driver is needed (see
+            the module doc).
+
     Raises:
-        RuntimeError: no usable CUDA driver or device, or the extension is
-            missing or cannot be loaded. The reason is in the message.
+        RuntimeError: no usable CUDA driver or device (unless planner_only),
+            a driver whose cuInit fails, or the extension is missing or cannot
+            be loaded. The reason is in the message.
     """
-    if _module is not None:
+    planner_only = bool(planner_only)
+    if planner_only in _loaded:
         return _module
     with _lock:
-        if _module is None and _error is None:
-            _load()
-    if _module is None:
-        raise RuntimeError(_error)
+        if planner_only not in _loaded and planner_only not in _errors:
+            _load(planner_only)
+    if planner_only in _errors:
+        raise RuntimeError(_errors[planner_only])
     return _module
 
 
-def _load():
-    global _module, _error
-    try:
-        _check_driver(force=os.environ.get(FORCE_NATIVE_ENV) == "1")
-        _check_no_other_go_runtime()
-        module = importlib.import_module(BINDING_MODULE)
-    except _Unusable as err:
-        _error = _NO_DRIVER + str(err)
+def _load(planner_only):
+    global _module, _driver
+    if _driver is None:
+        _driver = _probe_driver(force=os.environ.get(FORCE_NATIVE_ENV) == "1")
+    if planner_only:
+        error = _driver.cuinit_error
+        if _driver.libcuda_error and not error:
+            error = _load_standin(_driver.libcuda_error)
+    else:
+        error = _driver.error
+    if error is None:
+        error = _other_go_runtime()
+    if error is not None:
+        _errors[planner_only] = _NO_DRIVER + error
         return
-    except ImportError as err:
-        _error = (f"flash_decode's native extension {BINDING_MODULE} could not be "
-                  f"imported ({err}); reinstall the package with `pip install .`")
-        return
-    _remove_gopy_gc_callbacks()
-    _module = module
+    if _module is None:
+        try:
+            module = importlib.import_module(BINDING_MODULE)
+        except ImportError as err:
+            message = (f"flash_decode's native extension {BINDING_MODULE} could not be "
+                       f"imported ({err}); reinstall the package with `pip install .`")
+            _errors[False] = _errors[True] = message
+            return
+        _remove_gopy_gc_callbacks()
+        _module = module
+    _loaded.add(planner_only)
 
 
-class _Unusable(Exception):
-    """Why the driver or the process cannot host the Go extension."""
-
-
-def _check_driver(force):
-    """Raise _Unusable unless libcuda.so.1 loads, cuInit(0) succeeds and, unless
-    force, at least one device is present."""
+def _probe_driver(force):
+    """Load libcuda.so.1, call cuInit(0) and, unless force, count devices."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as err:
-        raise _Unusable(f"libcuda.so.1 could not be loaded ({err})") from None
+        return _Driver(libcuda_error=f"libcuda.so.1 could not be loaded ({err})")
     status = cuda.cuInit(0)
     if status != 0:
-        raise _Unusable(f"cuInit(0) failed with CUresult {status}")
+        return _Driver(cuinit_error=f"cuInit(0) failed with CUresult {status}")
     if force:
-        return
+        return _Driver()
     count = ctypes.c_int(0)
     status = cuda.cuDeviceGetCount(ctypes.byref(count))
     if status != 0:
-        raise _Unusable(f"cuDeviceGetCount failed with CUresult {status}")
+        return _Driver(device_error=f"cuDeviceGetCount failed with CUresult {status}")
     if count.value < 1:
-        raise _Unusable(f"the driver reports no CUDA device (set {FORCE_NATIVE_ENV}=1 "
-                        "to load the extension anyway)")
+        return _Driver(device_error=f"the driver reports no CUDA device (set {FORCE_NATIVE_ENV}=1 "
+                                    "to load the extension anyway)")
+    return _Driver()
 
 
-def _check_no_other_go_runtime():
-    """Raise _Unusable if capi's libflashdecode.so is already in this process:
-    it carries its own Go runtime, and two Go runtimes cannot share a process."""
+def _load_standin(why):
+    """Load STANDIN globally, so that it answers for libcuda.so.1 when the extension
+    loads; return None, or why planning cannot run either."""
+    if not os.path.isfile(STANDIN):
+        return f"{why}, and this installation has no stand-in for planning ({STANDIN})"
+    try:
+        ctypes.CDLL(STANDIN, mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:
+        return f"{why}, and the stand-in for planning could not be loaded ({err})"
+    return None
+
+
+def _other_go_runtime():
+    """Return why not, if capi's libflashdecode.so is already in this process: it
+    carries its own Go runtime, and two Go runtimes cannot share a process."""
     try:
         with open("/proc/self/maps") as maps:
             loaded = "libflashdecode.so" in maps.read()
     except OSError:
-        return
+        return None
     if loaded:
-        raise _Unusable("libflashdecode.so (the C library, with its own Go runtime) is "
-                        "already loaded in this process; use one or the other")
+        return ("libflashdecode.so (the C library, with its own Go runtime) is "
+                "already loaded in this process; use one or the other")
+    return None
 
 
 def _remove_gopy_gc_callbacks():
