@@ -18,7 +18,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# The stand-in libcuda.so.1 that tests/fakecuda/make_libcuda.py builds (FAKECUDA_DIR overrides).
+# Where the stand-in libcuda.so.1 of python/build_backend/make_libcuda.py lies (FAKECUDA_DIR; .ci/run sets it).
 FAKECUDA = pathlib.Path(os.environ.get("FAKECUDA_DIR", ROOT / "tests" / "fakecuda"))
 
 if importlib.util.find_spec("flash_decode") is None:

@@ -3,7 +3,7 @@ binding, on any machine (no GPU needed).
 
 The Go extension links gorgonia.org/cu, which calls os.Exit(1) if cuInit fails,
 so these tests run the risky parts in a child interpreter and check that it
-survives. Where tests/fakecuda/libcuda.so.1 (a stand-in driver whose cuInit
+survives. Where $FAKECUDA_DIR/libcuda.so.1 (a stand-in driver whose cuInit
 succeeds and which reports no device) and the installed extension exist, the
 real binding is loaded against it: planner, layouts, error mapping and the gc
 fix. The calls the torch layer makes are checked against conftest.FakeBinding.
@@ -52,15 +52,14 @@ def test_import_touches_no_native_code():
     assert child.returncode == 0 and "OK" in child.stdout, child.stderr
 
 
-@pytest.mark.parametrize("plan_args", ["device=-1", "device=0"])
-def test_no_gpu_raises_runtime_error(plan_args):
+def test_no_gpu_raises_runtime_error():
     # CUDA_VISIBLE_DEVICES="" hides every GPU, so this holds on GPU machines too.
     child = run_python(
         "import sys, flash_decode\n"
         "from flash_decode import _native\n"
         "for attempt in range(2):\n"
         "    try:\n"
-        f"        flash_decode.plan(1, 1, 32, 8, 128, 1024, {plan_args})\n"
+        "        flash_decode.plan(1, 1, 32, 8, 128, 1024, device=0)\n"
         "    except RuntimeError as err:\n"
         "        print('RuntimeError:', err)\n"
         "assert _native.BINDING_MODULE not in sys.modules\n"
@@ -90,7 +89,7 @@ def test_fake_driver_without_device():
         "import sys, flash_decode\n"
         "from flash_decode import _native\n"
         "try:\n"
-        "    flash_decode.plan(1, 1, 32, 8, 128, 1024, device=-1)\n"
+        "    flash_decode.plan(1, 1, 32, 8, 128, 1024, device=0)\n"
         "except RuntimeError as err:\n"
         "    print(err)\n"
         "assert _native.BINDING_MODULE not in sys.modules\n",

@@ -36,8 +36,7 @@ try:
     report["driver"] = True
 except OSError:
     report["driver"] = False
-native = _native.binding(planner_only=True)
-report["plan"] = _api._plan(native, 1, 1, 1, 32, 8, 128, 32768, -1, 0, -1)
+report["plan"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, device=-1)
 report["standin"] = any(_native.STANDIN in line for line in open("/proc/self/maps"))
 try:
     _native.binding()

@@ -1,6 +1,6 @@
 // decode_test.c: tests libflashdecode.so through its public header, as a C user would.
 //
-// Without a GPU (e.g. CI with the stand-in libcuda.so.1 of tests/fakecuda) it checks the
+// Without a GPU (e.g. CI with the stand-in libcuda.so.1 of python/build_backend/make_libcuda.py) it checks the
 // planner (device -1), the errors (code and fd_last_error text, per thread) and that
 // nothing crashes. With a GPU it also runs fd_decode on small problems in device memory
 // from the driver API and compares against a CPU reference in double precision.

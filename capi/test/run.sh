@@ -4,7 +4,7 @@
 # Environment: CUDA_HOME (default /usr/local/cuda) for cuda.h and the compat header path;
 # LIBCUDA_DIR, a folder with the libcuda.so to link against (default $CUDA_HOME/lib64/stubs);
 # RUN_LIBCUDA_DIR, a folder put on LD_LIBRARY_PATH when the test runs (CI: the stand-in of
-# tests/fakecuda; leave unset on a GPU machine so the driver's libcuda.so.1 loads).
+# python/build_backend/make_libcuda.py; leave unset on a GPU machine so the driver's libcuda.so.1 loads).
 # Run `go generate ./core/cuda` first (the library embeds the fatbin).
 set -euo pipefail
 OUT=${1:?usage: capi/test/run.sh OUT}

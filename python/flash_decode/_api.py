@@ -251,8 +251,9 @@ def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
         ("nheads_kv", nheads_kv), ("headdim", headdim), ("seqlen_cache", seqlen_cache))]
     seqlen = -1 if seqlen is None else _check_length("seqlen", _check_int("seqlen", seqlen))
     num_splits = _check_int("num_splits", num_splits)
-    native = _native.binding()
     device = _device_index(device)
+    # device < 0 plans for a default H200 in pure Go: no GPU or driver needed.
+    native = _native.binding(planner_only=device < 0)
     try:
         result = json.loads(native.Plan(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, device))
     except Exception as err:

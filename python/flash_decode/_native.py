@@ -27,7 +27,7 @@ import importlib
 import os
 import threading
 
-# The gopy-generated Python module that holds Decode, Plan and Version.
+# The gopy-generated Python module that holds Prepare, Run, Plan and Version.
 BINDING_MODULE = "flash_decode._binding.binding"
 
 # The stand-in libcuda.so.1 built into the wheel (python/build_backend/fd_gobuild.py).
