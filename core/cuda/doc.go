@@ -13,8 +13,9 @@
 //
 // Importing this package initializes the CUDA driver (gorgonia.org/cu's init
 // calls cuInit and exits the process if that fails), so load it only where a
-// driver is present; a stand-in libcuda.so.1 (python/build_backend/make_libcuda.py) serves for
-// tests on machines without one.
+// driver is present; a stand-in libcuda.so.1
+// (python/build_backend/make_libcuda.py) serves for tests on machines
+// without one.
 //
 // The fatbin is built by `go generate ./core/cuda` (nvcc, see gen.go).
 package cuda
