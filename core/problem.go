@@ -33,6 +33,13 @@ type Shape struct {
 	Seqlen int
 
 	NumSplits int // 0: let the planner choose; n > 0: ask for n (clamped, see MakePlan)
+
+	// The serving features' part of the plan. Problem.PlanShape sets them
+	// from the Problem's serving fields; all zero plans the plain kernels.
+	Serving    bool // run the serving variant of stage 1 (any serving feature; see Problem.Serving)
+	SeqlenNew  int  // tokens appended to each sequence before attention (Problem.New.Seqlen)
+	WindowKeys int  // > 0: a sliding window lets a sequence's rows see at most this many keys
+	RotaryQ    bool // the rotated q is kept in the workspace (Problem.Rotary.Dim > 0)
 }
 
 // Tensor locates a 4-D (batch, seq, heads, head_dim) tensor in device memory.
@@ -64,6 +71,39 @@ type Problem struct {
 
 	Scale  float32 // softmax scale; 0 means 1/sqrt(HeadDim)
 	Causal bool    // bottom-right aligned causal mask
+
+	// The serving features (flash_attn_with_kvcache's arguments); their zero
+	// values turn each off, and any one on runs the serving kernels (see
+	// Serving and core/serving.go). Layout fields are checked by
+	// ValidateLayout, the device addresses (per call) by CheckPointers.
+
+	// BlockTable, per call, is an int32 (Batch, MaxPages) device array of
+	// page ids when PageSize > 0: K and V are then paged, (NumPages,
+	// PageSize, HeadsKV, HeadDim), their BatchStride the page stride and
+	// SeqStride the row stride in a page, and SeqlenCache is
+	// MaxPages*PageSize. BlockTableStride counts elements between sequences.
+	BlockTable                   uintptr
+	BlockTableStride             int64
+	PageSize, NumPages, MaxPages int
+	// CacheBatchIdx, per call, is an int32 (Batch,) device array naming the
+	// cache row of each sequence when CacheBatch > 0, K and V then holding
+	// CacheBatch rows (contiguous caches only).
+	CacheBatchIdx uintptr
+	CacheBatch    int
+	// CacheLeftpad, per call, is an int32 (Batch,) device array of the first
+	// valid key of each sequence when Leftpad is set.
+	CacheLeftpad uintptr
+	Leftpad      bool
+	Window       Window  // sliding window (window_size)
+	Softcap      float32 // > 0: scores become Softcap*tanh(score/Softcap)
+	// AlibiSlopes, per call, is a float32 (HeadsQ,) or (Batch, HeadsQ)
+	// device array of ALiBi slopes when Alibi is set; AlibiBatchStride is 0
+	// for the first form, the row stride for the second.
+	Alibi            bool
+	AlibiBatchStride int64
+	AlibiSlopes      uintptr
+	New              Append // new tokens written into the cache before attention
+	Rotary           Rotary // rotary embedding of q and the new keys (with New only)
 }
 
 // Validate reports the first thing wrong with s as an *Error that names the
@@ -168,7 +208,7 @@ func (p *Problem) ValidateLayout() error {
 	if sc := float64(p.Scale); math.IsNaN(sc) || math.IsInf(sc, 0) || sc < 0 {
 		return invalid(op, "softmax_scale", fmt.Sprintf("%v; must be finite and not negative", p.Scale))
 	}
-	return nil
+	return p.validateServing(op)
 }
 
 // CheckPointers checks p's device addresses: q, k_cache, v_cache and out
@@ -196,7 +236,7 @@ func (p *Problem) CheckPointers() error {
 	if p.CacheSeqlens%4 != 0 {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("address %#x is not 4-byte aligned", p.CacheSeqlens))
 	}
-	return nil
+	return p.checkServingPointers(op)
 }
 
 // checkStrides checks the strides of one (batch, seq, heads, head_dim)
