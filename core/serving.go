@@ -102,7 +102,6 @@ func (s Shape) validateServing(op string) error {
 // ALiBi's stride, the new tokens' and the rotary tables' layouts.
 func (p *Problem) validateServing(op string) error {
 	s := p.Shape
-	rows, seq := s.Batch, s.SeqlenCache // K and V's first two dimensions
 	switch {
 	case p.PageSize < 0:
 		return invalid(op, "page_size", fmt.Sprintf("%d; must be at least 1 (or 0: a contiguous cache)", p.PageSize))
@@ -123,7 +122,6 @@ func (p *Problem) validateServing(op string) error {
 		case p.CacheBatch != 0:
 			return invalid(op, "cache_batch_idx", "cannot be used with block_table (a paged cache)")
 		}
-		rows, seq = p.NumPages, p.PageSize
 	case p.NumPages != 0 || p.MaxPages != 0 || p.BlockTableStride != 0:
 		return invalid(op, "page_size", fmt.Sprintf("0 (a contiguous cache), but num_pages %d, max_pages %d, block_table stride %d are set", p.NumPages, p.MaxPages, p.BlockTableStride))
 	}
@@ -132,10 +130,8 @@ func (p *Problem) validateServing(op string) error {
 		return invalid(op, "cache_batch_idx", fmt.Sprintf("cache rows %d (k_cache.shape[0]); must not be negative", p.CacheBatch))
 	case p.CacheBatch > math.MaxInt32:
 		return unsupported(op, "cache_batch_idx", fmt.Sprintf("cache rows %d; at most %d", p.CacheBatch, math.MaxInt32))
-	case p.CacheBatch > 0:
-		rows = p.CacheBatch
 	}
-	if rows != s.Batch || seq != s.SeqlenCache {
+	if rows, seq := p.cacheDims(); rows != s.Batch || seq != s.SeqlenCache {
 		// The layout check of ValidateLayout assumed (batch, seqlen_cache).
 		for _, x := range [...]struct {
 			name string
@@ -183,6 +179,19 @@ func (p *Problem) validateServing(op string) error {
 		}
 	}
 	return p.Rotary.validate(op, n, s.HeadDim)
+}
+
+// cacheDims is the first two dimensions of K and V: (Batch, SeqlenCache),
+// (NumPages, PageSize) for a paged cache, (CacheBatch, SeqlenCache) with
+// cache_batch_idx. A check of the caches' extents uses them.
+func (p *Problem) cacheDims() (rows, seq int) {
+	switch {
+	case p.PageSize > 0:
+		return p.NumPages, p.PageSize
+	case p.CacheBatch > 0:
+		return p.CacheBatch, p.SeqlenCache
+	}
+	return p.Batch, p.SeqlenCache
 }
 
 // validate checks the rotary layout for an append of seqlenNew tokens of

@@ -8,14 +8,16 @@ import (
 )
 
 // pagedProblem is validProblem over a paged cache: 600 pages of 16 keys,
-// 256 pages a sequence (4096 keys).
+// 256 pages a sequence (4096 keys). The serving arrays of these problems lie
+// far from validProblem's tensors.
 func pagedProblem() Problem {
 	p := validProblem()
 	page := Tensor{BatchStride: 16 * 8 * 128, SeqStride: 8 * 128, HeadStride: 128}
+	kp, vp := p.K.Ptr, p.V.Ptr
 	p.K, p.V = page, page
-	p.K.Ptr, p.V.Ptr = 0x20000, 0x30000
+	p.K.Ptr, p.V.Ptr = kp, vp
 	p.PageSize, p.NumPages, p.MaxPages = 16, 600, 256
-	p.BlockTable, p.BlockTableStride = 0x70000, 256
+	p.BlockTable, p.BlockTableStride = 0x10000000, 256
 	return p
 }
 
@@ -25,9 +27,9 @@ func appendProblem() Problem {
 	p := validProblem()
 	fresh := Tensor{BatchStride: 3 * 8 * 128, SeqStride: 8 * 128, HeadStride: 128}
 	p.New = Append{K: fresh, V: fresh, Seqlen: 3}
-	p.New.K.Ptr, p.New.V.Ptr = 0x80000, 0x90000
-	p.CacheSeqlens = 0x60000
-	p.Rotary = Rotary{Cos: 0xa0000, Sin: 0xb0000, Stride: 32, Dim: 64, Rows: 8192, Interleaved: true}
+	p.New.K.Ptr, p.New.V.Ptr = 0x12000000, 0x13000000
+	p.CacheSeqlens = 0x11000000
+	p.Rotary = Rotary{Cos: 0x14000000, Sin: 0x15000000, Stride: 32, Dim: 64, Rows: 8192, Interleaved: true}
 	return p
 }
 
@@ -35,12 +37,12 @@ func appendProblem() Problem {
 // excludes cache_batch_idx).
 func allProblem() Problem {
 	p := appendProblem()
-	p.CacheBatch, p.CacheBatchIdx = 5, 0xc0000
+	p.CacheBatch, p.CacheBatchIdx = 5, 0x16000000
 	p.K.BatchStride *= 2 // a cache of 5 rows, padded
-	p.Leftpad, p.CacheLeftpad = true, 0xd0000
+	p.Leftpad, p.CacheLeftpad = true, 0x17000000
 	p.Window = Window{Enabled: true, Left: 255, Right: 0}
 	p.Softcap = 30
-	p.Alibi, p.AlibiSlopes, p.AlibiBatchStride = true, 0xe0000, 32
+	p.Alibi, p.AlibiSlopes, p.AlibiBatchStride = true, 0x18000000, 32
 	return p
 }
 
@@ -68,7 +70,7 @@ func TestServingValidate(t *testing.T) {
 		{"every feature", allProblem, func(p *Problem) {}, "", nil},
 		{"window off as (-1, -1)", plain, func(p *Problem) { p.Window = Window{Left: -1, Right: -1} }, "", nil},
 		{"window (-1, -1) on", plain, func(p *Problem) { p.Window = Window{Enabled: true, Left: -1, Right: -1} }, "", nil},
-		{"alibi (nheads_q,)", plain, func(p *Problem) { p.Alibi, p.AlibiSlopes = true, 0xe0000 }, "", nil},
+		{"alibi (nheads_q,)", plain, func(p *Problem) { p.Alibi, p.AlibiSlopes = true, 0x18000000 }, "", nil},
 
 		{"page_size -1", pagedProblem, func(p *Problem) { p.PageSize = -1 }, "page_size", ErrInvalid},
 		{"no pages", pagedProblem, func(p *Problem) { p.NumPages = 0 }, "k_cache", ErrInvalid},
@@ -77,21 +79,21 @@ func TestServingValidate(t *testing.T) {
 		{"seqlen_cache not max_pages*page_size", pagedProblem, func(p *Problem) { p.MaxPages = 255 }, "seqlen_cache", ErrInvalid},
 		{"negative block table stride", pagedProblem, func(p *Problem) { p.BlockTableStride = -256 }, "block_table", ErrInvalid},
 		{"block table stride overflow", pagedProblem, func(p *Problem) { p.BlockTableStride = math.MaxInt64 / 2 }, "block_table", ErrInvalid},
-		{"paged with cache_batch_idx", pagedProblem, func(p *Problem) { p.CacheBatch, p.CacheBatchIdx = 2, 0xc0000 }, "cache_batch_idx", ErrInvalid},
+		{"paged with cache_batch_idx", pagedProblem, func(p *Problem) { p.CacheBatch, p.CacheBatchIdx = 2, 0x16000000 }, "cache_batch_idx", ErrInvalid},
 		{"page stride not a multiple of 8", pagedProblem, func(p *Problem) { p.V.BatchStride += 4 }, "v_cache", ErrUnsupported},
 		{"page stride overflow", pagedProblem, func(p *Problem) { p.K.BatchStride = math.MaxInt64 / 512 * 8 }, "k_cache", ErrInvalid},
 		{"pages without page_size", plain, func(p *Problem) { p.NumPages = 600 }, "page_size", ErrInvalid},
-		{"block_table without page_size", plain, func(p *Problem) { p.BlockTable = 0x70000 }, "block_table", ErrInvalid},
+		{"block_table without page_size", plain, func(p *Problem) { p.BlockTable = 0x10000000 }, "block_table", ErrInvalid},
 		{"block_table null", pagedProblem, func(p *Problem) { p.BlockTable = 0 }, "block_table", ErrInvalid},
-		{"block_table misaligned", pagedProblem, func(p *Problem) { p.BlockTable = 0x70002 }, "block_table", ErrInvalid},
+		{"block_table misaligned", pagedProblem, func(p *Problem) { p.BlockTable = 0x10000002 }, "block_table", ErrInvalid},
 
 		{"cache rows negative", plain, func(p *Problem) { p.CacheBatch = -1 }, "cache_batch_idx", ErrInvalid},
 		{"cache rows stride overflow", allProblem, func(p *Problem) { p.K.BatchStride = math.MaxInt64 / 4 / 8 * 8 }, "k_cache", ErrInvalid},
 		{"cache_batch_idx null", allProblem, func(p *Problem) { p.CacheBatchIdx = 0 }, "cache_batch_idx", ErrInvalid},
-		{"cache_batch_idx without cache rows", plain, func(p *Problem) { p.CacheBatchIdx = 0xc0000 }, "cache_batch_idx", ErrInvalid},
+		{"cache_batch_idx without cache rows", plain, func(p *Problem) { p.CacheBatchIdx = 0x16000000 }, "cache_batch_idx", ErrInvalid},
 		{"cache_leftpad null", allProblem, func(p *Problem) { p.CacheLeftpad = 0 }, "cache_leftpad", ErrInvalid},
-		{"cache_leftpad without Leftpad", plain, func(p *Problem) { p.CacheLeftpad = 0xd0000 }, "cache_leftpad", ErrInvalid},
-		{"cache_leftpad misaligned", allProblem, func(p *Problem) { p.CacheLeftpad = 0xd0001 }, "cache_leftpad", ErrInvalid},
+		{"cache_leftpad without Leftpad", plain, func(p *Problem) { p.CacheLeftpad = 0x17000000 }, "cache_leftpad", ErrInvalid},
+		{"cache_leftpad misaligned", allProblem, func(p *Problem) { p.CacheLeftpad = 0x17000001 }, "cache_leftpad", ErrInvalid},
 
 		{"window left -2", plain, func(p *Problem) { p.Window = Window{Enabled: true, Left: -2, Right: 0} }, "window_size", ErrInvalid},
 		{"window right -3", plain, func(p *Problem) { p.Window = Window{Enabled: true, Left: 4, Right: -3} }, "window_size", ErrInvalid},
@@ -103,8 +105,8 @@ func TestServingValidate(t *testing.T) {
 		{"softcap inf", plain, func(p *Problem) { p.Softcap = float32(math.Inf(1)) }, "softcap", ErrInvalid},
 
 		{"alibi_slopes null", allProblem, func(p *Problem) { p.AlibiSlopes = 0 }, "alibi_slopes", ErrInvalid},
-		{"alibi_slopes without Alibi", plain, func(p *Problem) { p.AlibiSlopes = 0xe0000 }, "alibi_slopes", ErrInvalid},
-		{"alibi_slopes misaligned", allProblem, func(p *Problem) { p.AlibiSlopes = 0xe0002 }, "alibi_slopes", ErrInvalid},
+		{"alibi_slopes without Alibi", plain, func(p *Problem) { p.AlibiSlopes = 0x18000000 }, "alibi_slopes", ErrInvalid},
+		{"alibi_slopes misaligned", allProblem, func(p *Problem) { p.AlibiSlopes = 0x18000002 }, "alibi_slopes", ErrInvalid},
 		{"alibi negative stride", allProblem, func(p *Problem) { p.AlibiBatchStride = -32 }, "alibi_slopes", ErrInvalid},
 		{"alibi stride without Alibi", plain, func(p *Problem) { p.AlibiBatchStride = 32 }, "alibi_slopes", ErrInvalid},
 
@@ -114,7 +116,7 @@ func TestServingValidate(t *testing.T) {
 		{"v negative stride", appendProblem, func(p *Problem) { p.New.V.HeadStride = -128 }, "v", ErrInvalid},
 		{"k null", appendProblem, func(p *Problem) { p.New.K.Ptr = 0 }, "k", ErrInvalid},
 		{"v misaligned", appendProblem, func(p *Problem) { p.New.V.Ptr += 8 }, "v", ErrUnsupported},
-		{"k without seqlen_new", plain, func(p *Problem) { p.New.K.Ptr = 0x80000 }, "k", ErrInvalid},
+		{"k without seqlen_new", plain, func(p *Problem) { p.New.K.Ptr = 0x12000000 }, "k", ErrInvalid},
 		{"append without cache_seqlens", appendProblem, func(p *Problem) { p.CacheSeqlens = 0 }, "cache_seqlens", ErrInvalid},
 		{"append past the int seqlen", appendProblem, func(p *Problem) { p.CacheSeqlens, p.Seqlen = 0, 4094 }, "cache_seqlens", ErrInvalid},
 

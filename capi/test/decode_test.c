@@ -224,18 +224,19 @@ static void test_error_per_thread(void) {
 
 // ---- serving features: planning and checks, no GPU needed ----------------------------
 
-// serving_args is shape_args with dense tensors at aligned (never dereferenced)
-// addresses, seqlen_q 2, cache_seqlens set: valid for fd_decode_serving's checks.
+// serving_args is shape_args with dense tensors at aligned, far apart (never
+// dereferenced) addresses, seqlen_q 2, cache_seqlens set: valid for
+// fd_decode_serving's checks.
 static fd_args serving_args(void) {
     fd_args a = shape_args();
     a.seqlen_q = 2;
     a.seqlen_cache = 4096;
     int64_t d = a.head_dim;
-    a.q = (fd_tensor){0x100000, 2 * 32 * d, 32 * d, d};
-    a.out = (fd_tensor){0x200000, 2 * 32 * d, 32 * d, d};
-    a.k = (fd_tensor){0x300000, 4096 * 8 * d, 8 * d, d};
-    a.v = (fd_tensor){0x400000, 4096 * 8 * d, 8 * d, d};
-    a.cache_seqlens = 0x500000;
+    a.q = (fd_tensor){0x1000000, 2 * 32 * d, 32 * d, d};
+    a.out = (fd_tensor){0x2000000, 2 * 32 * d, 32 * d, d};
+    a.k = (fd_tensor){0x10000000, 4096 * 8 * d, 8 * d, d};
+    a.v = (fd_tensor){0x20000000, 4096 * 8 * d, 8 * d, d};
+    a.cache_seqlens = 0x3000000;
     return a;
 }
 
@@ -244,7 +245,7 @@ static void paged(fd_args *a, fd_serving *s) {
     s->page_size = 16;
     s->num_pages = 600;
     s->max_pages = 256;
-    s->block_table = 0x600000;
+    s->block_table = 0x4000000;
     s->block_table_stride = 256;
     a->k.batch_stride = a->v.batch_stride = 16 * 8 * 128;
 }
@@ -252,11 +253,11 @@ static void paged(fd_args *a, fd_serving *s) {
 // appending makes s append 3 tokens a sequence, rotated over 64 channels.
 static void appending(fd_serving *s) {
     s->seqlen_new = 3;
-    s->k_new = (fd_tensor){0x700000, 3 * 8 * 128, 8 * 128, 128};
-    s->v_new = (fd_tensor){0x800000, 3 * 8 * 128, 8 * 128, 128};
+    s->k_new = (fd_tensor){0x5000000, 3 * 8 * 128, 8 * 128, 128};
+    s->v_new = (fd_tensor){0x6000000, 3 * 8 * 128, 8 * 128, 128};
     s->rotary_dim = 64;
-    s->rotary_cos = 0x900000;
-    s->rotary_sin = 0xa00000;
+    s->rotary_cos = 0x7000000;
+    s->rotary_sin = 0x8000000;
     s->rotary_stride = 32;
     s->rotary_rows = 8192;
 }
@@ -353,13 +354,13 @@ static void test_serving_errors(void) {
     expect_serving_error("paged without block_table", pa, e, FD_ERR_INVALID, "block_table");
     e = ps;
     e.cache_batch = 3;
-    e.cache_batch_idx = 0xb00000;
+    e.cache_batch_idx = 0x9000000;
     expect_serving_error("paged with cache_batch_idx", pa, e, FD_ERR_INVALID, "cache_batch_idx");
     e = s;
-    e.cache_batch_idx = 0xb00000;
+    e.cache_batch_idx = 0x9000000;
     expect_serving_error("cache_batch_idx without cache_batch", a, e, FD_ERR_INVALID, "cache_batch_idx");
     e = s;
-    e.cache_leftpad = 0xb00002;
+    e.cache_leftpad = 0x9000002;
     expect_serving_error("cache_leftpad misaligned", a, e, FD_ERR_INVALID, "cache_leftpad");
     e = s;
     e.window = 1;
@@ -369,7 +370,7 @@ static void test_serving_errors(void) {
     e.softcap = -1;
     expect_serving_error("softcap -1", a, e, FD_ERR_INVALID, "softcap");
     e = s;
-    e.alibi_slopes = 0xb00001;
+    e.alibi_slopes = 0x9000001;
     expect_serving_error("alibi_slopes misaligned", a, e, FD_ERR_INVALID, "alibi_slopes");
     e = as;
     e.k_new.seq_stride = 1020;
@@ -399,13 +400,13 @@ static void test_serving_no_device(void) {
     memset(&s, 0, sizeof s);
     appending(&s);
     s.cache_batch = 4;
-    s.cache_batch_idx = 0xb00000;
-    s.cache_leftpad = 0xc00000;
+    s.cache_batch_idx = 0x9000000;
+    s.cache_leftpad = 0xa000000;
     s.window = 1;
     s.window_left = 300;
     s.window_right = -1;
     s.softcap = 30;
-    s.alibi_slopes = 0xd00000;
+    s.alibi_slopes = 0xb000000;
     s.alibi_batch_stride = 32;
     int rc = fd_decode_serving(&a, &s, NULL, 0, NULL);
     CHECK(rc != FD_OK && strstr(fd_last_error(), "device"), "serving decode on missing device 0: %d \"%s\"", rc,

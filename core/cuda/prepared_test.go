@@ -70,9 +70,9 @@ func TestPrepareServingWithoutGPU(t *testing.T) {
 	p.K.BatchStride, p.V.BatchStride = 16*8*128, 16*8*128
 	fresh := core.Tensor{BatchStride: 2 * 8 * 128, SeqStride: 8 * 128, HeadStride: 128}
 	p.New = core.Append{K: fresh, V: fresh, Seqlen: 2}
-	p.Rotary = core.Rotary{Dim: 64, Rows: 4096, Stride: 32, Cos: 0x1000, Sin: 0x2000}
-	p.Leftpad, p.CacheLeftpad = true, 0x3000
-	p.BlockTable = 0x4000
+	p.Rotary = core.Rotary{Dim: 64, Rows: 4096, Stride: 32, Cos: 0x10000000, Sin: 0x11000000}
+	p.Leftpad, p.CacheLeftpad = true, 0x12000000
+	p.BlockTable = 0x13000000
 	r, err := Prepare(&p, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -82,8 +82,9 @@ func TestPrepareServingWithoutGPU(t *testing.T) {
 		got.PageSize != 16 || got.New.Seqlen != 2 || got.Rotary.Dim != 64 || !got.Serving() {
 		t.Fatalf("Problem() = %+v", got)
 	}
-	ok := Args{Q: 0x10000, K: 0x20000, V: 0x30000, Out: 0x40000, CacheSeqlens: 0x50000, Seqlen: -1,
-		BlockTable: 0x60000, CacheLeftpad: 0x70000, KNew: 0x80000, VNew: 0x90000, RotaryCos: 0xa0000, RotarySin: 0xb0000}
+	// Tensors far apart: out shares no byte with another.
+	ok := Args{Q: 0x10000, K: 0x1000000, V: 0x3000000, Out: 0x20000, CacheSeqlens: 0x50000, Seqlen: -1,
+		BlockTable: 0x10000000, CacheLeftpad: 0x11000000, KNew: 0x12000000, VNew: 0x13000000, RotaryCos: 0x14000000, RotarySin: 0x15000000}
 	for _, tt := range []struct {
 		name string
 		edit func(*Args)
@@ -92,8 +93,8 @@ func TestPrepareServingWithoutGPU(t *testing.T) {
 	}{
 		{"null block_table", func(a *Args) { a.BlockTable = 0 }, "block_table", core.ErrInvalid},
 		{"null cache_leftpad", func(a *Args) { a.CacheLeftpad = 0 }, "cache_leftpad", core.ErrInvalid},
-		{"cache_batch_idx not in the layout", func(a *Args) { a.CacheBatchIdx = 0xc0000 }, "cache_batch_idx", core.ErrInvalid},
-		{"alibi_slopes not in the layout", func(a *Args) { a.AlibiSlopes = 0xc0000 }, "alibi_slopes", core.ErrInvalid},
+		{"cache_batch_idx not in the layout", func(a *Args) { a.CacheBatchIdx = 0x16000000 }, "cache_batch_idx", core.ErrInvalid},
+		{"alibi_slopes not in the layout", func(a *Args) { a.AlibiSlopes = 0x16000000 }, "alibi_slopes", core.ErrInvalid},
 		{"null k", func(a *Args) { a.KNew = 0 }, "k", core.ErrInvalid},
 		{"misaligned v", func(a *Args) { a.VNew += 2 }, "v", core.ErrUnsupported},
 		{"null rotary_sin", func(a *Args) { a.RotarySin = 0 }, "rotary_sin", core.ErrInvalid},
