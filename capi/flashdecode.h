@@ -115,6 +115,49 @@ typedef struct fd_plan_info {
 } fd_plan_info; /* (its layout is fixed: newer plan fields, such as whole_items and
                    combine_row0, are in fd_plan_json only) */
 
+/* The serving features of one call, flash_attn_with_kvcache's arguments beyond
+ * fd_args (mirrors core.Problem's serving fields). Zero-initialize, then set: a
+ * zeroed fd_serving (or NULL) turns every feature off. Positions are key indices
+ * of a sequence's cache: sequence b attends to len = cache_seqlens[b] (or
+ * fd_args.seqlen) + seqlen_new keys, clamped to [0, seqlen_cache], from
+ * cache_leftpad[b] on; its query row i sits at position len - seqlen_q + i. */
+typedef struct fd_serving {
+    /* Paged cache (page_size > 0): fd_args.k and v are (num_pages, page_size, heads_kv,
+       head_dim), their batch_stride the page stride, and fd_args.seqlen_cache is
+       max_pages * page_size. Key j of sequence b is row j % page_size of page
+       block_table[b, j / page_size]; ids out of [0, num_pages) are clamped on read
+       and skipped on write. */
+    uint64_t block_table;        /* CUdeviceptr of int32 (batch, max_pages) page ids */
+    int64_t block_table_stride;  /* elements between sequences in block_table */
+    int32_t page_size;           /* keys per page (k_cache.shape[1]), >= 1; 0: contiguous cache */
+    int32_t num_pages;           /* pages in k and v (k_cache.shape[0]) */
+    int32_t max_pages;           /* pages per sequence (block_table.shape[1]) */
+    int32_t cache_batch;         /* cache_batch_idx: rows of k and v (k_cache.shape[0]), > 0 */
+    uint64_t cache_batch_idx;    /* CUdeviceptr of int32 (batch,) cache rows (contiguous cache
+                                    only; clamped to [0, cache_batch - 1]); 0: row b */
+    uint64_t cache_leftpad;      /* CUdeviceptr of int32 (batch,) first valid key of each
+                                    sequence; 0: keys start at 0 */
+    int32_t window;              /* nonzero: window_left and window_right apply (window_size) */
+    int32_t window_left;         /* keys before the query's position it sees, -1: unbounded */
+    int32_t window_right;        /* keys after it (causal makes it 0), -1: unbounded */
+    float softcap;               /* > 0: scores become softcap * tanh(score / softcap) */
+    uint64_t alibi_slopes;       /* CUdeviceptr of float32 (heads_q,) or (batch, heads_q)
+                                    slopes: scores -= slope * |position - key|; 0: none */
+    int64_t alibi_batch_stride;  /* 0 for (heads_q,) slopes, else elements between sequences */
+    fd_tensor k_new;             /* (batch, seqlen_new, heads_kv, head_dim), dtype: token t of
+                                    sequence b is written to key cache_seqlens[b] + t before
+                                    attention (needs cache_seqlens; skipped past the cache) */
+    fd_tensor v_new;             /* likewise for v */
+    int32_t seqlen_new;          /* new tokens per sequence, 1..seqlen_cache; 0: no append */
+    int32_t rotary_dim;          /* with an append: rotate the first rotary_dim channels (a
+                                    multiple of 16, <= head_dim) of q and the new keys; 0: none */
+    uint64_t rotary_cos;         /* CUdeviceptr of (rotary_rows, rotary_dim / 2) cosines, dtype */
+    uint64_t rotary_sin;         /* likewise the sines */
+    int64_t rotary_stride;       /* elements between rows of the tables (a multiple of 8) */
+    int32_t rotary_rows;         /* positions in the tables (seqlen_ro); positions are clamped */
+    int32_t rotary_interleaved;  /* nonzero: pairs (2m, 2m+1) (GPT-J); 0: (m, m + rotary_dim/2) */
+} fd_serving;
+
 #ifndef FD_CGO_EXPORTS /* capi's Go code declares these itself (cgo has no const) */
 
 /* Flash decoding for args on device args->device, launched on stream (a CUstream;
@@ -130,6 +173,20 @@ int fd_workspace_size(const fd_args *args, size_t *bytes);
 
 /* Fills *plan with the launch fd_decode would run for args' shapes. */
 int fd_plan(const fd_args *args, fd_plan_info *plan);
+
+/* fd_decode with the serving features of serving (NULL: none): a paged or
+ * batch-indexed cache, leftpad, a window, softcap, ALiBi, and new tokens appended
+ * to the cache (rotated with rotary_dim) before attention. Every argument is
+ * checked before anything runs; workspace needs fd_workspace_size_serving bytes. */
+int fd_decode_serving(const fd_args *args, const fd_serving *serving, void *workspace,
+                      size_t workspace_bytes, void *stream);
+
+/* fd_workspace_size for fd_decode_serving: reads the sizes and which of serving's
+ * arrays are set (not what they hold); pass the same fd_serving as to the decode. */
+int fd_workspace_size_serving(const fd_args *args, const fd_serving *serving, size_t *bytes);
+
+/* fd_plan for fd_decode_serving (the serving kernels when a feature is on). */
+int fd_plan_serving(const fd_args *args, const fd_serving *serving, fd_plan_info *plan);
 
 /* Writes the plan as a NUL-terminated JSON object (the fields of core.Plan, snake_case)
  * into buf. *needed (if not NULL) receives the bytes it takes, NUL included; returns

@@ -53,9 +53,9 @@ func tensor(t C.fd_tensor) core.Tensor {
 		SeqStride: int64(t.seq_stride), HeadStride: int64(t.head_stride)}
 }
 
-// problem converts a whole fd_args.
-func problem(a *C.fd_args) core.Problem {
-	return core.Problem{
+// problem converts a whole fd_args and, when not NULL, an fd_serving.
+func problem(a *C.fd_args, sv *C.fd_serving) core.Problem {
+	p := core.Problem{
 		Shape:        shape(a),
 		Q:            tensor(a.q),
 		K:            tensor(a.k),
@@ -66,6 +66,25 @@ func problem(a *C.fd_args) core.Problem {
 		Scale:        float32(a.scale),
 		Causal:       a.causal != 0,
 	}
+	if sv != nil {
+		serving(&p, sv)
+	}
+	return p
+}
+
+// serving sets p's serving features from sv: a feature of Go's with a flag
+// (leftpad, ALiBi) is on in C when its array is given.
+func serving(p *core.Problem, sv *C.fd_serving) {
+	p.BlockTable, p.BlockTableStride = uintptr(sv.block_table), int64(sv.block_table_stride)
+	p.PageSize, p.NumPages, p.MaxPages = int(sv.page_size), int(sv.num_pages), int(sv.max_pages)
+	p.CacheBatch, p.CacheBatchIdx = int(sv.cache_batch), uintptr(sv.cache_batch_idx)
+	p.Leftpad, p.CacheLeftpad = sv.cache_leftpad != 0, uintptr(sv.cache_leftpad)
+	p.Window = core.Window{Enabled: sv.window != 0, Left: int(sv.window_left), Right: int(sv.window_right)}
+	p.Softcap = float32(sv.softcap)
+	p.Alibi, p.AlibiSlopes, p.AlibiBatchStride = sv.alibi_slopes != 0, uintptr(sv.alibi_slopes), int64(sv.alibi_batch_stride)
+	p.New = core.Append{K: tensor(sv.k_new), V: tensor(sv.v_new), Seqlen: int(sv.seqlen_new)}
+	p.Rotary = core.Rotary{Cos: uintptr(sv.rotary_cos), Sin: uintptr(sv.rotary_sin), Stride: int64(sv.rotary_stride),
+		Dim: int(sv.rotary_dim), Rows: int(sv.rotary_rows), Interleaved: sv.rotary_interleaved != 0}
 }
 
 // errNilArgs reports a NULL fd_args pointer.
@@ -123,29 +142,57 @@ func guard(ret *C.int) {
 //export fd_decode
 func fd_decode(args *C.fd_args, workspace unsafe.Pointer, workspaceBytes C.size_t, stream unsafe.Pointer) (ret C.int) {
 	defer guard(&ret)
+	return decode(args, nil, workspace, workspaceBytes, stream)
+}
+
+//export fd_decode_serving
+func fd_decode_serving(args *C.fd_args, sv *C.fd_serving, workspace unsafe.Pointer, workspaceBytes C.size_t, stream unsafe.Pointer) (ret C.int) {
+	defer guard(&ret)
+	return decode(args, sv, workspace, workspaceBytes, stream)
+}
+
+// decode is fd_decode and fd_decode_serving.
+func decode(args *C.fd_args, sv *C.fd_serving, workspace unsafe.Pointer, workspaceBytes C.size_t, stream unsafe.Pointer) C.int {
 	if args == nil {
 		return finish(errNilArgs("decode"))
 	}
-	p := problem(args)
+	p := problem(args, sv)
 	_, err := cuda.Decode(&p, uintptr(workspace), int(workspaceBytes), int(args.device), uintptr(stream))
 	return finish(err)
 }
 
-// plan returns the plan for args' shapes on args.device.
-func plan(op string, args *C.fd_args) (core.Plan, error) {
+// plan returns the plan for args' shapes (and sv's serving features, when
+// not NULL) on args.device.
+func plan(op string, args *C.fd_args, sv *C.fd_serving) (core.Plan, error) {
 	if args == nil {
 		return core.Plan{}, errNilArgs(op)
 	}
-	return cuda.PlanFor(shape(args), int(args.device))
+	s := shape(args)
+	if sv != nil {
+		p := problem(args, sv)
+		s = p.PlanShape()
+	}
+	return cuda.PlanFor(s, int(args.device))
 }
 
 //export fd_workspace_size
 func fd_workspace_size(args *C.fd_args, bytes *C.size_t) (ret C.int) {
 	defer guard(&ret)
+	return workspaceSize(args, nil, bytes)
+}
+
+//export fd_workspace_size_serving
+func fd_workspace_size_serving(args *C.fd_args, sv *C.fd_serving, bytes *C.size_t) (ret C.int) {
+	defer guard(&ret)
+	return workspaceSize(args, sv, bytes)
+}
+
+// workspaceSize is fd_workspace_size and fd_workspace_size_serving.
+func workspaceSize(args *C.fd_args, sv *C.fd_serving, bytes *C.size_t) C.int {
 	if bytes == nil {
 		return finish(&core.Error{Op: "workspace_size", Arg: "bytes", Msg: "NULL", Err: core.ErrInvalid})
 	}
-	pl, err := plan("workspace_size", args)
+	pl, err := plan("workspace_size", args, sv)
 	if err == nil {
 		*bytes = C.size_t(pl.WorkspaceBytes)
 	}
@@ -155,10 +202,21 @@ func fd_workspace_size(args *C.fd_args, bytes *C.size_t) (ret C.int) {
 //export fd_plan
 func fd_plan(args *C.fd_args, out *C.fd_plan_info) (ret C.int) {
 	defer guard(&ret)
+	return planInfo(args, nil, out)
+}
+
+//export fd_plan_serving
+func fd_plan_serving(args *C.fd_args, sv *C.fd_serving, out *C.fd_plan_info) (ret C.int) {
+	defer guard(&ret)
+	return planInfo(args, sv, out)
+}
+
+// planInfo is fd_plan and fd_plan_serving.
+func planInfo(args *C.fd_args, sv *C.fd_serving, out *C.fd_plan_info) C.int {
 	if out == nil {
 		return finish(&core.Error{Op: "plan", Arg: "plan", Msg: "NULL", Err: core.ErrInvalid})
 	}
-	pl, err := plan("plan", args)
+	pl, err := plan("plan", args, sv)
 	if err != nil {
 		return finish(err)
 	}
@@ -194,7 +252,7 @@ func copyName(dst []C.char, s string) {
 //export fd_plan_json
 func fd_plan_json(args *C.fd_args, buf *C.char, bufSize C.size_t, needed *C.size_t) (ret C.int) {
 	defer guard(&ret)
-	pl, err := plan("plan_json", args)
+	pl, err := plan("plan_json", args, nil)
 	if err != nil {
 		return finish(err)
 	}

@@ -32,10 +32,22 @@ type Plan struct {
 	// The workspace holds o_partial, float32 [NumSplits][rows][HeadDim]
 	// at offset 0, and lse_partial, float32 [NumSplits][rows] at
 	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ and
-	// HeadDim the problem's own (not the variant's padded) head dim. Both are
-	// 0 when no combine runs.
+	// HeadDim the problem's own (not the variant's padded) head dim; both
+	// only when a combine runs. With a rotary embedding (Shape.RotaryQ) it
+	// also holds the rotated q, QRotBytes of (Batch, SeqlenQ, HeadsQ,
+	// HeadDim) contiguous in the dtype, at QRotOffset (256-byte aligned,
+	// after the partials). WorkspaceBytes is 0 when it holds nothing.
 	LSEPartialOffset int `json:"lse_partial_offset"`
 	WorkspaceBytes   int `json:"workspace_bytes"`
+	QRotOffset       int `json:"q_rot_offset,omitzero"`
+	QRotBytes        int `json:"q_rot_bytes,omitzero"`
+	// Append, when not "", is the kernel (Variant.Append) that runs before
+	// stage 1 to write the new tokens into the cache and, with rotary, the
+	// rotated q into the workspace: grid (AppendGrid[0], AppendGrid[1]) =
+	// (max(SeqlenNew, SeqlenQ), Batch) blocks of AppendThreads.
+	Append        string `json:"append,omitzero"`
+	AppendGrid    [2]int `json:"append_grid,omitzero"`
+	AppendThreads int    `json:"append_threads,omitzero"`
 	// WholeItems > 0 makes the stage-1 grid one-dimensional (Grid =
 	// (WholeItems + rest*NumSplits, 1, 1)): its first WholeItems blocks
 	// each stream one whole item (batch, K/V head, row tile, in that
@@ -71,18 +83,22 @@ func (p Plan) EarlyDependents() bool {
 // With s.NumSplits == 0 the split count comes from the heuristic described
 // in the package documentation and at autoSplits. A request n > 0 is
 // clamped to [1, min(MaxSplits, key tiles)], key tiles being
-// ceil(length/Variant.KeysPerTile) for the length the plan uses (Seqlen if
-// >= 0, else SeqlenCache): more splits than tiles would only add empty
-// splits.
+// ceil(length/Variant.KeysPerTile) for the length the plan uses: Seqlen +
+// SeqlenNew (at most SeqlenCache) if Seqlen >= 0, else SeqlenCache, and at
+// most WindowKeys when that is set. More splits than tiles would only add
+// empty splits.
 func MakePlan(s Shape, d Device) (Plan, error) {
 	const op = "plan"
 	if err := s.validate(op); err != nil {
 		return Plan{}, err
 	}
+	if err := s.validateServing(op); err != nil {
+		return Plan{}, err
+	}
 	if d.SMs < 1 {
 		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", d.SMs))
 	}
-	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ)
+	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Serving)
 	if err != nil {
 		return Plan{}, &Error{Op: op, Arg: "headdim", Err: ErrUnsupported,
 			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}
@@ -102,11 +118,15 @@ func PlanVariant(s Shape, v Variant, d Device) (Plan, error) {
 	if err := s.validate(op); err != nil {
 		return Plan{}, err
 	}
+	if err := s.validateServing(op); err != nil {
+		return Plan{}, err
+	}
 	return planVariant(op, s, v, d)
 }
 
 // planVariant is MakePlan and PlanVariant past their checks: the split
-// count (requested, tailSplit or autoSplits), the merge, grid and workspace.
+// count (requested, tailSplit or autoSplits), the merge, grid, workspace
+// and append.
 func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	sms, blocksPerSM := d.SMs, d.blocksPerSM(v)
 	if sms < 1 {
@@ -125,7 +145,10 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	}
 	length := s.SeqlenCache
 	if s.Seqlen >= 0 {
-		length = s.Seqlen
+		length = min(s.Seqlen+s.SeqlenNew, s.SeqlenCache)
+	}
+	if s.WindowKeys > 0 {
+		length = min(length, s.WindowKeys)
 	}
 	tiles := ceilDiv(length, v.KeysPerTile)
 
@@ -175,6 +198,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		SMs:         sms,
 		BlocksPerSM: blocksPerSM,
 	}
+	partials := 0 // splits whose partials the workspace holds: the combine's
 	switch {
 	case whole > 0:
 		// The items after the whole ones, split: their rows start at the
@@ -182,7 +206,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.WholeItems = whole
 		p.Grid = [3]int{whole + (blocks-whole)*splits, 1, 1}
 		p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
-		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
+		partials = splits
 		p.CombineGrid = ceilDiv(rows-p.CombineRow0, v.CombineRows)
 		p.Combine, p.CombineThreads = combineFor(v, splits)
 	case merging(splits) == mergeCluster:
@@ -192,9 +216,16 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterDenseSharedBytes
 	case splits > 1:
-		p.LSEPartialOffset, p.WorkspaceBytes = workspaceLayout(splits, rows, s.HeadDim)
+		partials = splits
 		p.CombineGrid = ceilDiv(rows, v.CombineRows)
 		p.Combine, p.CombineThreads = combineFor(v, splits)
+	}
+	if s.RotaryQ {
+		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
+	}
+	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows, s.HeadDim, p.QRotBytes)
+	if s.SeqlenNew > 0 {
+		p.Append, p.AppendGrid, p.AppendThreads = v.Append, [2]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch}, appendThreads
 	}
 	return p, nil
 }
@@ -216,6 +247,10 @@ func checkVariant(s Shape, v Variant) error {
 		return fmt.Errorf("%s is for %v, not %v", v.Kernel, v.DType, s.DType)
 	case v.HeadDim < s.HeadDim:
 		return fmt.Errorf("%s is for head dims up to %d, not %d", v.Kernel, v.HeadDim, s.HeadDim)
+	case v.Serving != s.Serving:
+		return fmt.Errorf("%s is not the kernel of a shape with Serving %v", v.Kernel, s.Serving)
+	case s.SeqlenNew > 0 && v.Append == "":
+		return fmt.Errorf("%s has no append kernel for the new tokens", v.Kernel)
 	case v.Rows < 1 || v.Threads < 1 || v.KeysPerTile < 1 || v.SharedBytes < 0 ||
 		v.CombineRows < 1 || v.CombineThreads < 1:
 		return fmt.Errorf("%s has a non-positive size: %+v", v.Kernel, v)
@@ -223,17 +258,24 @@ func checkVariant(s Shape, v Variant) error {
 	return nil
 }
 
-// workspaceLayout is the one place that lays out the workspace: o_partial
-// (float32 [splits][rows][headDim]) at 0, lse_partial (float32
-// [splits][rows]) at lseOffset, the first 256-byte boundary after it. It
-// returns 0, 0 for a single split, which needs no workspace.
-func workspaceLayout(splits, rows, headDim int) (lseOffset, total int) {
-	if splits <= 1 {
-		return 0, 0
-	}
+// workspaceLayout is the one place that lays out the workspace: for
+// splits > 1 (merged by the combine), o_partial (float32
+// [splits][rows][headDim]) at 0 and lse_partial (float32 [splits][rows])
+// at lseOffset, the first 256-byte boundary after it; then qRotBytes of
+// rotated q at qRotOffset, the first 256-byte boundary after those (0
+// without them). It returns all zeros for a single split without q_rot,
+// which needs no workspace.
+func workspaceLayout(splits, rows, headDim, qRotBytes int) (lseOffset, qRotOffset, total int) {
 	const f32, align = 4, 256
-	lseOffset = ceilDiv(splits*rows*headDim*f32, align) * align
-	return lseOffset, lseOffset + splits*rows*f32
+	if splits > 1 {
+		lseOffset = ceilDiv(splits*rows*headDim*f32, align) * align
+		total = lseOffset + splits*rows*f32
+	}
+	if qRotBytes > 0 {
+		qRotOffset = ceilDiv(total, align) * align
+		total = qRotOffset + qRotBytes
+	}
+	return lseOffset, qRotOffset, total
 }
 
 // ceilDiv is a/b rounded up, for a >= 0 and b > 0.

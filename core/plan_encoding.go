@@ -9,23 +9,32 @@ import (
 // String returns a one-line summary of p, for logs and error reports.
 func (p Plan) String() string {
 	var b strings.Builder
+	if p.Append != "" {
+		fmt.Fprintf(&b, "%s grid (%d,%d) x %d threads, then ", p.Append, p.AppendGrid[0], p.AppendGrid[1], p.AppendThreads)
+	}
 	fmt.Fprintf(&b, "%s grid (%d,%d,%d) x %d threads, %d B shared, %d/SM on %d SMs",
 		p.Variant.Kernel, p.Grid[0], p.Grid[1], p.Grid[2], p.Threads, p.SharedBytes, p.BlocksPerSM, p.SMs)
-	if p.NumSplits <= 1 {
-		b.WriteString("; 1 split, no combine, no workspace")
-		return b.String()
+	switch {
+	case p.NumSplits <= 1:
+		b.WriteString("; 1 split, no combine")
+	case p.Cluster > 1:
+		fmt.Fprintf(&b, "; %d splits merged in clusters of %d, no combine", p.NumSplits, p.Cluster)
+	case p.WholeItems > 0:
+		fmt.Fprintf(&b, "; %d items whole, the rest in %d splits; combine %s %d x %d threads from row %d",
+			p.WholeItems, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.CombineRow0)
+	default:
+		fmt.Fprintf(&b, "; %d splits; combine %s %d x %d threads", p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads)
 	}
-	if p.Cluster > 1 {
-		fmt.Fprintf(&b, "; %d splits merged in clusters of %d, no combine, no workspace", p.NumSplits, p.Cluster)
-		return b.String()
+	switch {
+	case p.WorkspaceBytes == 0:
+		b.WriteString(", no workspace")
+	case p.CombineGrid == 0:
+		fmt.Fprintf(&b, "; workspace %d B (q_rot)", p.WorkspaceBytes)
+	case p.QRotBytes > 0:
+		fmt.Fprintf(&b, "; workspace %d B (lse_partial at %d, q_rot at %d)", p.WorkspaceBytes, p.LSEPartialOffset, p.QRotOffset)
+	default:
+		fmt.Fprintf(&b, "; workspace %d B (lse_partial at %d)", p.WorkspaceBytes, p.LSEPartialOffset)
 	}
-	if p.WholeItems > 0 {
-		fmt.Fprintf(&b, "; %d items whole, the rest in %d splits; combine %s %d x %d threads from row %d; workspace %d B (lse_partial at %d)",
-			p.WholeItems, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.CombineRow0, p.WorkspaceBytes, p.LSEPartialOffset)
-		return b.String()
-	}
-	fmt.Fprintf(&b, "; %d splits; combine %s %d x %d threads; workspace %d B (lse_partial at %d)",
-		p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.WorkspaceBytes, p.LSEPartialOffset)
 	return b.String()
 }
 
@@ -45,6 +54,8 @@ type variantJSON struct {
 	CombineRows        int    `json:"combine_rows"`
 	CombineWide        string `json:"combine_wide"`
 	CombineWideThreads int    `json:"combine_wide_threads"`
+	Serving            bool   `json:"serving,omitzero"`
+	Append             string `json:"append,omitzero"`
 }
 
 // MarshalJSON encodes p with snake_case names throughout, the variant's
@@ -57,5 +68,5 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		plain
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
 		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
-		v.CombineWide, v.CombineWideThreads}, plain(p)})
+		v.CombineWide, v.CombineWideThreads, v.Serving, v.Append}, plain(p)})
 }

@@ -212,7 +212,7 @@ func TestWorkspaceLayout(t *testing.T) {
 		{2, 4, 64, 2048, 2048 + 32}, // already aligned
 		{128, 4096, 256, 536870912, 536870912 + 2097152},
 	} {
-		off, total := workspaceLayout(tt.splits, tt.rows, tt.d)
+		off, _, total := workspaceLayout(tt.splits, tt.rows, tt.d, 0)
 		if off != tt.off || total != tt.total {
 			t.Errorf("workspaceLayout(%d, %d, %d) = %d, %d; want %d, %d", tt.splits, tt.rows, tt.d, off, total, tt.off, tt.total)
 		}
@@ -403,7 +403,7 @@ func TestPlanClusters(t *testing.T) {
 // cluster size, else with the combine; other counts keep the combine.
 func TestPlanPairs(t *testing.T) {
 	mha := Shape{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 2048, Seqlen: -1}
-	v, err := SelectVariant(Float16, 128, 1)
+	v, err := SelectVariant(Float16, 128, 1, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestPlanTailSplit(t *testing.T) {
 				t.Errorf("%v: want %d whole, %d splits, grid %d, combine %d from row %d", p, tt.whole, tt.splits, tt.grid, tt.combine, tt.row0)
 			}
 			rows := tt.s.Batch * tt.s.HeadsQ * tt.s.SeqlenQ
-			if off, total := workspaceLayout(tt.splits, rows, tt.s.HeadDim); p.LSEPartialOffset != off || p.WorkspaceBytes != total {
+			if off, _, total := workspaceLayout(tt.splits, rows, tt.s.HeadDim, 0); p.LSEPartialOffset != off || p.WorkspaceBytes != total {
 				t.Errorf("%v: workspace %d (lse at %d), want %d (%d)", p, p.WorkspaceBytes, p.LSEPartialOffset, total, off)
 			}
 			s := tt.s
@@ -602,7 +602,7 @@ func TestMakePlan(t *testing.T) {
 	if _, err := MakePlan(bad, H200); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "headdim") {
 		t.Errorf("headdim 100: %v", err)
 	}
-	v, err := SelectVariant(s.DType, s.HeadDim, 4)
+	v, err := SelectVariant(s.DType, s.HeadDim, 4, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,13 @@ type Shape struct {
 	Seqlen int
 
 	NumSplits int // 0: let the planner choose; n > 0: ask for n (clamped, see MakePlan)
+
+	// The serving features' part of the plan. Problem.PlanShape sets them
+	// from the Problem's serving fields; all zero plans the plain kernels.
+	Serving    bool // run the serving variant of stage 1 (any serving feature; see Problem.Serving)
+	SeqlenNew  int  // tokens appended to each sequence before attention (Problem.New.Seqlen)
+	WindowKeys int  // > 0: a sliding window lets a sequence's rows see at most this many keys
+	RotaryQ    bool // the rotated q is kept in the workspace (Problem.Rotary.Dim > 0)
 }
 
 // Tensor locates a 4-D (batch, seq, heads, head_dim) tensor in device memory.
@@ -75,6 +82,39 @@ type Problem struct {
 	// explicit scale with ExplicitScale, which never yields 0.
 	Scale  float32
 	Causal bool // bottom-right aligned causal mask
+
+	// The serving features (flash_attn_with_kvcache's arguments); their zero
+	// values turn each off, and any one on runs the serving kernels (see
+	// Serving and core/serving.go). Layout fields are checked by
+	// ValidateLayout, the device addresses (per call) by CheckPointers.
+
+	// BlockTable, per call, is an int32 (Batch, MaxPages) device array of
+	// page ids when PageSize > 0: K and V are then paged, (NumPages,
+	// PageSize, HeadsKV, HeadDim), their BatchStride the page stride and
+	// SeqStride the row stride in a page, and SeqlenCache is
+	// MaxPages*PageSize. BlockTableStride counts elements between sequences.
+	BlockTable                   uintptr
+	BlockTableStride             int64
+	PageSize, NumPages, MaxPages int
+	// CacheBatchIdx, per call, is an int32 (Batch,) device array naming the
+	// cache row of each sequence when CacheBatch > 0, K and V then holding
+	// CacheBatch rows (contiguous caches only).
+	CacheBatchIdx uintptr
+	CacheBatch    int
+	// CacheLeftpad, per call, is an int32 (Batch,) device array of the first
+	// valid key of each sequence when Leftpad is set.
+	CacheLeftpad uintptr
+	Leftpad      bool
+	Window       Window  // sliding window (window_size)
+	Softcap      float32 // > 0: scores become Softcap*tanh(score/Softcap)
+	// AlibiSlopes, per call, is a float32 (HeadsQ,) or (Batch, HeadsQ)
+	// device array of ALiBi slopes when Alibi is set; AlibiBatchStride is 0
+	// for the first form, the row stride for the second.
+	Alibi            bool
+	AlibiBatchStride int64
+	AlibiSlopes      uintptr
+	New              Append // new tokens written into the cache before attention
+	Rotary           Rotary // rotary embedding of q and the new keys (with New only)
 }
 
 // minNormalFloat32 is the smallest positive normal float32, 2^-126.
@@ -200,7 +240,7 @@ func (p *Problem) ValidateLayout() error {
 	if sc := float64(p.Scale); math.IsNaN(sc) || math.IsInf(sc, 0) || sc < 0 {
 		return invalid(op, "softmax_scale", fmt.Sprintf("%v; must be finite and not negative", p.Scale))
 	}
-	return nil
+	return p.validateServing(op)
 }
 
 // CheckPointers checks p's device addresses: q, k_cache, v_cache and out
@@ -236,6 +276,9 @@ func (p *Problem) CheckPointers() error {
 	}
 	if p.CacheSeqlens%4 != 0 {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("address %#x is not 4-byte aligned", p.CacheSeqlens))
+	}
+	if err := p.checkServingPointers(op); err != nil {
+		return err
 	}
 	return p.checkOverlaps(op)
 }
@@ -278,13 +321,19 @@ func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
 func (p *Problem) checkOverlaps(op string) error {
 	s := p.Shape
 	el := s.DType.Size()
+	rows, seq := p.cacheDims() // paged caches hold NumPages pages of PageSize keys
 	out := tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el)
 	lse := spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4)
 	inputs := [...]byteRange{
 		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
-		tensorRange("k_cache", p.K, [4]int{s.Batch, s.SeqlenCache, s.HeadsKV, s.HeadDim}, el),
-		tensorRange("v_cache", p.V, [4]int{s.Batch, s.SeqlenCache, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
 		spanOf("cache_seqlens", p.CacheSeqlens, uint64(s.Batch), 4),
+		tensorRange("k", p.New.K, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("v", p.New.V, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
+		spanOf("block_table", p.BlockTable, uint64(max(s.Batch-1, 0))*uint64(p.BlockTableStride)+uint64(p.MaxPages), 4),
+		spanOf("cache_batch_idx", p.CacheBatchIdx, uint64(s.Batch), 4),
+		spanOf("cache_leftpad", p.CacheLeftpad, uint64(s.Batch), 4),
 		out,
 	}
 	for _, w := range [...]byteRange{out, lse} {

@@ -9,33 +9,71 @@ import (
 // layouts, for the CPU reference: the same shapes and options as a Problem
 // with slices in place of device tensors.
 type HostProblem struct {
-	Shape // NumSplits is not read: ReferenceDecode takes the split count
+	// NumSplits is not read (ReferenceDecode takes the split count), nor
+	// are Serving, WindowKeys and RotaryQ; SeqlenNew is the number of new
+	// tokens in KNew and VNew.
+	Shape
 
-	Q    []float32 // (Batch, SeqlenQ, HeadsQ, HeadDim)
-	K, V []float32 // (Batch, SeqlenCache, HeadsKV, HeadDim)
-	// CacheSeqlens holds each sequence's valid length, clamped to
-	// [0, SeqlenCache] as the kernels do; nil means Seqlen for every
-	// sequence (SeqlenCache when Seqlen < 0).
+	Q []float32 // (Batch, SeqlenQ, HeadsQ, HeadDim)
+	// K and V are the cache: (Batch, SeqlenCache, HeadsKV, HeadDim); with
+	// CacheBatchIdx (rows, SeqlenCache, HeadsKV, HeadDim) for any number of
+	// rows; with BlockTable (pages, PageSize, HeadsKV, HeadDim).
+	K, V []float32
+	// CacheSeqlens holds each sequence's cached length; nil means Seqlen
+	// for every sequence (SeqlenCache when Seqlen < 0). Sequence b attends
+	// to its first len = length + SeqlenNew keys, clamped to
+	// [0, SeqlenCache], as the kernels do.
 	CacheSeqlens []int32
 
 	Scale  float32 // softmax scale; 0 means 1/sqrt(HeadDim)
-	Causal bool    // query i sees keys j <= length - SeqlenQ + i
+	Causal bool    // query i sees keys j <= len - SeqlenQ + i
+
+	// The serving features, as in Problem; nil or zero turns each off.
+
+	// BlockTable, (Batch, SeqlenCache/PageSize), pages K and V: key j of
+	// sequence b is row j%PageSize of page BlockTable[b, j/PageSize], the
+	// page clamped to the cache's pages on read (a write to a page out of
+	// range is skipped).
+	BlockTable []int32
+	PageSize   int
+	// CacheBatchIdx, (Batch,), is the cache row of each sequence, clamped
+	// to K's rows.
+	CacheBatchIdx []int32
+	// CacheLeftpad, (Batch,), is each sequence's first valid key, clamped
+	// to [0, len].
+	CacheLeftpad []int32
+	Window       Window
+	Softcap      float32
+	AlibiSlopes  []float32 // (HeadsQ,) or (Batch, HeadsQ)
+	// KNew and VNew, (Batch, SeqlenNew, HeadsKV, HeadDim), are appended:
+	// token t of sequence b goes to key length + t (skipped past the cache).
+	KNew, VNew []float32
+	// RotaryCos and RotarySin, (rows, RotaryDim/2), rotate the first
+	// RotaryDim channels of q and the new keys (see Rotary). The rotated
+	// values are rounded to DType, as the kernels store them.
+	RotaryCos, RotarySin []float32
+	RotaryDim            int
+	RotaryInterleaved    bool
 }
 
-// ReferenceDecode runs the two-stage algorithm of the kernels on the CPU in
-// float32 and returns out (Batch, SeqlenQ, HeadsQ, HeadDim) and the
-// natural-log lse (Batch, HeadsQ, SeqlenQ).
+// ReferenceDecode runs the kernels' algorithm on the CPU in float32 and
+// returns out (Batch, SeqlenQ, HeadsQ, HeadDim) and the natural-log lse
+// (Batch, HeadsQ, SeqlenQ).
 //
-// Stage 1 splits each sequence's length len exactly as the kernels do:
-// tiles = ceil(len/keysPerTile), and split s takes key tiles s, s+numSplits,
-// s+2*numSplits, ... below tiles (dealt round robin), so splits past tiles
-// are empty.
-// Each split runs an online softmax tile by tile (base-2 exponentials of
-// scale*log2(e)*q.k, as the kernels compute) and yields a partial output
-// normalized by its own sum and its lse; a split that sees no key yields
-// o = 0 and lse = -inf. Stage 2 merges the splits of a row with the max-LSE
-// trick; a row that sees no key gets out = 0 and lse = -inf. numSplits == 1
-// is the kernels' single-stage path: the one split is the answer.
+// With new tokens it first appends them to copies of the caches and rotates
+// q, as the append kernel does before stage 1 (ReferenceAppend). Stage 1
+// then splits each sequence's keys as the kernels do: from the first tile
+// of its key range [lo, len) (lo the leftpad, raised with a left window
+// bound to the first key row 0 sees) to the last, tiles of keysPerTile
+// keys dealt round robin: split s takes tiles first+s, first+s+numSplits,
+// ..., so splits past the tiles are empty. Each split runs an online
+// softmax tile by tile over the keys a row sees (base-2 exponentials of
+// the score times log2(e), as the kernels compute; a tile with no visible
+// key is skipped) and yields a partial output normalized by its own sum
+// and its lse; a split that sees no key yields o = 0 and lse = -inf. Stage
+// 2 merges the splits of a row with the max-LSE trick; a row that sees no
+// key gets out = 0 and lse = -inf. numSplits == 1 is the kernels'
+// single-stage path: the one split is the answer.
 func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []float32, err error) {
 	const op = "reference"
 	if err := h.check(op); err != nil {
@@ -47,9 +85,12 @@ func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []flo
 	if keysPerTile < 1 {
 		return nil, nil, invalid(op, "keys_per_tile", fmt.Sprintf("%d; must be at least 1", keysPerTile))
 	}
+	k, v, qs := h.K, h.V, h.Q
+	if h.SeqlenNew > 0 {
+		k, v, qs = h.appendNew()
+	}
 	s, d := h.Shape, h.HeadDim
 	group := s.HeadsQ / s.HeadsKV
-	scaleLog2 := h.scale() * math.Log2E
 	out = make([]float32, s.Batch*s.SeqlenQ*s.HeadsQ*d)
 	lse = make([]float32, s.Batch*s.HeadsQ*s.SeqlenQ)
 	oPart := make([][]float32, numSplits) // per split: the row's partial output
@@ -57,16 +98,22 @@ func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []flo
 	for i := range oPart {
 		oPart[i] = make([]float32, d)
 	}
+	left, _ := h.window()
 	for b := 0; b < s.Batch; b++ {
 		n := h.length(b)
+		lo := h.leftpad(b, n)
+		first := lo // the first key of the block's range
+		if left >= 0 {
+			first = max(lo, n-s.SeqlenQ-left)
+		}
+		tiles := tileRange{first: first / keysPerTile, end: ceilDiv(n, keysPerTile), keys: keysPerTile}
 		for kvh := 0; kvh < s.HeadsKV; kvh++ {
 			// Packed rows of this (batch, K/V head), as the kernels order them.
 			for r := 0; r < group*s.SeqlenQ; r++ {
 				hq, i := kvh*group+r/s.SeqlenQ, r%s.SeqlenQ
-				q := h.Q[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d]
-				visible := h.visible(n, i)
+				q := qs[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d]
 				for sp := 0; sp < numSplits; sp++ {
-					lsePart[sp] = h.splitPartial(oPart[sp], q, b, kvh, sp, numSplits, visible, keysPerTile, float32(scaleLog2))
+					lsePart[sp] = h.splitPartial(oPart[sp], q, k, v, b, kvh, hq, i, n, lo, tiles, sp, numSplits)
 				}
 				row := (b*s.HeadsQ+hq)*s.SeqlenQ + i
 				o := out[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d]
@@ -82,27 +129,51 @@ func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []flo
 	return out, lse, nil
 }
 
-// splitPartial is stage 1 for one row and one split: an online softmax over
-// the key tiles first, first+step, ... (tiles of keysPerTile keys, cut at the
-// visible keys). It writes the partial output, normalized by its own sum, to
-// o and returns its natural-log lse: -inf, with o = 0, when it saw no key.
-func (h *HostProblem) splitPartial(o, q []float32, b, kvh, first, step, visible, keysPerTile int, scaleLog2 float32) float32 {
+// tileRange is a sequence's key tiles first..end-1 of keys keys each.
+type tileRange struct{ first, end, keys int }
+
+// splitPartial is stage 1 for one row (query head hq, query i of sequence
+// b, whose length is n and first valid key lo) and one split: an online
+// softmax over the tiles split, split+step, ... of tiles (cut at n), over
+// the keys the row sees. It writes the partial output, normalized by its
+// own sum, to o and returns its natural-log lse: -inf, with o = 0, when it
+// saw no key.
+func (h *HostProblem) splitPartial(o, q, kc, vc []float32, b, kvh, hq, i, n, lo int, tiles tileRange, split, step int) float32 {
 	d := h.HeadDim
 	clear(o)
-	m := float32(math.Inf(-1)) // running max of scaleLog2*q.k
+	scale := float32(h.scale())
+	scaleLog2 := float32(h.scale() * math.Log2E)
+	capLog2 := float32(float64(h.Softcap) * math.Log2E)
+	slopeLog2 := float32(float64(h.slope(b, hq)) * math.Log2E)
+	pos := n - h.SeqlenQ + i
+	m := float32(math.Inf(-1)) // running max of the base-2 scores
 	var l float32              // running sum of exp2(x - m)
-	x := make([]float32, keysPerTile)
-	for t := first * keysPerTile; t < visible; t += step * keysPerTile {
-		te := min(t+keysPerTile, visible)
+	x := make([]float32, tiles.keys)
+	for t := tiles.first + split; t < tiles.end; t += step {
+		t0, te := t*tiles.keys, min((t+1)*tiles.keys, n)
 		tmax := float32(math.Inf(-1))
-		for j := t; j < te; j++ {
+		for j := t0; j < te; j++ {
+			x[j-t0] = float32(math.Inf(-1))
+			if !h.sees(pos, j, n, lo) {
+				continue
+			}
 			var dot float32
-			k := h.kv(h.K, b, j, kvh)
+			k := h.kv(kc, b, j, kvh)
 			for e := range d {
 				dot += q[e] * k[e]
 			}
-			x[j-t] = dot * scaleLog2
-			tmax = max(tmax, x[j-t])
+			if h.Softcap > 0 {
+				x[j-t0] = capLog2 * float32(math.Tanh(float64(dot*scale/h.Softcap)))
+			} else {
+				x[j-t0] = dot * scaleLog2
+			}
+			if h.AlibiSlopes != nil {
+				x[j-t0] -= slopeLog2 * float32(abs(pos-j))
+			}
+			tmax = max(tmax, x[j-t0])
+		}
+		if math.IsInf(float64(tmax), -1) {
+			continue // the row sees no key of this tile
 		}
 		mNew := max(m, tmax)
 		alpha := exp2(m - mNew) // 0 while nothing was seen (m = -inf)
@@ -110,10 +181,13 @@ func (h *HostProblem) splitPartial(o, q []float32, b, kvh, first, step, visible,
 		for e := range o {
 			o[e] *= alpha
 		}
-		for j := t; j < te; j++ {
-			p := exp2(x[j-t] - mNew)
+		for j := t0; j < te; j++ {
+			p := exp2(x[j-t0] - mNew) // 0 for the keys the row does not see
+			if p == 0 {
+				continue
+			}
 			l += p
-			v := h.kv(h.V, b, j, kvh)
+			v := h.kv(vc, b, j, kvh)
 			for e := range d {
 				o[e] += p * v[e]
 			}
@@ -158,48 +232,155 @@ func mergePartials(out []float32, o [][]float32, lse []float32) float32 {
 	return mx + float32(math.Log(float64(sum)))
 }
 
+// ReferenceAppend returns what the append kernel leaves before stage 1:
+// copies of K and V with the new tokens written in (the new keys rotated
+// when RotaryDim > 0) and q rotated (a copy of Q without rotary). Without
+// new tokens it returns copies of K, V and Q. A GPU test compares the
+// caches after a decode with k and v.
+func ReferenceAppend(h *HostProblem) (k, v, q []float32, err error) {
+	if err := h.check("reference"); err != nil {
+		return nil, nil, nil, err
+	}
+	if h.SeqlenNew == 0 {
+		return append([]float32(nil), h.K...), append([]float32(nil), h.V...), append([]float32(nil), h.Q...), nil
+	}
+	k, v, q = h.appendNew()
+	return k, v, q, nil
+}
+
+// appendNew is ReferenceAppend for a checked problem with new tokens: token
+// t of sequence b goes to key cachedLength(b) + t when that is in
+// [0, SeqlenCache) and, paged, on a page in range; sequences write in
+// order, so where two share a slot the later one's token stays.
+func (h *HostProblem) appendNew() (k, v, q []float32) {
+	s, d := h.Shape, h.HeadDim
+	k, v = append([]float32(nil), h.K...), append([]float32(nil), h.V...)
+	q = append([]float32(nil), h.Q...)
+	perRow := h.rotaryPerRow()
+	for b := 0; b < s.Batch; b++ {
+		at := h.cachedLength(b)
+		if h.RotaryDim > 0 {
+			for i := 0; i < s.SeqlenQ; i++ {
+				p := at
+				if perRow {
+					p += i
+				}
+				for hq := 0; hq < s.HeadsQ; hq++ {
+					h.rotate(q[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d], p)
+				}
+			}
+		}
+		for t := 0; t < s.SeqlenNew; t++ {
+			off, ok := h.writeSlot(b, at+t)
+			if !ok {
+				continue
+			}
+			for kvh := 0; kvh < s.HeadsKV; kvh++ {
+				src := ((b*s.SeqlenNew+t)*s.HeadsKV + kvh) * d
+				dst := off + kvh*d
+				copy(k[dst:dst+d], h.KNew[src:src+d])
+				copy(v[dst:dst+d], h.VNew[src:src+d])
+				if h.RotaryDim > 0 {
+					h.rotate(k[dst:dst+d], at+t)
+				}
+			}
+		}
+	}
+	return k, v, q
+}
+
+// rotate applies the rotary embedding at position p (clamped to the
+// tables) to the first RotaryDim channels of x, in place.
+func (h *HostProblem) rotate(x []float32, p int) {
+	half := h.RotaryDim / 2
+	r := max(0, min(p, len(h.RotaryCos)/half-1))
+	cos, sin := h.RotaryCos[r*half:][:half], h.RotarySin[r*half:][:half]
+	for m := range half {
+		i0, i1 := m, m+half
+		if h.RotaryInterleaved {
+			i0, i1 = 2*m, 2*m+1
+		}
+		x[i0], x[i1] = rotatePair(h.DType, x[i0], x[i1], cos[m], sin[m])
+	}
+}
+
+// rotatePair rotates (x0, x1) by the angle of (cos, sin) in float32 and
+// rounds the results to dt, as the kernels do.
+func rotatePair(dt DType, x0, x1, cos, sin float32) (float32, float32) {
+	return roundTo(dt, float32(x0*cos)-float32(x1*sin)), roundTo(dt, float32(x0*sin)+float32(x1*cos))
+}
+
 // NaiveAttention computes the same attention as ReferenceDecode in float64
 // with a plain softmax over all visible keys at once: out (Batch, SeqlenQ,
 // HeadsQ, HeadDim) and natural-log lse (Batch, HeadsQ, SeqlenQ); a row that
-// sees no key gets out = 0 and lse = -inf. It is the yardstick the two-stage
-// reference is tested against.
+// sees no key gets out = 0 and lse = -inf. It reads a sequence's new
+// tokens straight from KNew and VNew (rotated at their positions), the
+// other keys from the cache, so it assumes that no two sequences' new
+// tokens share a cache slot and that their pages are in range. It is the
+// yardstick the two-stage reference is tested against.
 func NaiveAttention(h *HostProblem) (out, lse []float64, err error) {
 	if err := h.check("naive"); err != nil {
 		return nil, nil, err
 	}
 	s, d := h.Shape, h.HeadDim
 	scale := h.scale()
+	left, right := h.window()
 	out = make([]float64, s.Batch*s.SeqlenQ*s.HeadsQ*d)
 	lse = make([]float64, s.Batch*s.HeadsQ*s.SeqlenQ)
+	perRow := h.rotaryPerRow()
+	q := make([]float32, d)
 	for b := 0; b < s.Batch; b++ {
-		n := h.length(b)
+		at := h.cachedLength(b)
+		n := max(0, min(at+s.SeqlenNew, s.SeqlenCache))
+		lo := 0
+		if h.CacheLeftpad != nil {
+			lo = max(0, min(int(h.CacheLeftpad[b]), n))
+		}
 		for hq := 0; hq < s.HeadsQ; hq++ {
 			kvh := hq / (s.HeadsQ / s.HeadsKV)
 			for i := 0; i < s.SeqlenQ; i++ {
-				q := h.Q[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d]
+				copy(q, h.Q[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d])
+				if h.RotaryDim > 0 {
+					p := at
+					if perRow {
+						p = at + i
+					}
+					h.naiveRotate(q, p)
+				}
 				o := out[((b*s.SeqlenQ+i)*s.HeadsQ+hq)*d:][:d]
 				row := (b*s.HeadsQ+hq)*s.SeqlenQ + i
-				visible := h.visible(n, i)
-				if visible <= 0 {
+				pos := n - s.SeqlenQ + i
+				var keys []int
+				for j := lo; j < n; j++ {
+					if (left < 0 || j >= pos-left) && (right < 0 || j <= pos+right) {
+						keys = append(keys, j)
+					}
+				}
+				if len(keys) == 0 {
 					lse[row] = math.Inf(-1)
 					continue
 				}
-				scores := make([]float64, visible)
+				scores := make([]float64, len(keys))
 				mx := math.Inf(-1)
-				for j := range scores {
-					k := h.kv(h.K, b, j, kvh)
+				for c, j := range keys {
+					k := h.naiveKV(h.K, h.KNew, b, j, kvh, at, true)
 					var dot float64
 					for e := range d {
 						dot += float64(q[e]) * float64(k[e])
 					}
-					scores[j] = dot * scale
-					mx = max(mx, scores[j])
+					x := dot * scale
+					if h.Softcap > 0 {
+						x = float64(h.Softcap) * math.Tanh(x/float64(h.Softcap))
+					}
+					x -= float64(h.slope(b, hq)) * math.Abs(float64(pos-j))
+					scores[c] = x
+					mx = max(mx, x)
 				}
 				var sum float64
-				for j, x := range scores {
+				for c, x := range scores {
 					p := math.Exp(x - mx)
 					sum += p
-					v := h.kv(h.V, b, j, kvh)
+					v := h.naiveKV(h.V, h.VNew, b, keys[c], kvh, at, false)
 					for e := range d {
 						o[e] += p * float64(v[e])
 					}
@@ -214,7 +395,37 @@ func NaiveAttention(h *HostProblem) (out, lse []float64, err error) {
 	return out, lse, nil
 }
 
-// check validates the shape and the slice lengths.
+// naiveKV is key or value j of (sequence b, K/V head kvh) as
+// NaiveAttention sees it: the new token j - at when the sequence appended
+// it (a key rotated at position j), else the cached one.
+func (h *HostProblem) naiveKV(cache, fresh []float32, b, j, kvh, at int, key bool) []float32 {
+	d := h.HeadDim
+	if t := j - at; t >= 0 && t < h.SeqlenNew {
+		x := append([]float32(nil), fresh[((b*h.SeqlenNew+t)*h.HeadsKV+kvh)*d:][:d]...)
+		if key && h.RotaryDim > 0 {
+			h.naiveRotate(x, j)
+		}
+		return x
+	}
+	return h.kv(cache, b, j, kvh)
+}
+
+// naiveRotate is NaiveAttention's rotary embedding at position p of x: the
+// pairs (2m, 2m+1) or (m, m + RotaryDim/2) at table row p (clamped).
+func (h *HostProblem) naiveRotate(x []float32, p int) {
+	half := h.RotaryDim / 2
+	rows := len(h.RotaryCos) / half
+	p = max(0, min(p, rows-1))
+	for m := 0; m < half; m++ {
+		a, c := m, half+m
+		if h.RotaryInterleaved {
+			a, c = 2*m, 2*m+1
+		}
+		x[a], x[c] = rotatePair(h.DType, x[a], x[c], h.RotaryCos[p*half+m], h.RotarySin[p*half+m])
+	}
+}
+
+// check validates the shape, the options and the slice lengths.
 func (h *HostProblem) check(op string) error {
 	if h == nil {
 		return invalid(op, "", "nil HostProblem")
@@ -223,53 +434,179 @@ func (h *HostProblem) check(op string) error {
 		return err
 	}
 	s := h.Shape
+	if s.SeqlenNew < 0 || s.SeqlenNew > s.SeqlenCache {
+		return invalid(op, "k", fmt.Sprintf("%d new tokens; must be in [0, seqlen_cache=%d]", s.SeqlenNew, s.SeqlenCache))
+	}
+	row := s.HeadsKV * s.HeadDim // elements of one key
+	cacheLen := s.Batch * s.SeqlenCache * row
+	switch {
+	case h.PageSize < 0 || (h.PageSize == 0) != (h.BlockTable == nil):
+		return invalid(op, "page_size", fmt.Sprintf("%d with a block table of %d entries: both or neither", h.PageSize, len(h.BlockTable)))
+	case h.PageSize > 0 && h.CacheBatchIdx != nil:
+		return invalid(op, "cache_batch_idx", "cannot be used with block_table")
+	case h.PageSize > 0 && (len(h.BlockTable)%s.Batch != 0 || len(h.BlockTable)/s.Batch*h.PageSize != s.SeqlenCache):
+		return invalid(op, "block_table", fmt.Sprintf("%d entries for batch %d: want %d pages of %d keys a sequence", len(h.BlockTable), s.Batch, s.SeqlenCache/h.PageSize, h.PageSize))
+	case h.PageSize > 0:
+		cacheLen = -1 // any whole number of pages, at least one
+		if n := len(h.K); n == 0 || n%(h.PageSize*row) != 0 {
+			return invalid(op, "k_cache", fmt.Sprintf("%d elements: not a positive number of pages of %d", n, h.PageSize*row))
+		}
+	case h.CacheBatchIdx != nil:
+		cacheLen = -1 // any number of rows
+		if n, per := len(h.K), s.SeqlenCache*row; (per == 0 && n != 0) || (per > 0 && n%per != 0) {
+			return invalid(op, "k_cache", fmt.Sprintf("%d elements: not a whole number of rows of %d", n, per))
+		}
+		if len(h.CacheBatchIdx) != s.Batch {
+			return invalid(op, "cache_batch_idx", fmt.Sprintf("%d rows for batch %d", len(h.CacheBatchIdx), s.Batch))
+		}
+	}
 	want := []struct {
 		name     string
 		got, len int
 	}{
 		{"q", len(h.Q), s.Batch * s.SeqlenQ * s.HeadsQ * s.HeadDim},
-		{"k_cache", len(h.K), s.Batch * s.SeqlenCache * s.HeadsKV * s.HeadDim},
-		{"v_cache", len(h.V), s.Batch * s.SeqlenCache * s.HeadsKV * s.HeadDim},
+		{"k_cache", len(h.K), cacheLen},
+		{"v_cache", len(h.V), len(h.K)},
+		{"k", len(h.KNew), s.Batch * s.SeqlenNew * row},
+		{"v", len(h.VNew), s.Batch * s.SeqlenNew * row},
 	}
 	for _, w := range want {
-		if w.got != w.len {
+		if w.len >= 0 && w.got != w.len {
 			return invalid(op, w.name, fmt.Sprintf("%d elements, want %d", w.got, w.len))
 		}
 	}
 	if h.CacheSeqlens != nil && len(h.CacheSeqlens) != s.Batch {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("%d lengths for batch %d", len(h.CacheSeqlens), s.Batch))
 	}
+	if h.CacheLeftpad != nil && len(h.CacheLeftpad) != s.Batch {
+		return invalid(op, "cache_leftpad", fmt.Sprintf("%d values for batch %d", len(h.CacheLeftpad), s.Batch))
+	}
 	if sc := float64(h.Scale); math.IsNaN(sc) || math.IsInf(sc, 0) || sc < 0 {
 		return invalid(op, "softmax_scale", fmt.Sprintf("%v; must be finite and not negative", h.Scale))
+	}
+	if w := h.Window; w.Enabled && (w.Left < -1 || w.Right < -1) {
+		return invalid(op, "window_size", fmt.Sprintf("(%d, %d); each side must be -1 or at least 0", w.Left, w.Right))
+	}
+	if c := float64(h.Softcap); math.IsNaN(c) || math.IsInf(c, 0) || c < 0 {
+		return invalid(op, "softcap", fmt.Sprintf("%v; must be finite and not negative", h.Softcap))
+	}
+	if n := len(h.AlibiSlopes); h.AlibiSlopes != nil && n != s.HeadsQ && n != s.Batch*s.HeadsQ {
+		return invalid(op, "alibi_slopes", fmt.Sprintf("%d slopes; want nheads_q=%d or batch*nheads_q=%d", n, s.HeadsQ, s.Batch*s.HeadsQ))
+	}
+	switch r := h.RotaryDim; {
+	case r == 0 && (h.RotaryCos != nil || h.RotarySin != nil):
+		return invalid(op, "rotary_cos", "given without rotary_dim")
+	case r == 0:
+	case r < 0 || r%2 != 0 || r > s.HeadDim:
+		return invalid(op, "rotary_dim", fmt.Sprintf("%d; must be even and at most headdim=%d", r, s.HeadDim))
+	case s.SeqlenNew == 0:
+		return invalid(op, "rotary_cos", "needs k and v")
+	case len(h.RotaryCos) == 0 || len(h.RotaryCos)%(r/2) != 0 || len(h.RotarySin) != len(h.RotaryCos):
+		return invalid(op, "rotary_cos", fmt.Sprintf("%d and %d elements: want the same positive number of rows of %d", len(h.RotaryCos), len(h.RotarySin), r/2))
 	}
 	return nil
 }
 
-// length is sequence b's valid length, clamped to [0, SeqlenCache].
-func (h *HostProblem) length(b int) int {
-	n := h.SeqlenCache
+// cachedLength is sequence b's cached length as given (cache_seqlens, or
+// Seqlen, or SeqlenCache), not clamped: where its new tokens go.
+func (h *HostProblem) cachedLength(b int) int {
 	switch {
 	case h.CacheSeqlens != nil:
-		n = int(h.CacheSeqlens[b])
+		return int(h.CacheSeqlens[b])
 	case h.Seqlen >= 0:
-		n = h.Seqlen
+		return h.Seqlen
 	}
-	return max(0, min(n, h.SeqlenCache))
+	return h.SeqlenCache
 }
 
-// visible is how many leading keys of a length-n sequence query i sees:
-// all n, or with the bottom-right causal mask n - SeqlenQ + i + 1 (which may
-// be 0 or negative: the row sees nothing).
-func (h *HostProblem) visible(n, i int) int {
+// length is the keys sequence b attends to: its cached length plus the new
+// tokens, clamped to [0, SeqlenCache].
+func (h *HostProblem) length(b int) int {
+	return max(0, min(h.cachedLength(b)+h.SeqlenNew, h.SeqlenCache))
+}
+
+// leftpad is sequence b's first valid key, clamped to [0, n].
+func (h *HostProblem) leftpad(b, n int) int {
+	if h.CacheLeftpad == nil {
+		return 0
+	}
+	return max(0, min(int(h.CacheLeftpad[b]), n))
+}
+
+// window is the key window around a query's position: (left, right) keys
+// before and after it, -1 unbounded; causal makes right 0.
+func (h *HostProblem) window() (left, right int) {
+	left, right = -1, -1
+	if h.Window.Enabled {
+		left, right = h.Window.Left, h.Window.Right
+	}
 	if h.Causal {
-		return min(n, n-h.SeqlenQ+i+1)
+		right = 0
 	}
-	return n
+	return left, right
 }
 
-// kv returns the head_dim vector of key/value j of (batch b, K/V head kvh).
+// sees reports whether the query at position pos of a sequence of length n
+// whose keys start at lo sees key j.
+func (h *HostProblem) sees(pos, j, n, lo int) bool {
+	left, right := h.window()
+	return j >= lo && j < n && (left < 0 || j >= pos-left) && (right < 0 || j <= pos+right)
+}
+
+// rotaryPerRow reports whether query row i is rotated at the cached length
+// plus i (causal or a window bound) rather than every row at the cached
+// length.
+func (h *HostProblem) rotaryPerRow() bool {
+	left, right := h.window()
+	return left >= 0 || right >= 0
+}
+
+// slope is the ALiBi slope of query head hq of sequence b, 0 without ALiBi.
+func (h *HostProblem) slope(b, hq int) float32 {
+	switch len(h.AlibiSlopes) {
+	case 0:
+		return 0
+	case h.HeadsQ:
+		return h.AlibiSlopes[hq]
+	}
+	return h.AlibiSlopes[b*h.HeadsQ+hq]
+}
+
+// slot is the offset in K or V of key j of sequence b, K/V head 0: the
+// clamped cache row, or the clamped page, as the kernels read.
+func (h *HostProblem) slot(b, j int) int {
+	row := h.HeadsKV * h.HeadDim
+	if h.PageSize > 0 {
+		pages := len(h.K) / (h.PageSize * row)
+		page := max(0, min(int(h.BlockTable[b*(h.SeqlenCache/h.PageSize)+j/h.PageSize]), pages-1))
+		return (page*h.PageSize + j%h.PageSize) * row
+	}
+	if h.CacheBatchIdx != nil {
+		rows := len(h.K) / max(1, h.SeqlenCache*row)
+		b = max(0, min(int(h.CacheBatchIdx[b]), rows-1))
+	}
+	return (b*h.SeqlenCache + j) * row
+}
+
+// writeSlot is slot for a write of key j of sequence b, and whether the
+// write happens: j in [0, SeqlenCache) and, paged, a page in range.
+func (h *HostProblem) writeSlot(b, j int) (int, bool) {
+	if j < 0 || j >= h.SeqlenCache {
+		return 0, false
+	}
+	if h.PageSize > 0 {
+		pages := len(h.K) / (h.PageSize * h.HeadsKV * h.HeadDim)
+		if page := int(h.BlockTable[b*(h.SeqlenCache/h.PageSize)+j/h.PageSize]); page < 0 || page >= pages {
+			return 0, false
+		}
+	}
+	return h.slot(b, j), true
+}
+
+// kv returns the head_dim vector of key/value j of (batch b, K/V head kvh)
+// in the cache t (K or V, or a copy of either).
 func (h *HostProblem) kv(t []float32, b, j, kvh int) []float32 {
-	return t[((b*h.SeqlenCache+j)*h.HeadsKV+kvh)*h.HeadDim:][:h.HeadDim]
+	return t[h.slot(b, j)+kvh*h.HeadDim:][:h.HeadDim]
 }
 
 // scale is the softmax scale, 1/sqrt(HeadDim) when Scale is 0.
@@ -281,3 +618,27 @@ func (h *HostProblem) scale() float64 {
 }
 
 func exp2(x float32) float32 { return float32(math.Exp2(float64(x))) }
+
+func abs(x int) int { return max(x, -x) }
+
+// roundTo rounds x to the nearest value of dt (ties to even), as a kernel
+// storing it in dt does: float16 overflows to infinity past 65504.
+func roundTo(dt DType, x float32) float32 {
+	f := float64(x)
+	if math.IsNaN(f) || math.IsInf(f, 0) || f == 0 {
+		return x
+	}
+	if dt == BFloat16 {
+		b := math.Float32bits(x)
+		b += 0x7fff + (b>>16)&1
+		return math.Float32frombits(b &^ 0xffff)
+	}
+	// float16: 10 fraction bits, exponents -14..15, subnormals in steps of 2^-24.
+	_, exp := math.Frexp(math.Abs(f)) // |f| in [2^(exp-1), 2^exp)
+	step := math.Ldexp(1, max(exp-11, -24))
+	r := math.RoundToEven(f/step) * step
+	if math.Abs(r) > 65504 {
+		return float32(math.Copysign(math.Inf(1), f))
+	}
+	return float32(r)
+}

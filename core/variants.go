@@ -37,6 +37,15 @@ type Variant struct {
 	// (combineSplitsPerStep).
 	CombineWide        string
 	CombineWideThreads int
+	// Serving marks the serving form of stage 1 (fd_split_kv_serving_*:
+	// paged caches, batch index, leftpad, window, softcap, ALiBi, appended
+	// tokens, rotated q), which problems with a serving feature run
+	// (Shape.Serving); same launch facts as the plain form.
+	Serving bool
+	// Append is the kernel a serving variant's plans run before stage 1 to
+	// write the new tokens into the cache (and the rotated q into the
+	// workspace) when they append (fd_append_kv_<dtype>); "" otherwise.
+	Append string
 }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv_config.cuh,
@@ -58,6 +67,7 @@ const (
 	combineWideThreads = 512 // fd_combine_<dtype>_w16: 16 warps
 	combineRows        = 1   // one output row per combine block
 	combineUnroll      = 8   // kernels/combine.cuh FD_COMBINE_UNROLL: splits a warp loads at once
+	appendThreads      = 128 // fd_append_kv_<dtype>: threads per block (one block per token and sequence)
 
 	// oneBlockPerSMBytes is shared memory of which an sm_90 SM (228 KB,
 	// 1 KB reserved per block) holds one block only. A cluster's blocks are
@@ -111,6 +121,17 @@ func splitKV(dt DType, headDim, rows int) Variant {
 	}
 }
 
+// servingKV describes the serving form of splitKV(dt, headDim, rows),
+// fd_split_kv_serving_<dtype>_d<headDim>_r<rows>, with its append kernel.
+func servingKV(dt DType, headDim, rows int) Variant {
+	v := splitKV(dt, headDim, rows)
+	name := map[DType]string{Float16: "f16", BFloat16: "bf16"}[dt]
+	v.Kernel = fmt.Sprintf("fd_split_kv_serving_%s_d%d_r%d", name, headDim, rows)
+	v.Serving = true
+	v.Append = "fd_append_kv_" + name
+	return v
+}
+
 // combineSplitsPerStep is how many splits a combine of `threads` threads
 // loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
 // round trip adds to every call, so plans with more splits than the 4-warp
@@ -120,10 +141,12 @@ func splitKV(dt DType, headDim, rows int) Variant {
 func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }
 
 // variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
-// these): SelectVariant takes the smallest HeadDim >= the head dim, then the
-// smallest Rows >= the packed rows, else the largest Rows with more row tiles.
-// Rows are whole 16-row tensor-core tiles; 32 rows exist only for head dim
-// 128, where they still fit two blocks per SM in registers.
+// these): SelectVariant takes the plain or the serving form, then the
+// smallest HeadDim >= the head dim, then the smallest Rows >= the packed
+// rows, else the largest Rows with more row tiles. Rows are whole 16-row
+// tensor-core tiles; 32 rows exist only for head dim 128, where they still
+// fit two blocks per SM in registers. Each plain kernel has a serving form
+// (fd_split_kv_serving_*) with the same launch facts.
 //
 //	kernel                       threads  keys/tile  smem   registers (sm_90)
 //	fd_split_kv_*_d64_r16          256       128     98304  120
@@ -139,15 +162,24 @@ var variants = []Variant{
 	splitKV(BFloat16, 128, 16),
 	splitKV(BFloat16, 128, 32),
 	splitKV(BFloat16, 256, 16),
+	servingKV(Float16, 64, 16),
+	servingKV(Float16, 128, 16),
+	servingKV(Float16, 128, 32),
+	servingKV(Float16, 256, 16),
+	servingKV(BFloat16, 64, 16),
+	servingKV(BFloat16, 128, 16),
+	servingKV(BFloat16, 128, 32),
+	servingKV(BFloat16, 256, 16),
 }
 
 // SelectVariant returns the kernel variant that runs the given dtype, head dim
-// and number of packed query rows (query heads per K/V head x seqlen_q).
-func SelectVariant(dt DType, headDim, rows int) (Variant, error) {
+// and number of packed query rows (query heads per K/V head x seqlen_q), in
+// its serving form when serving is set (Shape.Serving).
+func SelectVariant(dt DType, headDim, rows int, serving bool) (Variant, error) {
 	var best *Variant
 	for i := range variants {
 		v := &variants[i]
-		if v.DType != dt || v.HeadDim < headDim {
+		if v.DType != dt || v.HeadDim < headDim || v.Serving != serving {
 			continue
 		}
 		if best != nil && v.HeadDim > best.HeadDim {

@@ -222,6 +222,197 @@ static void test_error_per_thread(void) {
     CHECK(fd_last_error()[0] == '\0', "another thread's error leaked here: \"%s\"", fd_last_error());
 }
 
+// ---- serving features: planning and checks, no GPU needed ----------------------------
+
+// serving_args is shape_args with dense tensors at aligned, far apart (never
+// dereferenced) addresses, seqlen_q 2, cache_seqlens set: valid for
+// fd_decode_serving's checks.
+static fd_args serving_args(void) {
+    fd_args a = shape_args();
+    a.seqlen_q = 2;
+    a.seqlen_cache = 4096;
+    int64_t d = a.head_dim;
+    a.q = (fd_tensor){0x1000000, 2 * 32 * d, 32 * d, d};
+    a.out = (fd_tensor){0x2000000, 2 * 32 * d, 32 * d, d};
+    a.k = (fd_tensor){0x10000000, 4096 * 8 * d, 8 * d, d};
+    a.v = (fd_tensor){0x20000000, 4096 * 8 * d, 8 * d, d};
+    a.cache_seqlens = 0x3000000;
+    return a;
+}
+
+// paged makes a and s a paged cache of 600 pages of 16 keys, 256 a sequence.
+static void paged(fd_args *a, fd_serving *s) {
+    s->page_size = 16;
+    s->num_pages = 600;
+    s->max_pages = 256;
+    s->block_table = 0x4000000;
+    s->block_table_stride = 256;
+    a->k.batch_stride = a->v.batch_stride = 16 * 8 * 128;
+}
+
+// appending makes s append 3 tokens a sequence, rotated over 64 channels.
+static void appending(fd_serving *s) {
+    s->seqlen_new = 3;
+    s->k_new = (fd_tensor){0x5000000, 3 * 8 * 128, 8 * 128, 128};
+    s->v_new = (fd_tensor){0x6000000, 3 * 8 * 128, 8 * 128, 128};
+    s->rotary_dim = 64;
+    s->rotary_cos = 0x7000000;
+    s->rotary_sin = 0x8000000;
+    s->rotary_stride = 32;
+    s->rotary_rows = 8192;
+}
+
+static void test_serving_plan(void) {
+    fd_args a = shape_args();
+    fd_serving s;
+    memset(&s, 0, sizeof s);
+    fd_plan_info p, q;
+    size_t ws = 1, ws0 = 2;
+
+    // A zeroed fd_serving, or NULL, is fd_plan and fd_workspace_size.
+    int rc = fd_plan_serving(&a, &s, &p);
+    CHECK(rc == FD_OK && fd_plan(&a, &q) == FD_OK && memcmp(&p, &q, sizeof p) == 0, "zeroed fd_serving: rc %d, kernel %s",
+          rc, p.kernel);
+    CHECK(fd_workspace_size_serving(&a, NULL, &ws) == FD_OK && fd_workspace_size(&a, &ws0) == FD_OK && ws == ws0,
+          "NULL fd_serving: workspace %zu, fd_workspace_size %zu", ws, ws0);
+
+    // Paged: the serving kernel of the same head dim and rows, the same launch.
+    paged(&a, &s);
+    rc = fd_plan_serving(&a, &s, &p);
+    CHECK(rc == FD_OK && strcmp(p.kernel, "fd_split_kv_serving_f16_d128_r16") == 0 && p.num_splits == q.num_splits &&
+              p.workspace_bytes == q.workspace_bytes,
+          "paged: rc %d, kernel %s, %d splits (%s)", rc, p.kernel, p.num_splits, fd_last_error());
+
+    // Append with rotary, one split: the workspace holds only the rotated q.
+    memset(&s, 0, sizeof s);
+    a = serving_args();
+    a.num_splits = 1;
+    appending(&s);
+    rc = fd_workspace_size_serving(&a, &s, &ws);
+    CHECK(rc == FD_OK && ws == (size_t)a.batch * a.seqlen_q * a.heads_q * a.head_dim * 2,
+          "append + rotary, 1 split: rc %d, workspace %zu (%s)", rc, ws, fd_last_error());
+    // With the combine (more splits than a cluster): partials, then q_rot.
+    a.num_splits = 40;
+    rc = fd_plan_serving(&a, &s, &p);
+    int64_t rows = (int64_t)a.batch * a.heads_q * a.seqlen_q;
+    CHECK(rc == FD_OK && p.combine_grid > 0 &&
+              p.workspace_bytes == p.lse_partial_offset + 40 * rows * 4 + rows * a.head_dim * 2,
+          "append + rotary, 40 splits: rc %d, workspace %lld, lse_partial at %lld", rc, (long long)p.workspace_bytes,
+          (long long)p.lse_partial_offset);
+    char json[4096];
+    rc = fd_plan_json(&a, json, sizeof json, NULL);
+    CHECK(rc == FD_OK && strstr(json, "fd_append_kv") == NULL, "fd_plan_json without serving: %s", json);
+
+    // A window of 100 keys plans 2 key tiles of 64.
+    memset(&s, 0, sizeof s);
+    a = shape_args();
+    a.num_splits = 9;
+    s.window = 1;
+    s.window_left = 97;
+    s.window_right = 0;
+    rc = fd_plan_serving(&a, &s, &p);
+    CHECK(rc == FD_OK && p.num_splits == 2, "window (97, 0): rc %d, %d splits", rc, p.num_splits);
+
+    // Shape errors of the serving fields surface when planning.
+    memset(&s, 0, sizeof s);
+    a = shape_args();
+    s.seqlen_new = a.seqlen_cache + 1;
+    rc = fd_workspace_size_serving(&a, &s, &ws);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), ": k:"), "seqlen_new past the cache: %d \"%s\"", rc,
+          fd_last_error());
+}
+
+// expect_serving_error calls fd_decode_serving on a and s and checks it fails with code
+// and a message naming arg, before any device work.
+static void expect_serving_error(const char *what, fd_args a, fd_serving s, int code, const char *arg) {
+    int rc = fd_decode_serving(&a, &s, NULL, 0, NULL);
+    char want[64];
+    snprintf(want, sizeof want, ": %s: ", arg);
+    CHECK(rc == code && strstr(fd_last_error(), want), "%s: fd_decode_serving returned %d \"%s\", want %d naming %s",
+          what, rc, fd_last_error(), code, arg);
+}
+
+static void test_serving_errors(void) {
+    fd_args a = serving_args(), pa = serving_args();
+    fd_serving s, ps, as;
+    memset(&s, 0, sizeof s);
+    ps = as = s;
+    paged(&pa, &ps);
+    appending(&as);
+
+    fd_serving e = ps;
+    e.page_size = -1;
+    expect_serving_error("page_size -1", pa, e, FD_ERR_INVALID, "page_size");
+    e = ps;
+    e.max_pages = 255;
+    expect_serving_error("seqlen_cache not max_pages * page_size", pa, e, FD_ERR_INVALID, "seqlen_cache");
+    e = ps;
+    e.num_pages = 0;
+    expect_serving_error("no pages", pa, e, FD_ERR_INVALID, "k_cache");
+    e = ps;
+    e.block_table = 0;
+    expect_serving_error("paged without block_table", pa, e, FD_ERR_INVALID, "block_table");
+    e = ps;
+    e.cache_batch = 3;
+    e.cache_batch_idx = 0x9000000;
+    expect_serving_error("paged with cache_batch_idx", pa, e, FD_ERR_INVALID, "cache_batch_idx");
+    e = s;
+    e.cache_batch_idx = 0x9000000;
+    expect_serving_error("cache_batch_idx without cache_batch", a, e, FD_ERR_INVALID, "cache_batch_idx");
+    e = s;
+    e.cache_leftpad = 0x9000002;
+    expect_serving_error("cache_leftpad misaligned", a, e, FD_ERR_INVALID, "cache_leftpad");
+    e = s;
+    e.window = 1;
+    e.window_left = -2;
+    expect_serving_error("window_size (-2, 0)", a, e, FD_ERR_INVALID, "window_size");
+    e = s;
+    e.softcap = -1;
+    expect_serving_error("softcap -1", a, e, FD_ERR_INVALID, "softcap");
+    e = s;
+    e.alibi_slopes = 0x9000001;
+    expect_serving_error("alibi_slopes misaligned", a, e, FD_ERR_INVALID, "alibi_slopes");
+    e = as;
+    e.k_new.seq_stride = 1020;
+    expect_serving_error("k stride", a, e, FD_ERR_UNSUPPORTED, "k");
+    e = as;
+    e.v_new.ptr = 0;
+    expect_serving_error("v null", a, e, FD_ERR_INVALID, "v");
+    e = as;
+    e.rotary_dim = 24;
+    expect_serving_error("rotary_dim 24", a, e, FD_ERR_UNSUPPORTED, "rotary_dim");
+    e = as;
+    e.rotary_dim = 130;
+    expect_serving_error("rotary_dim past head_dim", a, e, FD_ERR_INVALID, "rotary_dim");
+    e = as;
+    e.seqlen_new = 0;
+    expect_serving_error("rotary without an append", a, e, FD_ERR_INVALID, "rotary_cos");
+    fd_args b = a;
+    b.cache_seqlens = 0;
+    expect_serving_error("append without cache_seqlens", b, as, FD_ERR_INVALID, "cache_seqlens");
+}
+
+// Without a device, every serving feature at once passes the checks and stops there.
+static void test_serving_no_device(void) {
+    fd_args a = serving_args();
+    a.device = 0;
+    fd_serving s;
+    memset(&s, 0, sizeof s);
+    appending(&s);
+    s.cache_batch = 4;
+    s.cache_batch_idx = 0x9000000;
+    s.cache_leftpad = 0xa000000;
+    s.window = 1;
+    s.window_left = 300;
+    s.window_right = -1;
+    s.softcap = 30;
+    s.alibi_slopes = 0xb000000;
+    s.alibi_batch_stride = 32;
+    int rc = fd_decode_serving(&a, &s, NULL, 0, NULL);
+    CHECK(rc != FD_OK && strstr(fd_last_error(), "device"), "serving decode on missing device 0: %d \"%s\"", rc,
+          fd_last_error());
+}
+
 // ---- decoding on a GPU ---------------------------------------------------------------
 
 static uint16_t f32_to_f16(float f) {
@@ -478,6 +669,8 @@ int main(void) {
     test_plan_json();
     test_errors();
     test_error_per_thread();
+    test_serving_plan();
+    test_serving_errors();
 
     int devices = 0;
     if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&devices) != CUDA_SUCCESS) devices = 0;
@@ -487,6 +680,7 @@ int main(void) {
     } else {
         printf("no CUDA device: GPU tests skipped\n");
         test_no_device();
+        test_serving_no_device();
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -11,8 +11,10 @@ import (
 // Decode computes flash-decoding attention for p on GPU device, launching on
 // stream (a CUstream handle; 0 is the legacy default stream) and returning the
 // plan it ran. workspace must hold at least Plan.WorkspaceBytes bytes of
-// device memory (PlanFor tells how many; 0 bytes unless the plan runs the
-// combine kernel); its contents need no initialization. Decode never
+// device memory (PlanFor(p.PlanShape()) tells how many; 0 bytes unless the
+// plan runs the combine kernel or rotates q); its contents need no
+// initialization. With new tokens (p.New) it first writes them into the
+// cache. Decode never
 // synchronizes with the host and allocates no device memory: out and the
 // optional LSE are ready when the stream reaches this point.
 func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, stream uintptr) (core.Plan, error) {
@@ -29,7 +31,7 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 	if err != nil {
 		return core.Plan{}, err
 	}
-	pd, err := d.plan(p.Shape)
+	pd, err := d.plan(p.PlanShape())
 	if err != nil {
 		return core.Plan{}, err
 	}
@@ -55,9 +57,10 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 
 // PlanFor returns the plan Decode would run for shape s on GPU device: the
 // kernel variant, the split count num_splits=0 picks, the grid, the cluster
-// size and the workspace size. With device < 0 it plans for core.H200 (132
-// SMs, clusters of 16, occupancy estimated from each variant's threads and
-// shared memory) without touching a GPU.
+// size and the workspace size. For a Problem p, s is p.PlanShape() (which
+// carries the serving features the plan depends on). With device < 0 it
+// plans for core.H200 (132 SMs, clusters of 16, occupancy estimated from
+// each variant's threads and shared memory) without touching a GPU.
 func PlanFor(s core.Shape, device int) (core.Plan, error) {
 	if err := s.Validate(); err != nil {
 		return core.Plan{}, err

@@ -284,3 +284,195 @@ func TestDecodeRejectsSmallWorkspace(t *testing.T) {
 		t.Fatalf("Decode with a 16-byte workspace: err = %v, want ErrInvalid", err)
 	}
 }
+
+// servingCase is a GPU test of the serving features: a HostProblem built
+// from contiguous exact inputs, then paged or batch-indexed as asked.
+type servingCase struct {
+	name     string
+	shape    core.Shape // SeqlenNew: tokens appended
+	lens     []int32
+	causal   bool
+	pageSize int     // > 0: a paged cache, pages shuffled, 5 more than the sequences own
+	batchIdx []int32 // cache rows of the sequences in a cache of len(batchIdx)+2 rows
+	leftpad  []int32
+	window   core.Window
+	softcap  float32
+	alibi    bool // (batch, nheads_q) slopes
+	rotary   int  // rotary_dim
+	neox     bool
+}
+
+// host builds the case's HostProblem.
+func (c servingCase) host(r *rand.Rand) *core.HostProblem {
+	s := c.shape
+	row := s.HeadsKV * s.HeadDim
+	h := &core.HostProblem{Shape: s, CacheSeqlens: c.lens, Causal: c.causal, CacheLeftpad: c.leftpad,
+		Window: c.window, Softcap: c.softcap,
+		Q: randomExact(r, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDim),
+		K: randomExact(r, s.Batch*s.SeqlenCache*row), V: randomExact(r, s.Batch*s.SeqlenCache*row)}
+	if c.batchIdx != nil {
+		rows := len(c.batchIdx) + 2
+		h.CacheBatchIdx = c.batchIdx
+		h.K, h.V = randomExact(r, rows*s.SeqlenCache*row), randomExact(r, rows*s.SeqlenCache*row)
+	}
+	if c.pageSize > 0 {
+		per := s.SeqlenCache / c.pageSize
+		pages := s.Batch*per + 5
+		h.PageSize, h.BlockTable = c.pageSize, make([]int32, s.Batch*per)
+		for i, p := range r.Perm(pages)[:len(h.BlockTable)] {
+			h.BlockTable[i] = int32(p)
+		}
+		h.K, h.V = randomExact(r, pages*c.pageSize*row), randomExact(r, pages*c.pageSize*row)
+	}
+	if c.alibi {
+		h.AlibiSlopes = randomExact(r, s.Batch*s.HeadsQ)
+		for i := range h.AlibiSlopes {
+			h.AlibiSlopes[i] = (h.AlibiSlopes[i] + 1) / 16
+		}
+	}
+	if s.SeqlenNew > 0 {
+		h.KNew, h.VNew = randomExact(r, s.Batch*s.SeqlenNew*row), randomExact(r, s.Batch*s.SeqlenNew*row)
+	}
+	if c.rotary > 0 {
+		// Tables of exact values k/256: products with q and k are exact in
+		// fp32, so the kernel's rotation rounds like the reference's.
+		h.RotaryDim, h.RotaryInterleaved = c.rotary, !c.neox
+		h.RotaryCos, h.RotarySin = randomExact(r, (s.SeqlenCache+8)*c.rotary/2), randomExact(r, (s.SeqlenCache+8)*c.rotary/2)
+	}
+	return h
+}
+
+// problem is the device problem of h, its arrays uploaded.
+func (c servingCase) problem(t *testing.T, h *core.HostProblem) core.Problem {
+	s := h.Shape
+	dt := s.DType
+	kvRows := len(h.K) / (s.HeadsKV * s.HeadDim)
+	p := core.Problem{Shape: s, Causal: h.Causal, Window: h.Window, Softcap: h.Softcap,
+		Q:   contiguous(upload(t, encode(dt, h.Q)), s.SeqlenQ, s.HeadsQ, s.HeadDim),
+		K:   contiguous(upload(t, encode(dt, h.K)), s.SeqlenCache, s.HeadsKV, s.HeadDim),
+		V:   contiguous(upload(t, encode(dt, h.V)), s.SeqlenCache, s.HeadsKV, s.HeadDim),
+		Out: contiguous(upload(t, make([]uint16, len(h.Q))), s.SeqlenQ, s.HeadsQ, s.HeadDim),
+		LSE: uintptr(upload(t, make([]float32, s.Batch*s.HeadsQ*s.SeqlenQ)))}
+	p.Shape.SeqlenNew = 0 // PlanShape sets it from p.New
+	if h.CacheSeqlens != nil {
+		p.CacheSeqlens = uintptr(upload(t, h.CacheSeqlens))
+	}
+	if h.PageSize > 0 {
+		p.PageSize, p.NumPages, p.MaxPages = h.PageSize, kvRows/h.PageSize, s.SeqlenCache/h.PageSize
+		p.BlockTable, p.BlockTableStride = uintptr(upload(t, h.BlockTable)), int64(p.MaxPages)
+		p.K = contiguous(cu.DevicePtr(p.K.Ptr), h.PageSize, s.HeadsKV, s.HeadDim)
+		p.V = contiguous(cu.DevicePtr(p.V.Ptr), h.PageSize, s.HeadsKV, s.HeadDim)
+	}
+	if h.CacheBatchIdx != nil {
+		p.CacheBatch, p.CacheBatchIdx = kvRows/s.SeqlenCache, uintptr(upload(t, h.CacheBatchIdx))
+	}
+	if h.CacheLeftpad != nil {
+		p.Leftpad, p.CacheLeftpad = true, uintptr(upload(t, h.CacheLeftpad))
+	}
+	if h.AlibiSlopes != nil {
+		p.Alibi, p.AlibiSlopes, p.AlibiBatchStride = true, uintptr(upload(t, h.AlibiSlopes)), int64(s.HeadsQ)
+	}
+	if n := s.SeqlenNew; n > 0 {
+		p.New = core.Append{Seqlen: n,
+			K: contiguous(upload(t, encode(dt, h.KNew)), n, s.HeadsKV, s.HeadDim),
+			V: contiguous(upload(t, encode(dt, h.VNew)), n, s.HeadsKV, s.HeadDim)}
+	}
+	if h.RotaryDim > 0 {
+		p.Rotary = core.Rotary{Dim: h.RotaryDim, Rows: len(h.RotaryCos) / (h.RotaryDim / 2), Stride: int64(h.RotaryDim / 2),
+			Interleaved: h.RotaryInterleaved,
+			Cos:         uintptr(upload(t, encode(dt, h.RotaryCos))), Sin: uintptr(upload(t, encode(dt, h.RotarySin)))}
+	}
+	return p
+}
+
+// TestDecodeServingMatchesNaiveAttention runs the serving kernels (the
+// append, then stage 1 and its merge) against naive attention, and checks
+// the caches after the append against ReferenceAppend exactly.
+func TestDecodeServingMatchesNaiveAttention(t *testing.T) {
+	gpu(t) // skips without a GPU
+	f16, bf16 := core.Float16, core.BFloat16
+	shape := func(dt core.DType, batch, sq, hq, hkv, d, cache, splits, seqlenNew int) core.Shape {
+		return core.Shape{DType: dt, Batch: batch, SeqlenQ: sq, HeadsQ: hq, HeadsKV: hkv, HeadDim: d, SeqlenCache: cache,
+			Seqlen: -1, NumSplits: splits, SeqlenNew: seqlenNew}
+	}
+	tests := []servingCase{
+		{name: "bf16 d128 paged 16 causal", shape: shape(bf16, 3, 4, 32, 8, 128, 2048, 0, 0), lens: []int32{2048, 700, 1}, causal: true, pageSize: 16},
+		{name: "f16 d64 paged 5, 7 splits", shape: shape(f16, 2, 1, 8, 2, 64, 1000, 7, 0), lens: []int32{999, 333}, pageSize: 5},
+		{name: "f16 d128 cache_batch_idx, leftpad", shape: shape(f16, 3, 2, 16, 4, 128, 900, 0, 0), lens: []int32{900, 100, 640},
+			batchIdx: []int32{4, 0, 2}, leftpad: []int32{0, 99, 300}},
+		{name: "bf16 d128 window 300 causal, softcap, alibi", shape: shape(bf16, 2, 3, 32, 8, 128, 5000, 0, 0), lens: []int32{5000, 2000},
+			causal: true, window: core.Window{Enabled: true, Left: 300, Right: -1}, softcap: 20, alibi: true},
+		{name: "f16 d256 window (64, 8), 16 splits", shape: shape(f16, 1, 8, 8, 1, 256, 3000, 16, 0), window: core.Window{Enabled: true, Left: 64, Right: 8}},
+		{name: "f16 d128 append 3, rotary, causal", shape: shape(f16, 2, 4, 16, 4, 128, 1024, 0, 3), lens: []int32{500, 0}, causal: true, rotary: 64},
+		{name: "bf16 d64 paged 8, append 2, rotary neox", shape: shape(bf16, 2, 1, 8, 8, 64, 512, 0, 2), lens: []int32{200, 510}, pageSize: 8, rotary: 32, neox: true},
+		{name: "f16 d128 r32 append 16, rotary, window, 5 splits", shape: shape(f16, 2, 4, 64, 8, 128, 2000, 5, 16), lens: []int32{1000, 1984},
+			rotary: 128, window: core.Window{Enabled: true, Left: 100, Right: 0}},
+		{name: "bf16 d256 cache_batch_idx, append 1", shape: shape(bf16, 2, 1, 4, 2, 256, 300, 0, 1), lens: []int32{299, 10}, batchIdx: []int32{1, 3}},
+		{name: "f16 d128 everything, paged 32", shape: shape(f16, 3, 2, 32, 8, 128, 4096, 0, 2), lens: []int32{4000, 64, 2500}, causal: true,
+			pageSize: 32, leftpad: []int32{10, 0, 1000}, window: core.Window{Enabled: true, Left: 1500, Right: -1}, softcap: 15, alibi: true, rotary: 64},
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu(t)
+			h := tc.host(r)
+			want, wantLSE, err := core.NaiveAttention(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantK, wantV, _, err := core.ReferenceAppend(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := tc.problem(t, h)
+			pl, err := PlanFor(p.PlanShape(), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws := upload(t, make([]byte, pl.WorkspaceBytes))
+			// Decode, then the same through Prepare and Run (the append
+			// writes the same tokens again).
+			for _, prepared := range []bool{false, true} {
+				if err := cu.MemsetD8(cu.DevicePtr(p.Out.Ptr), 0xff, int64(len(h.Q)*2)); err != nil {
+					t.Fatal(err)
+				}
+				var ran core.Plan
+				if prepared {
+					pr, err := Prepare(&p, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ran, err = pr.Run(&Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
+						BlockTable: p.BlockTable, CacheBatchIdx: p.CacheBatchIdx, CacheLeftpad: p.CacheLeftpad, AlibiSlopes: p.AlibiSlopes,
+						KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos, RotarySin: p.Rotary.Sin,
+						Seqlen: p.Seqlen, Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+				} else if ran, err = Decode(&p, uintptr(ws), pl.WorkspaceBytes, 0, 0); err != nil {
+					t.Fatal(err)
+				}
+				if ran != pl || !ran.Variant.Serving {
+					t.Fatalf("ran %v, planned %v", ran, pl)
+				}
+				if err := cu.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				checkOutputs(t, &p, pl, want, wantLSE)
+			}
+			for _, c := range []struct {
+				name string
+				ptr  uintptr
+				want []float32
+			}{{"k_cache", p.K.Ptr, wantK}, {"v_cache", p.V.Ptr, wantV}} {
+				bits := make([]uint16, len(c.want))
+				download(t, cu.DevicePtr(c.ptr), bits)
+				for i, got := range decode(p.DType, bits) {
+					if got != c.want[i] {
+						t.Fatalf("%s[%d] = %v after the append, want %v", c.name, i, got, c.want[i])
+					}
+				}
+			}
+		})
+	}
+}

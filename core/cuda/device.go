@@ -11,11 +11,11 @@ import (
 	"gorgonia.org/cu"
 )
 
-// kernels are the driver handles of one variant: stage 1 and its two
-// combines (4 and 16 warps).
+// kernels are the driver handles of one variant: stage 1, its two
+// combines (4 and 16 warps) and, for a serving variant, its append kernel.
 type kernels struct {
-	split, combine, combineWide function
-	blocksPerSM                 int // stage-1 blocks of this variant resident per SM
+	split, combine, combineWide, appendKV function
+	blocksPerSM                           int // stage-1 blocks of this variant resident per SM
 	// clusters[n]: clusters of n stage-1 blocks (at the variant's
 	// ClusterSharedBytes) that run at once; all 0 without clusters.
 	clusters [core.MaxCluster + 1]int
@@ -38,9 +38,10 @@ type device struct {
 
 // planned is a cached plan with the kernels it launches.
 type planned struct {
-	plan    core.Plan
-	split   function // stage 1
-	combine function // the plan's combine kernel (Plan.Combine); unused without one
+	plan     core.Plan
+	appendKV function // the plan's append kernel (Plan.Append); unused without one
+	split    function // stage 1
+	combine  function // the plan's combine kernel (Plan.Combine); unused without one
 }
 
 const maxDevices = 64
@@ -122,6 +123,11 @@ func openDevice(ordinal int) (*device, error) {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.CombineWide, err)
 			}
 		}
+		if v.Append != "" {
+			if k.appendKV, err = lookup(mod, v.Append); err != nil {
+				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Append, err)
+			}
+		}
 		if shared := max(v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes); shared > 48<<10 {
 			if err := setMaxDynamicShared(k.split, shared); err != nil {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
@@ -191,7 +197,8 @@ func (d *device) occupancy(v core.Variant) int {
 	return 1
 }
 
-// plan returns the cached plan for s, making it on first use.
+// plan returns the cached plan for s (a Problem's PlanShape), making it on
+// first use.
 func (d *device) plan(s core.Shape) (planned, error) {
 	d.mu.RLock()
 	p, ok := d.plans[s]
@@ -208,7 +215,7 @@ func (d *device) plan(s core.Shape) (planned, error) {
 		return planned{}, err
 	}
 	k := d.fns[pl.Variant.Kernel]
-	p = planned{plan: pl, split: k.split, combine: k.combine}
+	p = planned{plan: pl, appendKV: k.appendKV, split: k.split, combine: k.combine}
 	if pl.Combine != "" && pl.Combine == pl.Variant.CombineWide {
 		p.combine = k.combineWide
 	}

@@ -162,6 +162,15 @@ func check(call string, r C.CUresult) error {
 
 // params fills the kernels' argument struct from a validated problem and its plan.
 func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
+	k := plainParams(p, pl, workspace)
+	if pl.Variant.Serving {
+		servingParams(&k, p, pl, workspace)
+	}
+	return k
+}
+
+// plainParams fills the fields every kernel reads.
+func plainParams(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
 	var k C.fd_params
 	setPtr(unsafe.Pointer(&k.q), p.Q.Ptr)
 	setPtr(unsafe.Pointer(&k.k), p.K.Ptr)
@@ -207,6 +216,49 @@ func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
 	return k
 }
 
+// servingParams fills the fields the serving and append kernels read. The
+// window is (-1, -1) without one, and causal makes its right side 0.
+func servingParams(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) {
+	setPtr(unsafe.Pointer(&k.block_table), p.BlockTable)
+	k.block_table_stride = C.longlong(p.BlockTableStride)
+	k.page_size = C.int(p.PageSize)
+	k.num_pages = C.int(p.NumPages)
+	setPtr(unsafe.Pointer(&k.cache_batch_idx), p.CacheBatchIdx)
+	k.cache_batch = C.int(p.Batch)
+	if p.CacheBatch > 0 {
+		k.cache_batch = C.int(p.CacheBatch)
+	}
+	setPtr(unsafe.Pointer(&k.cache_leftpad), p.CacheLeftpad)
+	k.window_left, k.window_right = -1, -1
+	if p.Window.Enabled {
+		k.window_left, k.window_right = C.int(p.Window.Left), C.int(p.Window.Right)
+	}
+	if p.Causal {
+		k.window_right = 0
+	}
+	k.softcap = C.float(p.Softcap)
+	k.softcap_log2 = C.float(float64(p.Softcap) * math.Log2E)
+	setPtr(unsafe.Pointer(&k.alibi_slopes), p.AlibiSlopes)
+	k.alibi_batch_stride = C.longlong(p.AlibiBatchStride)
+	if p.New.Seqlen > 0 {
+		setPtr(unsafe.Pointer(&k.k_new), p.New.K.Ptr)
+		setPtr(unsafe.Pointer(&k.v_new), p.New.V.Ptr)
+		k.k_new_batch_stride, k.k_new_seq_stride, k.k_new_head_stride = strides(p.New.K)
+		k.v_new_batch_stride, k.v_new_seq_stride, k.v_new_head_stride = strides(p.New.V)
+		k.seqlen_new = C.int(p.New.Seqlen)
+	}
+	if r := p.Rotary; r.Dim > 0 {
+		setPtr(unsafe.Pointer(&k.rotary_cos), r.Cos)
+		setPtr(unsafe.Pointer(&k.rotary_sin), r.Sin)
+		k.rotary_stride = C.longlong(r.Stride)
+		k.rotary_dim, k.rotary_rows = C.int(r.Dim), C.int(r.Rows)
+		if r.Interleaved {
+			k.rotary_interleaved = 1
+		}
+		setPtr(unsafe.Pointer(&k.q_rot), workspace+uintptr(pl.QRotOffset))
+	}
+}
+
 // setPtr stores a device address in a pointer field of a C struct.
 func setPtr(field unsafe.Pointer, addr uintptr) { *(*uintptr)(field) = addr }
 
@@ -214,9 +266,10 @@ func strides(t core.Tensor) (C.longlong, C.longlong, C.longlong) {
 	return C.longlong(t.BatchStride), C.longlong(t.SeqStride), C.longlong(t.HeadStride)
 }
 
-// launch runs the plan's kernels on stream: stage 1 (in clusters of
-// pl.Cluster blocks when its splits merge themselves), then the combine when
-// the plan has one.
+// launch runs the plan's kernels on stream: the append kernel when the
+// plan has one, stage 1 (in clusters of pl.Cluster blocks when its splits
+// merge themselves), then the combine when the plan has one. Each waits in
+// the kernel for the one before it (programmatic dependent launch).
 func (d *device) launch(k *C.fd_params, pd *planned, stream uintptr) error {
 	pl := &pd.plan
 	s := *(*C.CUstream)(unsafe.Pointer(&stream))
@@ -225,6 +278,13 @@ func (d *device) launch(k *C.fd_params, pd *planned, stream uintptr) error {
 		pdl = 1
 	}
 	// The error's text is built only on failure: this runs every call.
+	if pl.Append != "" {
+		r := C.fd_launch(C.CUfunction(pd.appendKV), C.uint(pl.AppendGrid[0]), C.uint(pl.AppendGrid[1]), 1,
+			C.uint(pl.AppendThreads), 0, s, pdl, 1, k)
+		if r != C.CUDA_SUCCESS {
+			return check("launch "+pl.Append, r)
+		}
+	}
 	r := C.fd_launch(C.CUfunction(pd.split), C.uint(pl.Grid[0]), C.uint(pl.Grid[1]), C.uint(pl.Grid[2]),
 		C.uint(pl.Threads), C.uint(pl.SharedBytes), s, pdl, C.uint(pl.Cluster), k)
 	if r != C.CUDA_SUCCESS {

@@ -7,7 +7,7 @@ import (
 )
 
 // Prepared is a decode whose layout (shapes, strides, dtype, scale, causal,
-// num_splits and device) was validated once by Prepare, so that each call
+// num_splits, the serving features and device) was validated once by Prepare, so that each call
 // of a serving loop, which decodes the same layout every step on new tensors,
 // only checks the new device addresses and launches: the host-side half of
 // the plan/run split. It is immutable and safe for concurrent use.
@@ -28,6 +28,8 @@ func Prepare(p *core.Problem, device int) (*Prepared, error) {
 	}
 	r := &Prepared{p: *p, device: device}
 	r.p.Q.Ptr, r.p.K.Ptr, r.p.V.Ptr, r.p.Out.Ptr, r.p.LSE, r.p.CacheSeqlens = 0, 0, 0, 0, 0, 0
+	r.p.BlockTable, r.p.CacheBatchIdx, r.p.CacheLeftpad, r.p.AlibiSlopes = 0, 0, 0, 0
+	r.p.New.K.Ptr, r.p.New.V.Ptr, r.p.Rotary.Cos, r.p.Rotary.Sin = 0, 0, 0, 0
 	return r, nil
 }
 
@@ -41,6 +43,12 @@ func (r *Prepared) Device() int { return r.device }
 // core.Problem for each; LSE and CacheSeqlens may be 0) and its workspace.
 type Args struct {
 	Q, K, V, Out, LSE, CacheSeqlens uintptr
+	// The serving features' arrays, given exactly for the features the
+	// prepared layout has: BlockTable (paged), CacheBatchIdx, CacheLeftpad,
+	// AlibiSlopes, KNew and VNew (Problem.New's K and V), RotaryCos and
+	// RotarySin (Problem.Rotary's tables).
+	BlockTable, CacheBatchIdx, CacheLeftpad, AlibiSlopes uintptr
+	KNew, VNew, RotaryCos, RotarySin                     uintptr
 	// Seqlen is the valid length of every sequence when CacheSeqlens is 0,
 	// and the planner's sizing hint otherwise; negative means the whole cache
 	// (see core.Shape.Seqlen).
@@ -52,10 +60,12 @@ type Args struct {
 // Run launches the prepared decode on a's tensors on stream (a CUstream
 // handle) and returns the plan it ran. Like Decode, it never synchronizes,
 // allocates no device memory, and the workspace needs PlanFor's
-// WorkspaceBytes for the shape with a.Seqlen.
+// WorkspaceBytes for the layout's PlanShape with a.Seqlen.
 func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 	p := r.p
 	p.Q.Ptr, p.K.Ptr, p.V.Ptr, p.Out.Ptr, p.LSE, p.CacheSeqlens = a.Q, a.K, a.V, a.Out, a.LSE, a.CacheSeqlens
+	p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes = a.BlockTable, a.CacheBatchIdx, a.CacheLeftpad, a.AlibiSlopes
+	p.New.K.Ptr, p.New.V.Ptr, p.Rotary.Cos, p.Rotary.Sin = a.KNew, a.VNew, a.RotaryCos, a.RotarySin
 	p.Seqlen = a.Seqlen
 	if err := p.CheckPointers(); err != nil {
 		return core.Plan{}, err

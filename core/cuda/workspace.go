@@ -10,7 +10,7 @@ func (r *Prepared) Workspace(seqlen int) (int, error) {
 	if seqlen > p.SeqlenCache {
 		return 0, p.ValidateLayout() // names cache_seqlens, as Run does
 	}
-	pl, err := PlanFor(p.Shape, r.Device())
+	pl, err := PlanFor(p.PlanShape(), r.Device())
 	if err != nil {
 		return 0, err
 	}

@@ -1,0 +1,386 @@
+package core
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+)
+
+// pagedProblem is validProblem over a paged cache: 600 pages of 16 keys,
+// 256 pages a sequence (4096 keys). The serving arrays of these problems lie
+// far from validProblem's tensors.
+func pagedProblem() Problem {
+	p := validProblem()
+	page := Tensor{BatchStride: 16 * 8 * 128, SeqStride: 8 * 128, HeadStride: 128}
+	kp, vp := p.K.Ptr, p.V.Ptr
+	p.K, p.V = page, page
+	p.K.Ptr, p.V.Ptr = kp, vp
+	p.PageSize, p.NumPages, p.MaxPages = 16, 600, 256
+	p.BlockTable, p.BlockTableStride = 0x10000000, 256
+	return p
+}
+
+// appendProblem is validProblem appending 3 tokens a sequence, rotated
+// over 64 channels, after the lengths at cache_seqlens.
+func appendProblem() Problem {
+	p := validProblem()
+	fresh := Tensor{BatchStride: 3 * 8 * 128, SeqStride: 8 * 128, HeadStride: 128}
+	p.New = Append{K: fresh, V: fresh, Seqlen: 3}
+	p.New.K.Ptr, p.New.V.Ptr = 0x12000000, 0x13000000
+	p.CacheSeqlens = 0x11000000
+	p.Rotary = Rotary{Cos: 0x14000000, Sin: 0x15000000, Stride: 32, Dim: 64, Rows: 8192, Interleaved: true}
+	return p
+}
+
+// allProblem has every serving feature on but the paged cache (which
+// excludes cache_batch_idx).
+func allProblem() Problem {
+	p := appendProblem()
+	p.CacheBatch, p.CacheBatchIdx = 5, 0x16000000
+	p.K.BatchStride *= 2 // a cache of 5 rows, padded
+	p.Leftpad, p.CacheLeftpad = true, 0x17000000
+	p.Window = Window{Enabled: true, Left: 255, Right: 0}
+	p.Softcap = 30
+	p.Alibi, p.AlibiSlopes, p.AlibiBatchStride = true, 0x18000000, 32
+	return p
+}
+
+func TestServingValidate(t *testing.T) {
+	plain := validProblem
+	tests := []struct {
+		name string
+		base func() Problem
+		edit func(*Problem)
+		arg  string // "" means valid
+		want error
+	}{
+		{"plain", plain, func(p *Problem) {}, "", nil},
+		{"paged", pagedProblem, func(p *Problem) {}, "", nil},
+		{"paged, page 1", pagedProblem, func(p *Problem) { p.PageSize, p.MaxPages, p.K.BatchStride, p.V.BatchStride = 1, 4096, 1024, 1024 }, "", nil},
+		{"paged, page 7", pagedProblem, func(p *Problem) { p.PageSize, p.MaxPages, p.SeqlenCache = 7, 100, 700 }, "", nil},
+		{"paged, one table row for all", pagedProblem, func(p *Problem) { p.BlockTableStride = 0 }, "", nil},
+		{"append and rotary", appendProblem, func(p *Problem) {}, "", nil},
+		{"append, seqlen int", appendProblem, func(p *Problem) { p.CacheSeqlens, p.Seqlen = 0, 4093 }, "", nil},
+		{"append, no rotary", appendProblem, func(p *Problem) { p.Rotary = Rotary{} }, "", nil},
+		{"append the whole cache", appendProblem, func(p *Problem) {
+			p.New.Seqlen, p.New.K.BatchStride, p.New.V.BatchStride = 4096, 4096*8*128, 4096*8*128
+		}, "", nil},
+		{"rotary over all channels, neox", appendProblem, func(p *Problem) { p.Rotary.Dim, p.Rotary.Interleaved = 128, false }, "", nil},
+		{"every feature", allProblem, func(p *Problem) {}, "", nil},
+		{"window off as (-1, -1)", plain, func(p *Problem) { p.Window = Window{Left: -1, Right: -1} }, "", nil},
+		{"window (-1, -1) on", plain, func(p *Problem) { p.Window = Window{Enabled: true, Left: -1, Right: -1} }, "", nil},
+		{"alibi (nheads_q,)", plain, func(p *Problem) { p.Alibi, p.AlibiSlopes = true, 0x18000000 }, "", nil},
+
+		{"page_size -1", pagedProblem, func(p *Problem) { p.PageSize = -1 }, "page_size", ErrInvalid},
+		{"no pages", pagedProblem, func(p *Problem) { p.NumPages = 0 }, "k_cache", ErrInvalid},
+		{"too many pages", pagedProblem, func(p *Problem) { p.NumPages = math.MaxInt32 + 1 }, "k_cache", ErrUnsupported},
+		{"no pages a sequence", pagedProblem, func(p *Problem) { p.MaxPages = 0 }, "block_table", ErrInvalid},
+		{"seqlen_cache not max_pages*page_size", pagedProblem, func(p *Problem) { p.MaxPages = 255 }, "seqlen_cache", ErrInvalid},
+		{"negative block table stride", pagedProblem, func(p *Problem) { p.BlockTableStride = -256 }, "block_table", ErrInvalid},
+		{"block table stride overflow", pagedProblem, func(p *Problem) { p.BlockTableStride = math.MaxInt64 / 2 }, "block_table", ErrInvalid},
+		{"paged with cache_batch_idx", pagedProblem, func(p *Problem) { p.CacheBatch, p.CacheBatchIdx = 2, 0x16000000 }, "cache_batch_idx", ErrInvalid},
+		{"page stride not a multiple of 8", pagedProblem, func(p *Problem) { p.V.BatchStride += 4 }, "v_cache", ErrUnsupported},
+		{"page stride overflow", pagedProblem, func(p *Problem) { p.K.BatchStride = math.MaxInt64 / 512 * 8 }, "k_cache", ErrInvalid},
+		{"pages without page_size", plain, func(p *Problem) { p.NumPages = 600 }, "page_size", ErrInvalid},
+		{"block_table without page_size", plain, func(p *Problem) { p.BlockTable = 0x10000000 }, "block_table", ErrInvalid},
+		{"block_table null", pagedProblem, func(p *Problem) { p.BlockTable = 0 }, "block_table", ErrInvalid},
+		{"block_table misaligned", pagedProblem, func(p *Problem) { p.BlockTable = 0x10000002 }, "block_table", ErrInvalid},
+
+		{"cache rows negative", plain, func(p *Problem) { p.CacheBatch = -1 }, "cache_batch_idx", ErrInvalid},
+		{"cache rows stride overflow", allProblem, func(p *Problem) { p.K.BatchStride = math.MaxInt64 / 4 / 8 * 8 }, "k_cache", ErrInvalid},
+		{"cache_batch_idx null", allProblem, func(p *Problem) { p.CacheBatchIdx = 0 }, "cache_batch_idx", ErrInvalid},
+		{"cache_batch_idx without cache rows", plain, func(p *Problem) { p.CacheBatchIdx = 0x16000000 }, "cache_batch_idx", ErrInvalid},
+		{"cache_leftpad null", allProblem, func(p *Problem) { p.CacheLeftpad = 0 }, "cache_leftpad", ErrInvalid},
+		{"cache_leftpad without Leftpad", plain, func(p *Problem) { p.CacheLeftpad = 0x17000000 }, "cache_leftpad", ErrInvalid},
+		{"cache_leftpad misaligned", allProblem, func(p *Problem) { p.CacheLeftpad = 0x17000001 }, "cache_leftpad", ErrInvalid},
+
+		{"window left -2", plain, func(p *Problem) { p.Window = Window{Enabled: true, Left: -2, Right: 0} }, "window_size", ErrInvalid},
+		{"window right -3", plain, func(p *Problem) { p.Window = Window{Enabled: true, Left: 4, Right: -3} }, "window_size", ErrInvalid},
+		{"window huge", plain, func(p *Problem) { p.Window = Window{Enabled: true, Left: math.MaxInt32 + 1, Right: 0} }, "window_size", ErrUnsupported},
+		{"window set but off", plain, func(p *Problem) { p.Window = Window{Left: 128, Right: 0} }, "window_size", ErrInvalid},
+
+		{"softcap negative", plain, func(p *Problem) { p.Softcap = -1 }, "softcap", ErrInvalid},
+		{"softcap nan", plain, func(p *Problem) { p.Softcap = float32(math.NaN()) }, "softcap", ErrInvalid},
+		{"softcap inf", plain, func(p *Problem) { p.Softcap = float32(math.Inf(1)) }, "softcap", ErrInvalid},
+
+		{"alibi_slopes null", allProblem, func(p *Problem) { p.AlibiSlopes = 0 }, "alibi_slopes", ErrInvalid},
+		{"alibi_slopes without Alibi", plain, func(p *Problem) { p.AlibiSlopes = 0x18000000 }, "alibi_slopes", ErrInvalid},
+		{"alibi_slopes misaligned", allProblem, func(p *Problem) { p.AlibiSlopes = 0x18000002 }, "alibi_slopes", ErrInvalid},
+		{"alibi negative stride", allProblem, func(p *Problem) { p.AlibiBatchStride = -32 }, "alibi_slopes", ErrInvalid},
+		{"alibi stride without Alibi", plain, func(p *Problem) { p.AlibiBatchStride = 32 }, "alibi_slopes", ErrInvalid},
+
+		{"seqlen_new negative", plain, func(p *Problem) { p.New.Seqlen = -1 }, "k", ErrInvalid},
+		{"seqlen_new past the cache", appendProblem, func(p *Problem) { p.New.Seqlen = 4097 }, "k", ErrInvalid},
+		{"k stride not a multiple of 8", appendProblem, func(p *Problem) { p.New.K.SeqStride = 1020 }, "k", ErrUnsupported},
+		{"v negative stride", appendProblem, func(p *Problem) { p.New.V.HeadStride = -128 }, "v", ErrInvalid},
+		{"k null", appendProblem, func(p *Problem) { p.New.K.Ptr = 0 }, "k", ErrInvalid},
+		{"v misaligned", appendProblem, func(p *Problem) { p.New.V.Ptr += 8 }, "v", ErrUnsupported},
+		{"k without seqlen_new", plain, func(p *Problem) { p.New.K.Ptr = 0x12000000 }, "k", ErrInvalid},
+		{"append without cache_seqlens", appendProblem, func(p *Problem) { p.CacheSeqlens = 0 }, "cache_seqlens", ErrInvalid},
+		{"append past the int seqlen", appendProblem, func(p *Problem) { p.CacheSeqlens, p.Seqlen = 0, 4094 }, "cache_seqlens", ErrInvalid},
+
+		{"rotary without append", plain, func(p *Problem) { p.Rotary = appendProblem().Rotary }, "rotary_cos", ErrInvalid},
+		{"rotary_dim negative", appendProblem, func(p *Problem) { p.Rotary.Dim = -16 }, "rotary_dim", ErrInvalid},
+		{"rotary_dim odd", appendProblem, func(p *Problem) { p.Rotary.Dim = 33 }, "rotary_dim", ErrInvalid},
+		{"rotary_dim past headdim", appendProblem, func(p *Problem) { p.Rotary.Dim = 144 }, "rotary_dim", ErrInvalid},
+		{"rotary_dim not a multiple of 16", appendProblem, func(p *Problem) { p.Rotary.Dim = 24 }, "rotary_dim", ErrUnsupported},
+		{"rotary rows 0", appendProblem, func(p *Problem) { p.Rotary.Rows = 0 }, "rotary_cos", ErrInvalid},
+		{"rotary stride negative", appendProblem, func(p *Problem) { p.Rotary.Stride = -32 }, "rotary_cos", ErrInvalid},
+		{"rotary stride not a multiple of 8", appendProblem, func(p *Problem) { p.Rotary.Stride = 36 }, "rotary_cos", ErrUnsupported},
+		{"rotary stride overflow", appendProblem, func(p *Problem) { p.Rotary.Stride = math.MaxInt64 / 8 * 8 }, "rotary_cos", ErrInvalid},
+		{"rotary_cos null", appendProblem, func(p *Problem) { p.Rotary.Cos = 0 }, "rotary_cos", ErrInvalid},
+		{"rotary_sin misaligned", appendProblem, func(p *Problem) { p.Rotary.Sin += 4 }, "rotary_sin", ErrUnsupported},
+		{"rotary_cos without rotary_dim", appendProblem, func(p *Problem) { p.Rotary.Dim = 0 }, "rotary_cos", ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := tt.base()
+			tt.edit(&p)
+			err := p.Validate()
+			checkErr(t, err, tt.arg, tt.want)
+			if err != nil && !strings.HasPrefix(err.Error(), "flashdecode: decode: ") {
+				t.Errorf("error %q does not name the decode operation", err)
+			}
+		})
+	}
+}
+
+func TestServingAndPlanShape(t *testing.T) {
+	tests := []struct {
+		name    string
+		p       Problem
+		serving bool
+		shape   func(*Shape) // the PlanShape fields beyond p.Shape
+	}{
+		{"plain", validProblem(), false, func(*Shape) {}},
+		{"causal alone is plain", func() Problem { p := validProblem(); p.Causal = true; return p }(), false, func(*Shape) {}},
+		{"paged", pagedProblem(), true, func(s *Shape) { s.Serving = true }},
+		{"append with rotary", appendProblem(), true, func(s *Shape) { s.Serving, s.SeqlenNew, s.RotaryQ = true, 3, true }},
+		{"every feature", allProblem(), true, func(s *Shape) { s.Serving, s.SeqlenNew, s.RotaryQ, s.WindowKeys = true, 3, true, 257 }},
+		{"softcap", func() Problem { p := validProblem(); p.Softcap = 5; return p }(), true, func(s *Shape) { s.Serving = true }},
+		{"right window only", func() Problem {
+			p := validProblem()
+			p.Window = Window{Enabled: true, Left: -1, Right: 3}
+			return p
+		}(), true, func(s *Shape) { s.Serving = true }},
+		{"serving asked for", func() Problem { p := validProblem(); p.Shape.Serving = true; return p }(), false, func(s *Shape) { s.Serving = true }},
+	}
+	for _, tt := range tests {
+		want := tt.p.Shape
+		tt.shape(&want)
+		if got := tt.p.Serving(); got != tt.serving {
+			t.Errorf("%s: Serving() = %v, want %v", tt.name, got, tt.serving)
+		}
+		if got := tt.p.PlanShape(); got != want {
+			t.Errorf("%s: PlanShape() = %+v, want %+v", tt.name, got, want)
+		}
+	}
+}
+
+// TestServingPlans: a serving shape runs the serving form of the variant
+// a plain one would, with the same launch; an append adds the append
+// kernel, a rotary embedding the rotated q in the workspace, and a window
+// plans only the keys it lets in.
+func TestServingPlans(t *testing.T) {
+	base := Shape{DType: BFloat16, Batch: 3, SeqlenQ: 2, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
+	rows := 3 * 32 * 2
+	for _, tt := range []struct {
+		name        string
+		edit        func(*Shape)
+		splits      int // 0: what the plain shape gets
+		appendGrid  [2]int
+		qRot, total int // 0: the plain plan's workspace, no q_rot
+	}{
+		{"serving alone", func(s *Shape) {}, 0, [2]int{}, 0, 0},
+		{"append", func(s *Shape) { s.SeqlenNew = 5 }, 0, [2]int{5, 3}, 0, 0},
+		{"append 1 of 2 rows", func(s *Shape) { s.SeqlenNew = 1 }, 0, [2]int{2, 3}, 0, 0},
+		{"append and rotary, 1 split", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits = 2, true, 1 }, 1, [2]int{2, 3}, 0, rows * 128 * 2},
+		{"append and rotary, combine", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits = 2, true, 40 }, 40, [2]int{2, 3},
+			40*rows*128*4 + 40*rows*4, 40*rows*128*4 + 40*rows*4 + rows*128*2},
+		{"rotary, head dim 72", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits, s.HeadDim = 2, true, 1, 72 }, 1, [2]int{2, 3}, 0, rows * 72 * 2},
+		{"window of 100 keys: 2 tiles", func(s *Shape) { s.WindowKeys, s.NumSplits = 100, 9 }, 2, [2]int{}, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base
+			s.Serving = true
+			tt.edit(&s)
+			p, err := MakePlan(s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plainShape := s
+			plainShape.Serving, plainShape.SeqlenNew, plainShape.RotaryQ, plainShape.WindowKeys = false, 0, false, 0
+			plain, err := MakePlan(plainShape, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := plain.Variant
+			if !p.Variant.Serving || p.Variant.Kernel != strings.Replace(v.Kernel, "fd_split_kv_", "fd_split_kv_serving_", 1) ||
+				p.Variant.Append != "fd_append_kv_bf16" || p.Threads != v.Threads || p.Variant.KeysPerTile != v.KeysPerTile {
+				t.Fatalf("serving variant %+v for plain %+v", p.Variant, v)
+			}
+			if tt.splits == 0 && (p.NumSplits != plain.NumSplits || p.Grid != plain.Grid || p.Cluster != plain.Cluster) {
+				t.Errorf("%v: want the plain plan's launch %v", p, plain)
+			}
+			if tt.splits > 0 && p.NumSplits != tt.splits {
+				t.Errorf("%v: want %d splits", p, tt.splits)
+			}
+			if p.AppendGrid != tt.appendGrid || (p.Append != "") != (s.SeqlenNew > 0) ||
+				(p.Append != "" && (p.Append != "fd_append_kv_bf16" || p.AppendThreads != 128)) {
+				t.Errorf("%v: append %q grid %v x %d, want grid %v", p, p.Append, p.AppendGrid, p.AppendThreads, tt.appendGrid)
+			}
+			wantTotal, wantBytes := tt.total, 0
+			if s.RotaryQ {
+				wantBytes = rows * s.HeadDim * 2
+			} else if tt.splits == 0 {
+				wantTotal = plain.WorkspaceBytes
+			}
+			if p.QRotBytes != wantBytes || p.QRotOffset != tt.qRot || (wantTotal > 0 && p.WorkspaceBytes != wantTotal) ||
+				p.QRotOffset%256 != 0 || p.QRotOffset+p.QRotBytes > p.WorkspaceBytes && p.QRotBytes > 0 {
+				t.Errorf("%v: q_rot %d B at %d of %d; want %d B at %d of %d", p, p.QRotBytes, p.QRotOffset, p.WorkspaceBytes, wantBytes, tt.qRot, wantTotal)
+			}
+			if p.CombineGrid > 0 && p.QRotBytes > 0 && p.QRotOffset < p.LSEPartialOffset+p.NumSplits*rows*4 {
+				t.Errorf("%v: q_rot at %d overlaps lse_partial", p, p.QRotOffset)
+			}
+		})
+	}
+}
+
+// TestServingPlanErrors: serving fields a Shape holds without Serving, or
+// out of range, are refused, as is a variant of the other form.
+func TestServingPlanErrors(t *testing.T) {
+	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
+	serving := s
+	serving.Serving = true
+	for _, tt := range []struct {
+		name string
+		s    Shape
+		edit func(*Shape)
+		arg  string
+	}{
+		{"append without Serving", s, func(s *Shape) { s.SeqlenNew = 1 }, "k"},
+		{"window without Serving", s, func(s *Shape) { s.WindowKeys = 10 }, "window_size"},
+		{"seqlen_new negative", serving, func(s *Shape) { s.SeqlenNew = -1 }, "k"},
+		{"seqlen_new past the cache", serving, func(s *Shape) { s.SeqlenNew = 4097 }, "k"},
+		{"window keys negative", serving, func(s *Shape) { s.WindowKeys = -1 }, "window_size"},
+		{"rotary without append", serving, func(s *Shape) { s.RotaryQ = true }, "rotary_cos"},
+	} {
+		sh := tt.s
+		tt.edit(&sh)
+		_, err := MakePlan(sh, H200)
+		checkErr(t, err, tt.arg, ErrInvalid)
+		_, err = PlanVariant(sh, testVariant, twoPerSM)
+		checkErr(t, err, tt.arg, ErrInvalid)
+	}
+	// The plain variant for a serving shape, and the serving one for a plain shape.
+	sv, err := SelectVariant(Float16, 128, 4, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = PlanVariant(serving, testVariant, twoPerSM)
+	checkErr(t, err, "variant", ErrInvalid)
+	_, err = PlanVariant(s, sv, twoPerSM)
+	checkErr(t, err, "variant", ErrInvalid)
+	noAppend := sv
+	noAppend.Append = ""
+	appending := serving
+	appending.SeqlenNew = 1
+	_, err = PlanVariant(appending, noAppend, twoPerSM)
+	checkErr(t, err, "variant", ErrInvalid)
+}
+
+// TestServingVariantTable: every plain variant has a serving form with the
+// same launch facts, and the table names them as kernels/flashdecode.cu
+// instantiates them.
+func TestServingVariantTable(t *testing.T) {
+	plain, serving := map[string]Variant{}, map[string]Variant{}
+	for _, v := range Variants() {
+		if v.Serving {
+			serving[v.Kernel] = v
+		} else {
+			plain[v.Kernel] = v
+		}
+	}
+	want := []string{"fd_split_kv_serving_f16_d64_r16", "fd_split_kv_serving_f16_d128_r16", "fd_split_kv_serving_f16_d128_r32",
+		"fd_split_kv_serving_f16_d256_r16", "fd_split_kv_serving_bf16_d64_r16", "fd_split_kv_serving_bf16_d128_r16",
+		"fd_split_kv_serving_bf16_d128_r32", "fd_split_kv_serving_bf16_d256_r16"}
+	if len(serving) != len(want) || len(plain) != len(want) {
+		t.Fatalf("%d plain and %d serving variants, want %d each", len(plain), len(serving), len(want))
+	}
+	for _, name := range want {
+		v, ok := serving[name]
+		if !ok {
+			t.Fatalf("no variant %s", name)
+		}
+		p := plain[strings.Replace(name, "_serving", "", 1)]
+		v.Kernel, v.Serving, v.Append = p.Kernel, false, ""
+		if v != p {
+			t.Errorf("%s: launch facts %+v differ from %+v", name, v, p)
+		}
+		if a := serving[name].Append; a != "fd_append_kv_"+map[DType]string{Float16: "f16", BFloat16: "bf16"}[p.DType] {
+			t.Errorf("%s: append kernel %q", name, a)
+		}
+	}
+	for _, dt := range []DType{Float16, BFloat16} {
+		for _, rows := range []int{1, 16, 17, 40} {
+			for _, d := range []int{40, 64, 128, 200, 256} {
+				p, err1 := SelectVariant(dt, d, rows, false)
+				s, err2 := SelectVariant(dt, d, rows, true)
+				if err1 != nil || err2 != nil || !s.Serving || p.Serving || s.HeadDim != p.HeadDim || s.Rows != p.Rows {
+					t.Errorf("SelectVariant(%v, %d, %d): plain %v (%v), serving %v (%v)", dt, d, rows, p.Kernel, err1, s.Kernel, err2)
+				}
+			}
+		}
+	}
+}
+
+// TestServingPlanJSONAndString: the serving fields show in the JSON and
+// the summary only when set.
+func TestServingPlanJSONAndString(t *testing.T) {
+	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1,
+		Serving: true, SeqlenNew: 1, RotaryQ: true}
+	for _, tt := range []struct {
+		splits int
+		want   []string
+	}{
+		{0, []string{"fd_append_kv_f16 grid (1,1) x 128 threads, then fd_split_kv_serving_f16_d128_r16", "lse_partial at 262144, q_rot at 264192"}},
+		{1, []string{"1 split, no combine; workspace 8192 B (q_rot)"}},
+	} {
+		s.NumSplits = tt.splits
+		p, err := MakePlan(s, H200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(p.String(), w) {
+				t.Errorf("String() = %q lacks %q", p, w)
+			}
+		}
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		v, _ := m["variant"].(map[string]any)
+		if m["append"] != "fd_append_kv_f16" || m["q_rot_bytes"] != 8192.0 || m["append_threads"] != 128.0 ||
+			v["serving"] != true || v["append"] != "fd_append_kv_f16" {
+			t.Errorf("JSON %s lacks the serving fields", b)
+		}
+		if g, _ := m["append_grid"].([]any); len(g) != 2 || g[0] != 1.0 || g[1] != 1.0 {
+			t.Errorf("JSON %s: append_grid %v", b, m["append_grid"])
+		}
+	}
+	// Without them the JSON keeps its keys (TestPlanJSONAndString counts them).
+	s.Serving, s.SeqlenNew, s.RotaryQ = false, 0, false
+	p, _ := MakePlan(s, H200)
+	b, _ := json.Marshal(p)
+	for _, k := range []string{"q_rot", "append", "serving"} {
+		if strings.Contains(string(b), k) {
+			t.Errorf("plain plan's JSON %s has %q", b, k)
+		}
+	}
+}
