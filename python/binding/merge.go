@@ -17,7 +17,7 @@ func MergeStates(dtype, numStates, r0, r1, r2, headDim int,
 	o0, o1, o2, o3, o4, o5, o6, o7 uintptr, oPtrs int, oState, oS0, oS1, oS2 int64,
 	l0, l1, l2, l3, l4, l5, l6, l7 uintptr, lPtrs int, lState, lS0, lS1, lS2 int64,
 	out uintptr, outS0, outS1, outS2 int64, lse uintptr, lseS0, lseS1, lseS2 int64,
-	device int, stream uintptr) (int, error) {
+	device int, stream uintptr) (rows int, err error) {
 	p := core.MergeProblem{
 		DType: core.DType(dtype), NumStates: numStates, Rows: [3]int{r0, r1, r2}, HeadDim: headDim,
 		Outs: core.MergeInput{Ptrs: [core.MergePointers]uintptr{o0, o1, o2, o3, o4, o5, o6, o7}, NumPtrs: oPtrs,
@@ -27,7 +27,7 @@ func MergeStates(dtype, numStates, r0, r1, r2, headDim int,
 		Out: core.MergeOutput{Ptr: out, Strides: [3]int64{outS0, outS1, outS2}},
 		LSE: core.MergeOutput{Ptr: lse, Strides: [3]int64{lseS0, lseS1, lseS2}},
 	}
-	if err := cuda.MergeStates(&p, device, stream); err != nil {
+	if err = cuda.MergeStates(&p, device, stream); err != nil {
 		return 0, err
 	}
 	return p.NumRows(), nil
