@@ -203,6 +203,65 @@ const char *fd_version(void);
  * of nheads_kv=5"); "" after a successful call. Valid until the thread's next fd_* call. */
 const char *fd_last_error(void);
 
+/* ---- Merging attention states: fd_merge_states --------------------------------------
+ *
+ * The combine stage on its own, for attention a caller computed in parts: cascade or
+ * shared-prefix attention (a prefix shared by many sequences, then each one's own keys),
+ * or attention over keys split across devices. It merges num_states results over
+ * disjoint key sets, each a normalized output and its natural-log LSE per row, into the
+ * attention over all their keys:
+ *     lse = log(sum_s exp(lse_s)),   out = sum_s exp(lse_s - lse) * out_s
+ * An LSE of -inf is an empty state: it weighs nothing, whatever its output holds; a row
+ * whose states are all empty gets out = 0 and lse = -inf. It accumulates in float32.
+ *
+ * A row is indexed by up to three row dimensions (i0, i1, i2), each with a stride (an
+ * unused dimension has size 1; the strides of size-1 dimensions are not read), e.g.
+ * (batch, seqlen_q, heads_q) for fd_decode's out, whose lse (batch, heads_q, seqlen_q)
+ * is then read with row strides (heads_q * seqlen_q, 1, seqlen_q). The head_dim elements
+ * of a row are contiguous. Strides count elements and must not be negative. */
+
+/* fd_merge_states also takes float32 states (fd_decode does not). */
+enum { FD_FLOAT32 = 3 };
+
+#define FD_MERGE_MAX_POINTERS 8 /* most states passed one pointer each */
+
+/* One input of every state: their outputs (outs) or their LSEs (lses). */
+typedef struct fd_merge_input {
+    uint64_t ptrs[FD_MERGE_MAX_POINTERS]; /* CUdeviceptr of each state (num_ptrs == num_states),
+                                             or of state 0 of a stacked tensor (num_ptrs == 1) */
+    int64_t state_stride;   /* num_ptrs == 1: elements between states (0: all the same) */
+    int64_t row_strides[3]; /* elements between rows along row dimensions 0, 1, 2 */
+    int32_t num_ptrs;       /* 1, or num_states when that is at most FD_MERGE_MAX_POINTERS */
+} fd_merge_input;
+
+/* One merge (mirrors core.MergeProblem). Zero-initialize, then set. */
+typedef struct fd_merge_args {
+    int32_t dtype;        /* FD_FLOAT16, FD_BFLOAT16 or FD_FLOAT32: of outs and out */
+    int32_t num_states;   /* >= 1 */
+    int32_t rows[3];      /* sizes of the row dimensions, each >= 1; at most 2^31 - 1 rows */
+    int32_t head_dim;     /* a multiple of 4, at most 256 */
+    int32_t device;       /* CUDA device ordinal */
+    fd_merge_input outs;  /* (num_states, rows..., head_dim) in dtype: 4-element aligned
+                             pointers, strides multiples of 4 */
+    fd_merge_input lses;  /* (num_states, rows...) float32 natural-log LSEs, 4-byte aligned */
+    uint64_t out;         /* CUdeviceptr of (rows..., head_dim) in dtype, written; 4-element
+                             aligned, strides multiples of 4; must not overlap the inputs */
+    int64_t out_strides[3];
+    uint64_t lse;         /* CUdeviceptr of (rows...) float32 receiving the merged LSE, 4-byte
+                             aligned; must not overlap the inputs; 0: not wanted */
+    int64_t lse_strides[3];
+} fd_merge_args;
+
+#ifndef FD_CGO_EXPORTS
+
+/* Merges args' states on device args->device, launched on stream (a CUstream; NULL is
+ * the legacy default stream): one kernel launch, no host synchronization, no allocation;
+ * it can be captured in a CUDA graph. Returns FD_OK or an fd_status; fd_last_error()
+ * names the argument at fault. The outputs are ready when the stream reaches this point. */
+int fd_merge_states(const fd_merge_args *args, void *stream);
+
+#endif /* FD_CGO_EXPORTS */
+
 #ifdef __cplusplus
 }
 #endif

@@ -55,3 +55,19 @@ FD_COMBINE(fd_combine_f16,      half,          4)
 FD_COMBINE(fd_combine_bf16,     __nv_bfloat16, 4)
 FD_COMBINE(fd_combine_f16_w16,  half,          16)
 FD_COMBINE(fd_combine_bf16_w16, __nv_bfloat16, 16)
+
+// The merge API (merge_states.cuh, merge_params.h): fd_merge_states_<dtype>
+// merges caller-computed attention states by their LSE, in and out in one
+// dtype; 32 to 512 threads (core.MergeProblem.Launch), dynamic shared memory.
+#include "merge_states.cuh"
+
+#define FD_MERGE_STATES(name, T)                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * FD_MERGE_MAX_WARPS) name(         \
+        const fd_merge_params p) {                                                       \
+        fd_merge_states<T>(p);                                                           \
+    }
+
+//              kernel name           dtype
+FD_MERGE_STATES(fd_merge_states_f16,  half)
+FD_MERGE_STATES(fd_merge_states_bf16, __nv_bfloat16)
+FD_MERGE_STATES(fd_merge_states_f32,  float)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds libflashdecode.so and the C test program into OUT, then runs the test.
+# Builds libflashdecode.so and the C test programs into OUT, then runs them.
 #   capi/test/run.sh OUT
 # Environment: CUDA_HOME (default /usr/local/cuda) for cuda.h and the compat header path;
 # LIBCUDA_DIR, a folder with the libcuda.so to link against (default $CUDA_HOME/lib64/stubs);
@@ -17,6 +17,11 @@ cd "$ROOT"
 CGO_ENABLED=1 CGO_CFLAGS="-I$ROOT/core/cuda/compat -I$CUDA_HOME/include ${CGO_CFLAGS:--O2 -g}" \
   CGO_LDFLAGS="-L$LIBCUDA_DIR ${CGO_LDFLAGS:--O2 -g}" \
   go build -buildmode=c-shared -o "$OUT/libflashdecode.so" ./capi
-${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Werror -Icapi -I"$CUDA_HOME/include" capi/test/decode_test.c \
-  -L"$OUT" -lflashdecode -L"$LIBCUDA_DIR" -lcuda -lpthread -lm -o "$OUT/decode_test"
-LD_LIBRARY_PATH="$OUT${RUN_LIBCUDA_DIR:+:$RUN_LIBCUDA_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/decode_test"
+for test in decode_test merge_test; do
+  ${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Werror -Icapi -I"$CUDA_HOME/include" "capi/test/$test.c" \
+    -L"$OUT" -lflashdecode -L"$LIBCUDA_DIR" -lcuda -lpthread -lm -o "$OUT/$test"
+done
+for test in decode_test merge_test; do
+  echo "$test:"
+  LD_LIBRARY_PATH="$OUT${RUN_LIBCUDA_DIR:+:$RUN_LIBCUDA_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/$test"
+done

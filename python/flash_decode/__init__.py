@@ -11,6 +11,7 @@ the first call, once a usable CUDA driver has been confirmed.
 from importlib import metadata as _metadata
 
 from ._api import flash_decode, plan
+from ._merge import merge_state, merge_states
 
 try:
     __version__ = _metadata.version("flash-decode")

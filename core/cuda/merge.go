@@ -1,0 +1,164 @@
+package cuda
+
+// The merge API's launch: the fd_merge_states_<dtype> kernels of
+// kernels/merge_states.cuh, which take an fd_merge_params (merge_params.h)
+// by value. They live in the module openDevice loaded; their handles are
+// looked up once per device, through the module of a decode kernel.
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../kernels
+#cgo noescape fd_merge_launch
+#cgo nocallback fd_merge_launch
+#include <cuda.h>
+#include "merge_params.h"
+
+// Launches a merge kernel: grid blocks of threads threads and smem bytes of
+// dynamic shared memory, with programmatic dependent launch when pdl is set
+// (sm_90+: the kernel waits in griddepcontrol.wait for the kernel before).
+static CUresult fd_merge_launch(CUfunction f, unsigned grid, unsigned threads, unsigned smem,
+                                CUstream stream, int pdl, fd_merge_params *p) {
+	void *args[1] = {p};
+	CUlaunchAttribute attr;
+	attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	attr.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig cfg = {0};
+	cfg.gridDimX = grid;
+	cfg.gridDimY = 1;
+	cfg.gridDimZ = 1;
+	cfg.blockDimX = threads;
+	cfg.blockDimY = 1;
+	cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	cfg.hStream = stream;
+	cfg.attrs = &attr;
+	cfg.numAttrs = pdl ? 1 : 0;
+	return cuLaunchKernelEx(&cfg, f, args, NULL);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/flash-decode/flash-decode/core"
+	"gorgonia.org/cu"
+)
+
+// mergeDTypes are the dtypes with a merge kernel; mergeKernels holds one
+// handle per dtype, by core.DType.
+var mergeDTypes = [...]core.DType{core.Float16, core.BFloat16, core.Float32}
+
+type mergeKernels [core.Float32 + 1]function
+
+var (
+	merges  [maxDevices]atomic.Pointer[mergeKernels]
+	mergeMu sync.Mutex
+)
+
+// MergeStates merges the attention states of p (see core.MergeProblem) on
+// GPU device, launching on stream (a CUstream handle; 0 is the legacy
+// default stream). Like Decode it never synchronizes with the host and
+// allocates no device memory, and its launch depends on p's sizes only (it
+// can be captured in a CUDA graph): out and lse are ready when the stream
+// reaches this point.
+func MergeStates(p *core.MergeProblem, device int, stream uintptr) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if device < 0 || device >= maxDevices {
+		return &core.Error{Op: "merge_states", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d", device), Err: core.ErrInvalid}
+	}
+	d, err := getDevice(device)
+	if err != nil {
+		return err
+	}
+	// As in run: the context is current per OS thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cu.SetCurrentContext(d.ctx); err != nil {
+		return fmt.Errorf("flashdecode: device %d: %w", device, err)
+	}
+	k, err := d.mergeKernels()
+	if err != nil {
+		return err
+	}
+	l := p.Launch()
+	params := mergeParams(p)
+	s := *(*C.CUstream)(unsafe.Pointer(&stream))
+	pdl := C.int(0)
+	if d.pdl {
+		pdl = 1
+	}
+	r := C.fd_merge_launch(C.CUfunction(k[p.DType]), C.uint(l.Grid), C.uint(l.Threads), C.uint(l.SharedBytes), s, pdl, &params)
+	if r != C.CUDA_SUCCESS {
+		return fmt.Errorf("flashdecode: %w", check("launch "+l.Kernel, r))
+	}
+	return nil
+}
+
+// mergeKernels returns d's merge kernel handles, looking them up on first
+// use (with d's context current).
+func (d *device) mergeKernels() (*mergeKernels, error) {
+	if k := merges[d.ordinal].Load(); k != nil {
+		return k, nil
+	}
+	mergeMu.Lock()
+	defer mergeMu.Unlock()
+	if k := merges[d.ordinal].Load(); k != nil {
+		return k, nil
+	}
+	// Every kernel is in the one module openDevice loaded.
+	some := d.fns[core.Variants()[0].Kernel]
+	if some == nil {
+		return nil, fmt.Errorf("flashdecode: device %d has no kernels loaded", d.ordinal)
+	}
+	var mod C.CUmodule
+	if err := check("cuFuncGetModule", C.cuFuncGetModule(&mod, C.CUfunction(some.split))); err != nil {
+		return nil, fmt.Errorf("flashdecode: device %d: %w", d.ordinal, err)
+	}
+	k := new(mergeKernels)
+	for _, dt := range mergeDTypes {
+		name := core.MergeKernel(dt)
+		f, err := lookup(module(mod), name)
+		if err != nil {
+			return nil, fmt.Errorf("flashdecode: kernel %s: %w", name, err)
+		}
+		k[dt] = f
+	}
+	merges[d.ordinal].Store(k)
+	return k, nil
+}
+
+// mergeParams fills the merge kernels' argument struct from a valid problem.
+func mergeParams(p *core.MergeProblem) C.fd_merge_params {
+	var k C.fd_merge_params
+	mergeInput(&k.outs, &p.Outs)
+	mergeInput(&k.lses, &p.LSEs)
+	setPtr(unsafe.Pointer(&k.out), p.Out.Ptr)
+	setPtr(unsafe.Pointer(&k.lse), p.LSE.Ptr)
+	for i := range core.MergeRowDims {
+		k.out_strides[i] = C.longlong(p.Out.Strides[i])
+		k.lse_strides[i] = C.longlong(p.LSE.Strides[i])
+		k.rows[i] = C.int(p.Rows[i])
+	}
+	k.num_states = C.int(p.NumStates)
+	k.head_dim = C.int(p.HeadDim)
+	return k
+}
+
+func mergeInput(k *C.fd_merge_input, in *core.MergeInput) {
+	for i, ptr := range in.Ptrs[:in.NumPtrs] {
+		setPtr(unsafe.Pointer(&k.ptrs[i]), ptr)
+	}
+	k.num_ptrs = C.int(in.NumPtrs)
+	if in.NumPtrs == 1 { // stacked; with a pointer per state the stride stays 0
+		k.state_stride = C.longlong(in.StateStride)
+	}
+	for i, st := range in.Strides {
+		k.strides[i] = C.longlong(st)
+	}
+}
