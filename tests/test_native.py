@@ -26,7 +26,7 @@ needs_extension = pytest.mark.skipif(not has_extension(), reason="native extensi
 
 
 def test_public_api():
-    assert flash_decode.__all__ == ["flash_decode", "plan", "__version__"]
+    assert flash_decode.__all__ == ["flash_decode", "plan", "merge_states", "merge_state", "__version__"]
     assert isinstance(flash_decode.__version__, str)
     params = inspect.signature(flash_decode.flash_decode).parameters
     assert list(params)[:3] == ["q", "k_cache", "v_cache"]

@@ -18,6 +18,7 @@ func MergeStates(dtype, numStates, r0, r1, r2, headDim int,
 	l0, l1, l2, l3, l4, l5, l6, l7 uintptr, lPtrs int, lState, lS0, lS1, lS2 int64,
 	out uintptr, outS0, outS1, outS2 int64, lse uintptr, lseS0, lseS1, lseS2 int64,
 	device int, stream uintptr) (rows int, err error) {
+	defer recoverError(&err)
 	p := core.MergeProblem{
 		DType: core.DType(dtype), NumStates: numStates, Rows: [3]int{r0, r1, r2}, HeadDim: headDim,
 		Outs: core.MergeInput{Ptrs: [core.MergePointers]uintptr{o0, o1, o2, o3, o4, o5, o6, o7}, NumPtrs: oPtrs,

@@ -18,4 +18,4 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
-__all__ = ["flash_decode", "plan", "__version__"]
+__all__ = ["flash_decode", "plan", "merge_states", "merge_state", "__version__"]
