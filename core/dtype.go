@@ -1,12 +1,14 @@
 package core
 
-// DType is the element type of q, k, v and out.
+// DType is the element type of q, k, v and out (and of merge_states' inputs).
 type DType int
 
-// The supported element types.
+// The element types. Decoding takes Float16 and BFloat16 (Valid); the merge
+// kernels take Float32 too.
 const (
 	Float16  DType = 1 // IEEE half precision (torch.float16)
 	BFloat16 DType = 2 // bfloat16 (torch.bfloat16)
+	Float32  DType = 3 // IEEE single precision (torch.float32)
 )
 
 // String returns the torch-style name of the dtype.
@@ -16,12 +18,22 @@ func (d DType) String() string {
 		return "float16"
 	case BFloat16:
 		return "bfloat16"
+	case Float32:
+		return "float32"
 	}
 	return "invalid dtype"
 }
 
-// Valid reports whether d is one of the supported element types.
+// Valid reports whether d is an element type decoding supports.
 func (d DType) Valid() bool { return d == Float16 || d == BFloat16 }
 
 // Size returns the size of one element in bytes.
-func (d DType) Size() int { return 2 }
+func (d DType) Size() int { return elemSize(d) }
+
+// elemSize is the size in bytes of one element of d.
+func elemSize(d DType) int {
+	if d == Float32 {
+		return 4
+	}
+	return 2
+}

@@ -5,10 +5,6 @@ import (
 	"math"
 )
 
-// Float32 is IEEE single precision (torch.float32): the merge kernels take
-// it besides Float16 and BFloat16; decoding does not.
-const Float32 DType = 3
-
 // Limits of the merge kernels (kernels/merge_states.cuh), checked by
 // MergeProblem.Validate.
 const (
@@ -98,13 +94,6 @@ func MergeKernel(d DType) string {
 	return ""
 }
 
-// mergeElemSize is the size in bytes of one element of d (a merge dtype).
-func mergeElemSize(d DType) int {
-	if d == Float32 {
-		return 4
-	}
-	return 2
-}
 
 // NumRows returns the number of rows: the product of p.Rows.
 func (p *MergeProblem) NumRows() int {
@@ -164,7 +153,7 @@ func (p *MergeProblem) Validate() error {
 	if p.HeadDim%mergeVectorElems != 0 || p.HeadDim > MaxMergeHeadDim {
 		return unsupported(op, "headdim", fmt.Sprintf("%d; supported: multiples of %d from %d to %d", p.HeadDim, mergeVectorElems, mergeVectorElems, MaxMergeHeadDim))
 	}
-	size := mergeElemSize(p.DType)
+	size := elemSize(p.DType)
 	if err := p.checkInput("outs", p.Outs, size, p.HeadDim); err != nil {
 		return err
 	}
