@@ -94,7 +94,6 @@ func MergeKernel(d DType) string {
 	return ""
 }
 
-
 // NumRows returns the number of rows: the product of p.Rows.
 func (p *MergeProblem) NumRows() int {
 	return p.Rows[0] * p.Rows[1] * p.Rows[2]

@@ -268,12 +268,12 @@ func TestDType(t *testing.T) {
 		d     DType
 		name  string
 		valid bool
-	}{{Float16, "float16", true}, {BFloat16, "bfloat16", true}, {0, "invalid dtype", false}, {3, "invalid dtype", false}} {
+	}{{Float16, "float16", true}, {BFloat16, "bfloat16", true}, {Float32, "float32", false}, {0, "invalid dtype", false}, {4, "invalid dtype", false}} {
 		if tt.d.String() != tt.name || tt.d.Valid() != tt.valid {
 			t.Errorf("DType(%d): %q %v, want %q %v", int(tt.d), tt.d.String(), tt.d.Valid(), tt.name, tt.valid)
 		}
 	}
-	if Float16.Size() != 2 || BFloat16.Size() != 2 {
-		t.Error("Size() != 2")
+	if Float16.Size() != 2 || BFloat16.Size() != 2 || Float32.Size() != 4 {
+		t.Errorf("sizes %d, %d, %d; want 2, 2, 4", Float16.Size(), BFloat16.Size(), Float32.Size())
 	}
 }
