@@ -74,7 +74,7 @@ def traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cac
     """flash_decode's arguments as one of the two ops (what torch.compile
     traces). The ops' kernels check every argument when the graph runs; out=
     is a copy of the op's result into out."""
-    seqlens, seqlen = (None, cache_seqlens) if isinstance(cache_seqlens, int) else (cache_seqlens, None)
+    seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     window_left, window_right = window_size
     if k is None and v is None and rotary_cos is None and rotary_sin is None:
         result, lse = torch.ops.flash_decode.decode(
