@@ -1,7 +1,11 @@
 """The torch layer: the checks only Python can make (types, ranks, that the
-tensors agree in shape, devices), allocation of out / LSE / workspace, the
-stream handle, then one call into the Go core, which checks every value
-(sizes, strides, options) and names the argument at fault."""
+tensors agree in shape, which arguments go together, devices), allocation of
+out / LSE / workspace, the stream handle, then one call into the Go core,
+which checks every value (sizes, strides, options) and names the argument at
+fault. A plain call runs through Prepare / Run; one with any serving argument
+(new tokens, rotary, a block table, cache_batch_idx, cache_leftpad, a window,
+softcap, ALiBi) through PrepareServing, which takes the layout as JSON, and
+RunServing. Under torch.compile the call is a custom op (see _ops)."""
 
 import json
 import math
@@ -10,11 +14,16 @@ import re
 
 import torch
 
-from . import _native
+from . import _native, _ops
+
+# Bound once: the eager hot path asks on every call whether it is being traced.
+_is_compiling = torch.compiler.is_compiling
 
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2}  # core.DType
+MAX_SEQLEN_Q = 16  # core.MaxSeqlenQ: more query tokens per sequence is prefill
 
-# Layouts seen before (see flash_decode): call signature -> what _prepare returns.
+# Layouts seen before (see flash_decode): call signature -> what _prepare or
+# _prepare_serving returns.
 _prepared = {}
 _PREPARED_LIMIT = 4096
 # Per layout with an int cache_seqlens: workspace bytes by length (the planner
@@ -31,44 +40,91 @@ def _current_stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
-                 causal=False, num_splits=0, return_softmax_lse=False, out=None):
+def flash_decode(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary_sin=None,
+                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                 rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                 return_softmax_lse=False, out=None):
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
+    The arguments are FlashAttention 2's ``flash_attn_with_kvcache``, with the
+    same names and meanings: switching a call to this function is a rename.
     Runs in two stages on ``torch.cuda.current_stream()`` of q's device: a
     split-KV kernel spreads each sequence's keys over all SMs, then the
     per-split partial outputs are merged by their log-sum-exp: inside the
     same kernel when the splits of a sequence fit one thread-block cluster
-    (up to 16 on H100/H200), else by a combine kernel. There is no
+    (up to 16 on H100/H200), else by a combine kernel. With ``k`` and ``v`` a
+    kernel first writes the new tokens into the cache. There is no
     host/device synchronization, and the call can be captured in a CUDA
     graph: launch shapes depend on tensor shapes only, so a replay after new
-    values are written into ``cache_seqlens`` gives the right answer. The
-    first call with a new layout (shapes, strides, dtypes, devices, options)
-    checks it; later calls with the same layout only pass the new addresses
-    (and an int ``cache_seqlens``, which is not part of the layout).
+    values are written into ``cache_seqlens`` (or the block table, or the
+    new tokens) gives the right answer. The first call with a new layout
+    (shapes, strides, dtypes, devices, options) checks it; later calls with
+    the same layout only pass the new addresses (and an int
+    ``cache_seqlens``, which is not part of the layout). Under
+    ``torch.compile`` the call is the custom op ``flash_decode::decode`` (or
+    ``flash_decode::decode_append`` with k and v), with no graph break.
+
+    All positions are key indices of the sequence's cache. Sequence b
+    attends keys ``[cache_leftpad[b], len)`` with ``len = cache_seqlens[b] +
+    seqlen_new``; query row i sits at position ``len - seqlen_q + i``
+    (bottom-right aligned), which the causal mask and the window count from.
 
     Args:
         q: ``(batch, seqlen_q, nheads_q, headdim)``, float16 or bfloat16, with
-            1 <= seqlen_q <= 16.
-        k_cache, v_cache: ``(batch, seqlen_cache, nheads_kv, headdim)``, q's
-            dtype and device; nheads_q must be a multiple of nheads_kv (MHA,
-            GQA, MQA). headdim: 64, 128 and 256, and any other multiple of 8
-            up to 256; seqlen_cache: 0 to 2**30; batch * nheads_q * seqlen_q
-            below 2**31. Every tensor needs a contiguous last dimension; other
+            1 <= seqlen_q <= 16 (more query tokens is prefill's work).
+        k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_kv, headdim)``
+            (batch_cache = batch unless ``cache_batch_idx`` is given), or
+            with ``block_table`` a paged cache ``(num_blocks, page_size,
+            nheads_kv, headdim)`` of any page_size >= 1; q's dtype and
+            device; nheads_q must be a multiple of nheads_kv (MHA, GQA, MQA).
+            headdim: 64, 128 and 256, and any other multiple of 8 up to 256;
+            seqlen_cache: 0 to 2**30; batch * nheads_q * seqlen_q below
+            2**31. Every tensor needs a contiguous last dimension; other
             strides are free (a cache may be a slice of a larger buffer).
-        cache_seqlens: valid keys per sequence: None (the whole cache), an int
-            in [0, seqlen_cache], or an int32 CUDA tensor ``(batch,)`` whose
-            values the kernels clamp to [0, seqlen_cache].
+        k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)`` in q's
+            dtype, both or neither: token t of sequence b is written into the
+            cache at key ``cache_seqlens[b] + t`` (writes past the cache are
+            skipped) before attention, which then sees them. cache_seqlens
+            itself is not changed: the caller advances it. Needs
+            cache_seqlens.
+        rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)`` in q's dtype,
+            both or neither, only with k and v: the first rotary_dim (even,
+            at most headdim) channels of the new keys (at their positions)
+            and of q are rotated. q's rows are rotated at ``cache_seqlens[b]
+            + i`` when causal or a window is set, else all at
+            ``cache_seqlens[b]``. Positions past seqlen_ro are clamped.
+        cache_seqlens: valid keys per sequence before the new tokens: None
+            (the whole cache), an int in [0, seqlen_cache], or an int32
+            tensor ``(batch,)`` whose values the kernels clamp to [0,
+            seqlen_cache].
+        cache_batch_idx: int32 ``(batch,)``: sequence b uses row
+            ``cache_batch_idx[b]`` of k_cache / v_cache (clamped to the
+            cache's rows). Not with block_table.
+        cache_leftpad: int32 ``(batch,)``: sequence b's keys start at
+            ``cache_leftpad[b]``; those before are not attended.
+        block_table: int32 ``(batch, max_blocks)``: key j of sequence b is
+            row ``j % page_size`` of block ``block_table[b, j // page_size]``;
+            seqlen_cache is ``max_blocks * page_size``. Block ids outside
+            ``[0, num_blocks)`` are clamped on read and skipped on write.
         softmax_scale: scale of q.k before the softmax, a positive normal
             float32 (about 1.2e-38 to 3.4e38); None: 1/sqrt(headdim).
-        causal: a bool; mask aligned bottom-right: query row i sees keys
-            j <= cache_seqlens - seqlen_q + i.
+        causal: a bool; query row i sees keys up to its own position.
+        window_size: ``(left, right)`` ints: row i at position p sees keys
+            ``[p - left, p + right]``; -1 leaves a side unbounded. causal
+            sets right to 0.
+        softcap: a float; > 0 caps the scores: ``softcap * tanh(s /
+            softcap)``; 0 turns it off.
+        rotary_interleaved: a bool: rotate channel pairs (2m, 2m + 1)
+            (GPT-J); False: pairs (m, m + rotary_dim / 2) (GPT-NeoX).
+        alibi_slopes: float32 ``(nheads_q,)`` or ``(batch, nheads_q)``: adds
+            ``-slope * |p - j|`` to the score of row position p and key j,
+            after the softcap.
         num_splits: 0 lets the Go core's planner choose (see :func:`plan`);
             n > 0 asks for n, clamped to [1, min(cap, key tiles of the cache)].
         return_softmax_lse: also return the natural-log LSE of each row.
         out: optional tensor of q's shape, dtype and device to write into;
-            it must not share memory with q, k_cache, v_cache or
-            cache_seqlens.
+            it must not share memory with any input.
 
     Returns:
         ``out`` ``(batch, seqlen_q, nheads_q, headdim)`` in q's dtype, and with
@@ -78,8 +134,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
 
     Raises:
         TypeError: an argument of the wrong type or dtype.
-        ValueError: wrong rank, shape, device, stride or value, or out
-            sharing memory with an input; the message names the argument.
+        ValueError: wrong rank, shape, device, stride or value, arguments
+            that do not go together (k without v, rotary without k,
+            cache_batch_idx with block_table), or out sharing memory with an
+            input; the message names the argument. A refused call writes
+            nothing into the caches.
         NotImplementedError: a size or stride the kernels do not support
             (such as headdim 100 or seqlen_q > 16); the message says what is.
         RuntimeError: no usable CUDA driver, or a failure in the native code.
@@ -96,6 +155,20 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
         >>> out.shape, lse.shape
         (torch.Size([2, 1, 32, 128]), torch.Size([2, 32, 1]))
     """
+    if _is_compiling():
+        return _ops.traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                           rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, out)
+    # Any serving argument away from its default takes the serving path, whose
+    # layout key extends the plain one; the plain path does only the plain
+    # work. (An if, not an expression: CPython tests `is None` fastest there,
+    # and a float softcap against 0.0 faster than against 0.)
+    if (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
+            and cache_leftpad is None and block_table is None and alibi_slopes is None
+            and softcap == 0.0 and window_size == (-1, -1)):
+        serving = False
+    else:
+        serving = True
     # The hot path: a call whose layout (shapes, strides, dtypes, devices and
     # options) was seen before skips the checks; the Go core checks the new
     # addresses and launches. Option values go in with their types: as dict
@@ -110,23 +183,31 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
                (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.get_device()),
                type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
                None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
+        if serving:
+            sig += _serving_sig(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+                                window_size, softcap, rotary_interleaved, alibi_slopes)
         entry = _prepared.get(sig)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks will say
         sig = entry = None
     if entry is None:
-        entry = _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_splits, out)
+        if serving:
+            entry = _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                     window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out)
+        else:
+            entry = _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_splits, out)
         if sig is not None:
             if len(_prepared) >= _PREPARED_LIMIT:
                 _prepared.clear()  # the Go core keeps its handles: asking again is cheap
             _prepared[sig] = entry
-    run, handle, workspace_bytes, workspaces, device, lse_shape, q_contiguous = entry
+    run, handle, workspace_bytes, workspaces, device, lse_shape, q_contiguous, workspace_fn = entry
 
     seqlen, seqlens = -1, 0
     if workspaces is not None:  # an int cache_seqlens
         seqlen = cache_seqlens
         workspace_bytes = workspaces.get(seqlen)
         if workspace_bytes is None:
-            workspace_bytes = _workspace(handle, workspaces, seqlen)
+            workspace_bytes = _workspace(workspace_fn, handle, workspaces, seqlen)
     elif cache_seqlens is not None:
         seqlens = cache_seqlens.data_ptr()
     if out is None:
@@ -142,12 +223,39 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None,
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
     stream = _current_stream(device)
     try:
-        run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-            0 if lse is None else lse.data_ptr(), seqlens,
-            0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
+        if serving:
+            run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                0 if lse is None else lse.data_ptr(), seqlens,
+                0 if block_table is None else block_table.data_ptr(),
+                0 if cache_batch_idx is None else cache_batch_idx.data_ptr(),
+                0 if cache_leftpad is None else cache_leftpad.data_ptr(),
+                0 if alibi_slopes is None else alibi_slopes.data_ptr(),
+                0 if k is None else k.data_ptr(), 0 if v is None else v.data_ptr(),
+                0 if rotary_cos is None else rotary_cos.data_ptr(),
+                0 if rotary_sin is None else rotary_sin.data_ptr(),
+                0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
+        else:
+            run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                0 if lse is None else lse.data_ptr(), seqlens,
+                0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
     except Exception as err:
         raise _translate(err) from None
     return (out, lse) if return_softmax_lse else out
+
+
+def _serving_sig(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+                 window_size, softcap, rotary_interleaved, alibi_slopes):
+    """The part of a serving call's layout key that the plain key lacks
+    (options with their types, as there). Raises AttributeError or TypeError
+    for what is not a tensor or not a sequence: the checks then say what."""
+    return (_tensor_sig(k), _tensor_sig(v), _tensor_sig(rotary_cos), _tensor_sig(rotary_sin),
+            _tensor_sig(cache_batch_idx), _tensor_sig(cache_leftpad), _tensor_sig(block_table),
+            _tensor_sig(alibi_slopes), type(window_size), tuple(window_size), tuple(map(type, window_size)),
+            type(softcap), softcap, type(rotary_interleaved), rotary_interleaved)
+
+
+def _tensor_sig(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_splits, out):
@@ -155,7 +263,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
     (which checks the rest), and return what the hot path needs: (run,
     handle, workspace bytes, workspaces by length for an int cache_seqlens
     (else None), device index, lse shape, whether q's strides are the
-    contiguous ones)."""
+    contiguous ones, the native function that sizes a workspace)."""
     batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache = _check_shapes(q, k_cache, v_cache)
     _check_cache_seqlens(cache_seqlens, batch)
     scale = _check_scale(softmax_scale)
@@ -166,10 +274,11 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
         _check_out(out, q)
     device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, out=out,
                             cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None)
+    _check_seqlen_q(seqlen_q)
 
     native = _native.binding()
     # out=None gets a contiguous tensor of q's shape: its strides are known now.
-    contiguous = (seqlen_q * nheads_q * headdim, nheads_q * headdim, headdim, 1)
+    contiguous = _contiguous_strides(q.shape)
     out_strides = out.stride() if out is not None else contiguous
     workspace_bytes, workspaces = 0, None
     try:
@@ -182,19 +291,177 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
             workspace_bytes = native.Workspace(handle, -1)
     except Exception as err:
         raise _translate(err) from None
-    # gopy's module-level wrapper only forwards to the extension function.
-    run = getattr(getattr(native, "_binding", None), "binding_Run", None) or native.Run
-    return (run, handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
-            tuple(q.stride()) == contiguous)
+    return (_fast(native, "Run"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
+            tuple(q.stride()) == contiguous, native.Workspace)
 
 
-def _workspace(handle, workspaces, seqlen):
+def _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                     cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                     rotary_interleaved, alibi_slopes, num_splits, out):
+    """_prepare for a call with serving arguments: check what only Python can
+    (types, dtypes, ranks, that the shapes agree, which arguments go
+    together, devices), send the layout to the Go core as JSON
+    (PrepareServing, which checks the values) and return the same tuple."""
+    layout = _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                             rotary_interleaved, alibi_slopes, num_splits, out)
+    device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
+                            rotary_sin=rotary_sin,
+                            cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
+                            cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                            block_table=block_table, alibi_slopes=alibi_slopes, out=out)
+    _check_seqlen_q(layout["seqlen_q"])
+
+    native = _native.binding()
+    workspace_bytes, workspaces = 0, None
+    try:
+        handle = native.PrepareServing(json.dumps(layout), device)
+        if type(cache_seqlens) is int:
+            workspaces = {}
+        else:
+            workspace_bytes = native.WorkspaceServing(handle, -1)
+    except Exception as err:
+        raise _translate(err) from None
+    batch, seqlen_q, nheads_q = layout["batch"], layout["seqlen_q"], layout["nheads_q"]
+    return (_fast(native, "RunServing"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
+            tuple(q.stride()) == _contiguous_strides(q.shape), native.WorkspaceServing)
+
+
+def _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                    cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                    rotary_interleaved, alibi_slopes, num_splits, out):
+    """Check a serving call's arguments (all but the devices and the values
+    the Go core checks) and return its layout: PrepareServing's JSON fields,
+    strides in elements under each tensor's name."""
+    paged = block_table is not None
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t)
+    cache_layout = "(num_blocks, page_size, nheads_kv, headdim)" if paged else \
+        "(batch, seqlen_cache, nheads_kv, headdim)"
+    _check_rank("q", q, "(batch, seqlen_q, nheads_q, headdim)")
+    _check_rank("k_cache", k_cache, cache_layout)
+    _check_rank("v_cache", v_cache, cache_layout)
+    _check_dtypes(q, k_cache=k_cache, v_cache=v_cache)
+    batch, seqlen_q, nheads_q, headdim = q.shape
+    rows, seqlen_cache, nheads_kv, _ = k_cache.shape
+    if k_cache.shape[3] != headdim:
+        raise ValueError(f"k_cache must have q's headdim {headdim}, got shape {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
+                         f"got {tuple(v_cache.shape)}")
+
+    layout = dict(dtype=_DTYPE_CODES[q.dtype], batch=batch, seqlen_q=seqlen_q, nheads_q=nheads_q,
+                  nheads_kv=nheads_kv, headdim=headdim, seqlen_cache=seqlen_cache,
+                  q=q.stride(), k_cache=k_cache.stride(), v_cache=v_cache.stride())
+    if paged:
+        _check_tensor("block_table", block_table)
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be used with block_table: a paged cache is addressed "
+                             "through the block table alone")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be an int32 tensor, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table must have shape (batch={batch}, max_blocks), "
+                             f"got {tuple(block_table.shape)}")
+        max_pages = block_table.shape[1]
+        layout.update(page_size=seqlen_cache, num_pages=rows, max_pages=max_pages,
+                      seqlen_cache=max_pages * seqlen_cache, block_table=_strides(block_table))
+    elif cache_batch_idx is not None:
+        _check_index("cache_batch_idx", cache_batch_idx, batch)
+        layout.update(cache_batch=rows)
+    elif rows != batch:
+        raise ValueError(f"k_cache must have shape (batch={batch}, seqlen_cache, nheads_kv, headdim={headdim}) "
+                         f"to match q (or give cache_batch_idx), got {tuple(k_cache.shape)}")
+    if cache_leftpad is not None:
+        _check_index("cache_leftpad", cache_leftpad, batch)
+        layout.update(leftpad=True)
+
+    if (k is None) != (v is None):
+        missing, given = ("v", "k") if v is None else ("k", "v")
+        raise ValueError(f"{missing} is None but {given} is not: the new keys and values are appended together")
+    if k is not None:
+        new_layout = f"(batch={batch}, seqlen_new, nheads_kv={nheads_kv}, headdim={headdim})"
+        for name, t in (("k", k), ("v", v)):
+            _check_tensor(name, t)
+            _check_rank(name, t, new_layout)
+        _check_dtypes(q, k=k, v=v)
+        if k.shape[0] != batch or k.shape[2] != nheads_kv or k.shape[3] != headdim or k.shape[1] < 1:
+            raise ValueError(f"k must have shape {new_layout} with seqlen_new >= 1, got {tuple(k.shape)}")
+        if v.shape != k.shape:
+            raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is needed with k and v: the new tokens are written at "
+                             "cache_seqlens (which the caller advances)")
+        layout.update(seqlen_new=k.shape[1], k=k.stride(), v=v.stride())
+
+    if (rotary_cos is None) != (rotary_sin is None):
+        missing, given = ("rotary_sin", "rotary_cos") if rotary_sin is None else ("rotary_cos", "rotary_sin")
+        raise ValueError(f"{missing} is None but {given} is not: the rotary tables come together")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos and rotary_sin need k and v: the rotary embedding is applied to "
+                             "the appended keys and to q")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _check_tensor(name, t)
+            _check_rank(name, t, "(seqlen_ro, rotary_dim / 2)")
+        _check_dtypes(q, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+        if rotary_sin.shape != rotary_cos.shape:
+            raise ValueError(f"rotary_sin must have rotary_cos's shape {tuple(rotary_cos.shape)}, "
+                             f"got {tuple(rotary_sin.shape)}")
+        if type(rotary_interleaved) is not bool:
+            raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
+        layout.update(rotary_dim=2 * rotary_cos.shape[1], rotary_rows=rotary_cos.shape[0],
+                      rotary_cos=_strides(rotary_cos), rotary_sin=_strides(rotary_sin),
+                      rotary_interleaved=rotary_interleaved)
+
+    if alibi_slopes is not None:
+        _check_tensor("alibi_slopes", alibi_slopes)
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"alibi_slopes must be a float32 tensor, got {alibi_slopes.dtype}")
+        if alibi_slopes.shape == (nheads_q,):
+            strides = [0, *_strides(alibi_slopes)]  # one slope per head for every sequence
+        elif alibi_slopes.shape == (batch, nheads_q):
+            strides = _strides(alibi_slopes)
+        else:
+            raise ValueError(f"alibi_slopes must have shape (nheads_q,) = ({nheads_q},) or (batch, nheads_q) = "
+                             f"({batch}, {nheads_q}), got {tuple(alibi_slopes.shape)}")
+        layout.update(alibi=True, alibi_slopes=strides)
+
+    if not isinstance(window_size, (tuple, list)):
+        raise TypeError(f"window_size must be a tuple of two ints (left, right), got {type(window_size).__name__}")
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be a tuple of two ints (left, right), got {tuple(window_size)}")
+    layout.update(window_size=[_check_int("window_size", w) for w in window_size])
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    layout.update(softcap=_finite("softcap", softcap))
+
+    _check_cache_seqlens(cache_seqlens, batch)
+    scale = _check_scale(softmax_scale)
+    if type(causal) is not bool:
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    layout.update(softmax_scale=_finite("softmax_scale", scale), default_scale=softmax_scale is None,
+                  causal=causal, num_splits=_check_int("num_splits", num_splits))
+    if out is not None:
+        _check_out(out, q)
+    layout.update(out=_contiguous_strides(q.shape) if out is None else out.stride())
+    return layout
+
+
+def _fast(native, name):
+    """native's function name, called past gopy's module-level wrapper, which
+    only forwards to the extension function."""
+    return getattr(getattr(native, "_binding", None), "binding_" + name, None) or getattr(native, name)
+
+
+def _workspace(workspace_fn, handle, workspaces, seqlen):
     """The workspace bytes for an int cache_seqlens value the layout has not
-    met yet, from the Go core (which refuses a value above seqlen_cache),
-    kept in workspaces (a bounded dict)."""
+    met yet, from the Go core (workspace_fn: Workspace or WorkspaceServing,
+    which refuse a value above seqlen_cache), kept in workspaces (a bounded
+    dict)."""
     _check_length("cache_seqlens", seqlen)
     try:
-        workspace_bytes = _native.binding().Workspace(handle, seqlen)
+        workspace_bytes = workspace_fn(handle, seqlen)
     except Exception as err:
         raise _translate(err) from None
     if len(workspaces) >= _WORKSPACES_LIMIT:
@@ -314,21 +581,31 @@ def _check_length(name, value):
     return value
 
 
+def _check_rank(name, t, layout):
+    """Raise ValueError unless t has the dimensions layout (a tuple text) names."""
+    ndim = layout.count(",") + 1
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions {layout}, got shape {tuple(t.shape)}")
+
+
+def _check_dtypes(q, **others):
+    """Raise TypeError unless q is float16 or bfloat16 and the others have its dtype."""
+    if q.dtype not in _DTYPE_CODES:
+        raise TypeError(f"q must be torch.float16 or torch.bfloat16, got {q.dtype}")
+    for name, t in others.items():
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+
+
 def _check_shapes(q, k_cache, v_cache):
     """Check types, ranks and dtypes, and that the shapes agree; return the sizes."""
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
     for name, t in tensors:
         _check_tensor(name, t)
     for name, t in tensors:
-        if t.dim() != 4:
-            layout = "(batch, seqlen_q, nheads_q, headdim)" if name == "q" else \
-                "(batch, seqlen_cache, nheads_kv, headdim)"
-            raise ValueError(f"{name} must have 4 dimensions {layout}, got shape {tuple(t.shape)}")
-    if q.dtype not in _DTYPE_CODES:
-        raise TypeError(f"q must be torch.float16 or torch.bfloat16, got {q.dtype}")
-    for name, t in tensors[1:]:
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        _check_rank(name, t, "(batch, seqlen_q, nheads_q, headdim)" if name == "q" else
+                    "(batch, seqlen_cache, nheads_kv, headdim)")
+    _check_dtypes(q, k_cache=k_cache, v_cache=v_cache)
 
     batch, seqlen_q, nheads_q, headdim = q.shape
     _, seqlen_cache, nheads_kv, _ = k_cache.shape
@@ -342,22 +619,66 @@ def _check_shapes(q, k_cache, v_cache):
     return batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache
 
 
+def _check_seqlen_q(seqlen_q):
+    """Refuse more query tokens than decode kernels take, saying whose job that is."""
+    if seqlen_q > MAX_SEQLEN_Q:
+        raise NotImplementedError(
+            f"seqlen_q: not supported: {seqlen_q}; supported: 1 to {MAX_SEQLEN_Q}. Decode with more than "
+            f"{MAX_SEQLEN_Q} query tokens per sequence is prefill's job: use a prefill attention kernel "
+            "(flash_attn_with_kvcache, torch's scaled_dot_product_attention) for those steps")
+
+
+def _check_index(name, t, batch):
+    """Check an int32 per-sequence tensor (batch,): type, dtype, shape and
+    that it is contiguous (the kernels read element b at b); not its device."""
+    _check_tensor(name, t)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
+    if t.shape != (batch,):
+        raise ValueError(f"{name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
+    if batch > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.stride()}")
+
+
 def _check_cache_seqlens(cache_seqlens, batch):
     """Check cache_seqlens's type, and a tensor's dtype, shape and stride (not
     its device); an int's value comes with each call (see _workspace)."""
     if cache_seqlens is None or type(cache_seqlens) is int:
         return
     if isinstance(cache_seqlens, torch.Tensor):
-        if cache_seqlens.dtype != torch.int32:
-            raise TypeError(f"cache_seqlens must be an int32 tensor, got {cache_seqlens.dtype}")
-        if cache_seqlens.shape != (batch,):
-            raise ValueError(f"cache_seqlens must have shape (batch,) = ({batch},), "
-                             f"got {tuple(cache_seqlens.shape)}")
-        if batch > 1 and cache_seqlens.stride(0) != 1:
-            raise ValueError(f"cache_seqlens must be contiguous, got stride {cache_seqlens.stride()}")
+        _check_index("cache_seqlens", cache_seqlens, batch)
         return
     raise TypeError("cache_seqlens must be None, an int or an int32 tensor, "
                     f"got {type(cache_seqlens).__name__}")
+
+
+def _contiguous_strides(shape):
+    """The strides of a contiguous tensor of this shape."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _strides(t):
+    """t's strides, with the contiguous stride in place of any dimension of
+    size 1, whose stride never moves an address (torch leaves it arbitrary):
+    the Go core checks a last stride of 1 and the others as layout."""
+    contiguous = _contiguous_strides(t.shape)
+    return [c if n == 1 else s for n, s, c in zip(t.shape, t.stride(), contiguous)]
+
+
+def _finite(name, value):
+    """Return value as a float if it is finite: the JSON layout has no
+    infinities or NaNs (the Go core checks finite values)."""
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float64
+        value = math.inf
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value} must be finite")
+    return value
 
 
 def _check_scale(softmax_scale):

@@ -1,0 +1,91 @@
+"""flash_decode as torch custom ops, for torch.compile.
+
+While torch.compile traces, :func:`flash_decode.flash_decode` calls
+:func:`traced`, which puts one of two ops into the graph:
+
+- ``flash_decode::decode``: attention only; writes nothing it is given.
+- ``flash_decode::decode_append``: with k and v (and rotary): writes the new
+  tokens into k_cache and v_cache (declared as mutated), then attends.
+
+Both return ``(out, lse)``, fresh contiguous tensors; their CUDA kernels run
+the eager path, and their fake kernels give the shapes and dtypes the
+compiler traces with. Eager calls never come through here. Every optional
+argument of flash_decode maps onto the op schema: tensors as ``Tensor?``, an
+int cache_seqlens as ``seqlen`` (``int?``), window_size as two ints.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _api
+
+
+@torch.library.custom_op("flash_decode::decode", mutates_args=(), device_types="cuda")
+def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor], seqlen: Optional[int],
+           cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
+           softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+           alibi_slopes: Optional[Tensor], num_splits: int) -> tuple[Tensor, Tensor]:
+    """flash_decode without new tokens; returns (out, lse)."""
+    return _api.flash_decode(
+        q, k_cache, v_cache, cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+        softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right), softcap=softcap,
+        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True)
+
+
+@torch.library.custom_op("flash_decode::decode_append", mutates_args=("k_cache", "v_cache"), device_types="cuda")
+def decode_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                  rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                  seqlen: Optional[int], cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                  block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
+                  window_right: int, softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[Tensor],
+                  num_splits: int) -> tuple[Tensor, Tensor]:
+    """flash_decode appending k and v into the caches; returns (out, lse)."""
+    return _api.flash_decode(
+        q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=softmax_scale, causal=causal,
+        window_size=(window_left, window_right), softcap=softcap, rotary_interleaved=rotary_interleaved,
+        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True)
+
+
+def _results(q):
+    """Empty (out, lse) as the kernels return them: out contiguous in q's
+    shape and dtype, lse float32 (batch, nheads_q, seqlen_q)."""
+    batch, seqlen_q, nheads_q, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
+
+
+@decode.register_fake
+def _decode_fake(q, *_):
+    return _results(q)
+
+
+@decode_append.register_fake
+def _decode_append_fake(q, *_):
+    return _results(q)
+
+
+def traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+           block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+           num_splits, return_softmax_lse, out):
+    """flash_decode's arguments as one of the two ops (what torch.compile
+    traces). The ops' kernels check every argument when the graph runs; out=
+    is a copy of the op's result into out."""
+    seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
+    window_left, window_right = window_size
+    if k is None and v is None and rotary_cos is None and rotary_sin is None:
+        result, lse = torch.ops.flash_decode.decode(
+            q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
+            causal, window_left, window_right, softcap, alibi_slopes, num_splits)
+    else:
+        result, lse = torch.ops.flash_decode.decode_append(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
+            block_table, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+            alibi_slopes, num_splits)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return (result, lse) if return_softmax_lse else result
