@@ -29,10 +29,15 @@ def test_public_api():
     assert flash_decode.__all__ == ["flash_decode", "plan", "merge_states", "merge_state", "__version__"]
     assert isinstance(flash_decode.__version__, str)
     params = inspect.signature(flash_decode.flash_decode).parameters
-    assert list(params)[:3] == ["q", "k_cache", "v_cache"]
-    keywords = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    assert keywords == dict(cache_seqlens=None, softmax_scale=None, causal=False, num_splits=0,
-                            return_softmax_lse=False, out=None)
+    # flash_attn_with_kvcache's signature: the same names in the same order.
+    assert list(params)[:5] == ["q", "k_cache", "v_cache", "k", "v"]
+    assert params["k"].default is None and params["v"].default is None
+    keywords = [(n, p.default) for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    assert keywords == [("rotary_cos", None), ("rotary_sin", None), ("cache_seqlens", None),
+                        ("cache_batch_idx", None), ("cache_leftpad", None), ("block_table", None),
+                        ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
+                        ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
+                        ("num_splits", 0), ("return_softmax_lse", False), ("out", None)]
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {

@@ -1,5 +1,3 @@
-//go:build serving
-
 package binding
 
 import (
