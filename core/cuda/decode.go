@@ -2,10 +2,8 @@ package cuda
 
 import (
 	"fmt"
-	"runtime"
 
 	"github.com/flash-decode/flash-decode/core"
-	"gorgonia.org/cu"
 )
 
 // Decode computes flash-decoding attention for p on GPU device, launching on
@@ -40,14 +38,13 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
 			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
 	}
-	// The context is current per OS thread: keep this goroutine on one
-	// thread from making it current to the launches. The calling thread may
-	// have another context (or none) current.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
-		return core.Plan{}, fmt.Errorf("flashdecode: device %d: %w", device, err)
+	// The device's context is current for the launches only: the caller's
+	// (torch's current device, say) is current again when Decode returns.
+	restore, err := current(d.ctx, device)
+	if err != nil {
+		return core.Plan{}, err
 	}
+	defer restore()
 	k := params(p, pl, workspace)
 	if err := d.launch(&k, &pd, stream); err != nil {
 		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)

@@ -476,3 +476,23 @@ func TestDecodeServingMatchesNaiveAttention(t *testing.T) {
 		})
 	}
 }
+
+// Decode makes its device's context current for the launches only: a thread
+// with no context current (or another one) finds it so again afterwards.
+func TestDecodeRestoresTheCallersContext(t *testing.T) {
+	gpu(t)
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 8, HeadDim: 64, SeqlenCache: 256, Seqlen: -1}
+	q := upload(t, make([]uint16, 8*64))
+	kv := upload(t, make([]uint16, 256*8*64))
+	out := upload(t, make([]uint16, 8*64))
+	p := core.Problem{Shape: s, Q: contiguous(q, 1, 8, 64), K: contiguous(kv, 256, 8, 64), V: contiguous(kv, 256, 8, 64), Out: contiguous(out, 1, 8, 64)}
+	if err := cu.SetCurrentContext(cu.CUContext{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Decode(&p, 0, 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ctx, err := cu.CurrentContext(); err != nil || ctx != (cu.CUContext{}) {
+		t.Fatalf("after Decode the current context is %v (err %v), want none", ctx, err)
+	}
+}

@@ -88,9 +88,13 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: retaining the primary context of device %d: %w", ordinal, err)
 	}
-	if err := cu.SetCurrentContext(ctx); err != nil {
-		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
+	// The module loads into the current context: ours, on this thread only
+	// until openDevice returns.
+	restore, err := current(ctx, ordinal)
+	if err != nil {
+		return nil, err
 	}
+	defer restore()
 	sms, err := dev.Attribute(cu.MultiprocessorCount)
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)

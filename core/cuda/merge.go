@@ -39,13 +39,11 @@ import "C"
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
-	"gorgonia.org/cu"
 )
 
 // mergeDTypes are the dtypes with a merge kernel; mergeKernels holds one
@@ -76,12 +74,11 @@ func MergeStates(p *core.MergeProblem, device int, stream uintptr) error {
 	if err != nil {
 		return err
 	}
-	// As in run: the context is current per OS thread.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	if err := cu.SetCurrentContext(d.ctx); err != nil {
-		return fmt.Errorf("flashdecode: device %d: %w", device, err)
+	restore, err := current(d.ctx, device) // as in run
+	if err != nil {
+		return err
 	}
+	defer restore()
 	k, err := d.mergeKernels()
 	if err != nil {
 		return err
