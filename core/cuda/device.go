@@ -103,7 +103,11 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
 	}
-	mod, err := loadModule(fatbin)
+	image, err := kernelImage()
+	if err != nil {
+		return nil, err
+	}
+	mod, err := loadModule(image)
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
 	}

@@ -2,10 +2,30 @@ package cuda
 
 // The kernels of kernels/ compiled into one fatbin: SASS for sm_80, sm_86,
 // sm_89 and sm_90 plus PTX for compute_90 so newer GPUs JIT it. The file is a
-// build output (never committed); pip install and .ci/run make it first.
-//go:generate nvcc -fatbin -O3 -std=c++17 -Xptxas=-warn-spills -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=[sm_90,compute_90] -o flashdecode.fatbin ../../kernels/flashdecode.cu
+// build output (never committed, see fatbin/README.md); pip install and
+// .ci/run make it first.
+//go:generate nvcc -fatbin -O3 -std=c++17 -Xptxas=-warn-spills -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=[sm_90,compute_90] -o fatbin/flashdecode.fatbin ../../kernels/flashdecode.cu
 
-import _ "embed"
+import (
+	"embed"
+	"errors"
+)
 
-//go:embed flashdecode.fatbin
-var fatbin string
+// The folder is embedded whole so that a checkout without the fatbin still
+// builds (its README is always there).
+//
+//go:embed fatbin
+var fatbinFS embed.FS
+
+// errNoFatbin is what opening a device reports when the kernels were not
+// built into this binary.
+var errNoFatbin = errors.New("flashdecode: this build holds no CUDA kernels: run `go generate ./core/cuda` (needs nvcc) and rebuild")
+
+// kernelImage returns the embedded fatbin, or errNoFatbin.
+func kernelImage() (string, error) {
+	b, err := fatbinFS.ReadFile("fatbin/flashdecode.fatbin")
+	if err != nil || len(b) == 0 {
+		return "", errNoFatbin
+	}
+	return string(b), nil
+}

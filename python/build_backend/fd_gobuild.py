@@ -7,7 +7,7 @@ which `pip install -v` shows):
   2. builds a stand-in libcuda.so.1 (make_libcuda.py, from the toolkit's cuda.h): the
      extension links against it (gorgonia.org/cu links -lcuda; at run time the user's
      machine provides libcuda.so.1), and the wheel carries it for planning without a driver;
-  3. runs `go generate ./core/cuda` (nvcc compiles kernels/ into core/cuda/flashdecode.fatbin);
+  3. runs `go generate ./core/cuda` (nvcc compiles kernels/ into core/cuda/fatbin/flashdecode.fatbin);
   4. builds gopy and goimports from go.mod's tool requirements into _build/bin;
   5. runs `gopy build` over ./python/binding into _build/gopy (gopy needs its output inside
      the Go module; Go's ./... skips folders starting with "_");
