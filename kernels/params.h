@@ -55,6 +55,30 @@ typedef struct fd_params {
     int combine_row0;       // first output row (batch, head, query order) the combine merges
     float scale;            // softmax scale applied to q.k
     float scale_log2;       // scale * log2(e): kernels exponentiate with exp2f
+
+    // Serving features: read by the fd_split_kv_serving_* and fd_append_kv_* kernels only.
+    // With block_table, k and v are (num_pages, page_size, heads_kv, head_dim):
+    // k/v_batch_stride is then the page stride, k/v_seq_stride the row stride in a page.
+    const int *block_table;        // (batch, max_pages) int32, or NULL: contiguous cache
+    long long block_table_stride;  // elements between sequences in block_table
+    int page_size;                 // keys per page when block_table is set
+    int num_pages;                 // pages in k/v (ids clamped to [0, num_pages - 1] on read)
+    const int *cache_batch_idx;    // (batch,) int32, or NULL: sequence b uses cache row b
+    int cache_batch;               // k/v's batch dimension (cache rows) for clamping it
+    const int *cache_leftpad;      // (batch,) int32, or NULL: keys start at 0
+    int window_left, window_right; // -1: unbounded
+    float softcap;                 // > 0: s = softcap * tanh(s / softcap)
+    float softcap_log2;            // softcap * log2(e)
+    const float *alibi_slopes;     // fp32 (heads_q,) or (batch, heads_q), or NULL
+    long long alibi_batch_stride;  // 0 for (heads_q,)
+    const void *k_new, *v_new;     // (batch, seqlen_new, heads_kv, head_dim), or NULL
+    long long k_new_batch_stride, k_new_seq_stride, k_new_head_stride;
+    long long v_new_batch_stride, v_new_seq_stride, v_new_head_stride;
+    int seqlen_new;                // 0: no append
+    const void *rotary_cos, *rotary_sin; // (rotary_rows, rotary_dim / 2), q's dtype, or NULL
+    long long rotary_stride;       // elements between rows of cos / sin
+    int rotary_dim, rotary_rows, rotary_interleaved;
+    void *q_rot;                   // rotated q (batch, seqlen_q, heads_q, head_dim) contiguous, in the workspace; stage 1 reads it when rotary_cos != NULL
 } fd_params;
 
 #ifdef __cplusplus
