@@ -48,6 +48,19 @@
 // scores pre-multiplied by scale*log2(e). Launched with programmatic
 // dependent launch (optional, sm_90), the combine grid is scheduled while
 // this one drains instead of after it (see fd_pdl_wait in ptx.cuh).
+//
+// The serving variants (fd_split_kv_serving_*, kServing) are this kernel
+// with FlashAttention's kv-cache features, same launch shapes and reduce
+// paths; the plain variants compile without any of it. Keys are absolute
+// cache indices: b's keys are [lo, len), len = cache_seqlens[b] +
+// seqlen_new (clamped), lo = cache_leftpad[b]; query row i sits at
+// pos_i = len - seqlen_q + i and sees [max(lo, pos_i - left), min(len,
+// pos_i + right + 1)) (causal: right 0). The block's tiles start at the
+// tile of its rows' first visible key, so a window reads only its keys.
+// K/V rows come from cache row cache_batch_idx[b], or key by key from the
+// pages of block_table. Scores are softcapped, then get ALiBi's
+// -slope |pos_i - j|. q is read from q_rot (rotated by fd_append_kv,
+// append_kv.cuh, which also wrote the new keys) when rotary is on.
 #ifndef FLASHDECODE_SPLIT_KV_CUH
 #define FLASHDECODE_SPLIT_KV_CUH
 
@@ -65,8 +78,121 @@
 #define FD_TRACE(i)
 #endif
 
-template <typename T, int D, int ROWS>
-__device__ __forceinline__ void fd_split_kv(const fd_params &p) {
+// The serving features (kServing, the fd_split_kv_serving_* variants; their
+// fields are the last ones of fd_params). Each helper is one step of the
+// kernel below, at the place it is called from.
+
+// The first key any of a block's rows sees: lo, or with a left window the
+// window start of its earliest query token. The rows are consecutive tokens
+// of consecutive heads, so the earliest is row0's unless they wrap past the
+// last token (and then token 0).
+__device__ __forceinline__ int fd_serving_first_key(const fd_params &p, int len, int lo, int row0, int n_rows) {
+    if (p.window_left < 0) return lo;
+    const int q0 = row0 % p.seqlen_q;
+    const int q_min = q0 + n_rows > p.seqlen_q ? 0 : q0;
+    return (int)max((long long)lo, (long long)len - p.seqlen_q + q_min - p.window_left);
+}
+
+// Where the block reads, once the lengths and indices may be read: the cache
+// row cache_batch_idx[b] (clamped) instead of b, no row at all for a paged
+// cache (fd_serving_key_offsets adds the page), and the rotated q, which
+// fd_append_kv wrote contiguous, when rotary is on.
+template <bool kServing>
+struct fd_serving_q {  // the plain variants read q with its own strides
+    __device__ __forceinline__ long long seq(const fd_params &p) const { return p.q_seq_stride; }
+    __device__ __forceinline__ long long head(const fd_params &p) const { return p.q_head_stride; }
+};
+
+template <>
+struct fd_serving_q<true> {  // q's strides, or the rotated copy's
+    long long seq_stride = 0, head_stride = 0;
+    bool rotated = false;
+    __device__ __forceinline__ long long seq(const fd_params &p) const { return rotated ? seq_stride : p.q_seq_stride; }
+    __device__ __forceinline__ long long head(const fd_params &p) const {
+        return rotated ? head_stride : p.q_head_stride;
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ void fd_serving_bases(const fd_params &p, int b, int kv_head, const T *&q_base,
+                                                 const T *&k_base, const T *&v_base, fd_serving_q<true> &q) {
+    long long row = 0;
+    if (p.block_table == nullptr) row = p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
+    k_base = static_cast<const T *>(p.k) + row * p.k_batch_stride + kv_head * p.k_head_stride;
+    v_base = static_cast<const T *>(p.v) + row * p.v_batch_stride + kv_head * p.v_head_stride;
+    if (p.rotary_cos != nullptr) {
+        q.rotated = true;
+        q.head_stride = p.head_dim;
+        q.seq_stride = (long long)p.heads_q * p.head_dim;
+        q_base = static_cast<const T *>(p.q_rot) + b * p.seqlen_q * q.seq_stride;
+    }
+}
+
+// Adds key gkey's offset from k_base / v_base: its row, or its page (clamped
+// to the cache) and the row in that page.
+__device__ __forceinline__ void fd_serving_key_offsets(const fd_params &p, int b, int gkey, long long &k_off,
+                                                       long long &v_off) {
+    if (p.block_table == nullptr) {
+        k_off += (long long)gkey * p.k_seq_stride;
+        v_off += (long long)gkey * p.v_seq_stride;
+        return;
+    }
+    // A division by the run-time page size, per key and tile; a precomputed
+    // multiplier (or a shift for power-of-two pages) would replace it here.
+    const int slot = gkey / p.page_size;
+    const long long page = min(max(p.block_table[b * p.block_table_stride + slot], 0), p.num_pages - 1);
+    const long long row = gkey - slot * p.page_size;
+    k_off += page * p.k_batch_stride + row * p.k_seq_stride;
+    v_off += page * p.v_batch_stride + row * p.v_seq_stride;
+}
+
+// A lane's query rows beyond key_limit: the first visible key (leftpad, left
+// window), the row's position (ALiBi's distance) and its ALiBi slope in
+// base-2 units. Empty for the plain variants.
+template <bool kServing, int MTILES>
+struct fd_serving_rows {};
+
+template <int MTILES>
+struct fd_serving_rows<true, MTILES> {
+    int start[MTILES][2];
+    int pos[MTILES][2];
+    float slope[MTILES][2];  // slope * log2(e); 0 without ALiBi
+
+    // Row (mt, h), query head `head` at position pos_i, sees keys
+    // [start, limit): lo <= j < len, j >= pos_i - left, j <= pos_i + right
+    // (causal: right 0).
+    __device__ __forceinline__ void set(const fd_params &p, int mt, int h, int b, int head, int pos_i, int lo,
+                                        int len, int &limit) {
+        const int right = p.causal ? 0 : p.window_right;
+        start[mt][h] = p.window_left >= 0 ? (int)max((long long)lo, (long long)pos_i - p.window_left) : lo;
+        limit = right >= 0 ? (int)min((long long)len, (long long)pos_i + right + 1) : len;
+        pos[mt][h] = pos_i;
+        slope[mt][h] = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_batch_stride + head] * CUDART_L2E_F : 0.f;
+    }
+};
+
+// q.k to its base-2 score: times scale * log2(e), or softcapped,
+// softcap * log2(e) * tanh(q.k * scale / softcap). Empty for the plain
+// variants.
+template <bool kServing>
+struct fd_serving_score {
+    __device__ __forceinline__ explicit fd_serving_score(const fd_params &) {}
+};
+
+template <>
+struct fd_serving_score<true> {
+    bool capped;
+    float scale_log2, cap_in, cap_log2;
+    __device__ __forceinline__ explicit fd_serving_score(const fd_params &p)
+        : capped(p.softcap > 0.f), scale_log2(p.scale_log2), cap_in(capped ? p.scale / p.softcap : 0.f),
+          cap_log2(p.softcap_log2) {}
+    __device__ __forceinline__ float operator()(float qk) const {
+        return capped ? cap_log2 * tanhf(qk * cap_in) : qk * scale_log2;
+    }
+};
+
+template <typename T, int D, int ROWS, bool kServing>
+__device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg) {
     using C = fd_split_kv_config<D, ROWS>;
     using DT = fd_dtype<T>;
 
@@ -103,7 +229,6 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // (fd_cluster_push_merge, cluster_merge.cuh).
     const int cluster_n = fd_cluster_size();  // 1 outside a cluster launch
     const bool clustered = cluster_n > 1;
-    __shared__ uint64_t merge_bar;
     if (C::kPushMerge && clustered) {
         if (threadIdx.x == 0) fd_mbar_init(&merge_bar);
         fd_cluster_arrive_relaxed();
@@ -130,19 +255,32 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     FD_TRACE(1);
 
     // This split's keys, from the actual length (never from the host): its
-    // i-th tile is tile split + i * num_splits of the sequence's `tiles`.
+    // i-th tile is tile split + i * num_splits of the sequence's `tiles`
+    // (serving: counted from first_tile).
     int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
+    if constexpr (kServing) len += p.seqlen_new;  // the appended tokens are keys too
     len = min(max(len, 0), p.seqlen_cache);
-    const int tiles = (len + C::kKeys - 1) / C::kKeys;
+    // Serving: keys before lo (the left padding) are never visible, and the
+    // block starts at the tile of the first key any of its rows sees.
+    int lo = 0, first_tile = 0;
+    fd_serving_q<kServing> q_strides;
+    if constexpr (kServing) {
+        lo = p.cache_leftpad ? min(max(p.cache_leftpad[b], 0), len) : 0;
+        first_tile = fd_serving_first_key(p, len, lo, row0, min(ROWS, packed_rows - row0)) / C::kKeys;
+        fd_serving_bases(p, b, kv_head, q_base, k_base, v_base, q_strides);
+    }
+    const int tiles = (len + C::kKeys - 1) / C::kKeys - first_tile;
     const int n_tiles = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
 
     // Q as mma A fragments, straight from global memory into registers.
     // Lane holds rows g and g+8 of each 16-row tile, columns 2*t4 (+1, +8, +9)
     // of each 16-wide slice of the head dim. Rows past the packed rows and
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
-    // key_limit (the length, or the bottom-right causal mask).
+    // key_limit (the length, or the bottom-right causal mask; serving: or the
+    // window's right edge, and its first visible key in rows.start).
     uint32_t qf[C::kMTiles][C::kWarpDim / 16][4];
     int key_limit[C::kMTiles][2];
+    fd_serving_rows<kServing, C::kMTiles> rows;  // serving: first visible key, position, ALiBi slope
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
@@ -152,7 +290,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             const int qi = valid ? r % p.seqlen_q : 0;
             const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
             const uint32_t *q_row = reinterpret_cast<const uint32_t *>(
-                q_base + qi * p.q_seq_stride + head * p.q_head_stride);
+                q_base + qi * q_strides.seq(p) + head * q_strides.head(p));
 #pragma unroll
             for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
                 const int d0 = dim_part * C::kWarpDim + kk * 16 + 2 * t4;
@@ -160,6 +298,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
                 qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
             }
             key_limit[mt][h] = p.causal ? len - p.seqlen_q + qi + 1 : len;
+            if constexpr (kServing) rows.set(p, mt, h, b, head, len - p.seqlen_q + qi, lo, len, key_limit[mt][h]);
         }
     }
 
@@ -175,12 +314,22 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
         for (int i = 0; i < C::kCopiesPerThread; ++i) {
             const int key = copy_key + i * (C::kThreads / C::kChunks);
             const int gkey = tile * C::kKeys + key;
-            const bool valid = chunk_in_dim && gkey < len;
-            const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;
-            const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * 8;
-            const int s_off = fd_swizzle<D>(key, copy_chunk);
-            fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
-            fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+            if constexpr (kServing) {
+                // Keys outside [lo, len) are zero-filled: masked, and never NaN in P V.
+                const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
+                long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+                if (valid) fd_serving_key_offsets(p, b, gkey, k_off, v_off);
+                const int s_off = fd_swizzle<D>(key, copy_chunk);
+                fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+                fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+            } else {
+                const bool valid = chunk_in_dim && gkey < len;
+                const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;
+                const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * 8;
+                const int s_off = fd_swizzle<D>(key, copy_chunk);
+                fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+                fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+            }
         }
     };
 
@@ -200,18 +349,19 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int warp_key = key_warp * 16;  // the warp's first key within a tile
     const int warp_col = dim_part * C::kWarpDim;  // the warp's first output column (and Q K^T dim)
     static_assert(C::kDimSplit == 1 || (C::kDimSplit == 2 && C::kKeyWarps <= 2), "fd_bar_sync<1 + key_warp, 64> pairs the warps of 16 keys");
-    __shared__ float xchg[C::kXchg];  // [warp][score][lane]: the Q K^T halves of kDimSplit
+    // xchg: [warp][score][lane], the Q K^T halves of kDimSplit.
 
     // The tiles of the splits are dealt round robin rather than in runs of
     // ceil(tiles / num_splits): at any moment the blocks of a sequence read
     // neighbouring tiles instead of addresses a whole split apart (often a
     // power of two), and the blocks end closer together.
-    const auto tile_of = [&](int i) { return split + i * num_splits; };
+    const auto tile_of = [&](int i) { return first_tile + split + i * num_splits; };
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
         if (s < n_tiles) load_tile(tile_of(s), s);
         fd_cp_async_commit();
     }
+    const fd_serving_score<kServing> score(p);  // serving: softcap
     for (int it = 0; it < n_tiles; ++it) {
         fd_cp_async_wait<C::kStages - 2>();
         __syncthreads();  // tile `it` landed for all; tile it-1's buffer is free
@@ -272,7 +422,12 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
                     for (int e = 0; e < 2; ++e) {
                         const int key = key0 + nt * 8 + 2 * t4 + e;
                         float &x = sc[mt][nt][2 * h + e];
-                        x = key < key_limit[mt][h] ? x * p.scale_log2 : -CUDART_INF_F;
+                        if constexpr (kServing)
+                            x = key >= rows.start[mt][h] && key < key_limit[mt][h]
+                                    ? score(x) - rows.slope[mt][h] * (float)abs(rows.pos[mt][h] - key)
+                                    : -CUDART_INF_F;
+                        else
+                            x = key < key_limit[mt][h] ? x * p.scale_log2 : -CUDART_INF_F;
                         mx = fmaxf(mx, x);
                     }
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -405,6 +560,22 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     FD_TRACE(4);
     if (push) fd_cluster_push_merge<T, D, ROWS>(p, &merge_bar, cluster_n, rank, per_block, b, kv_head, row0);
     else if (clustered) fd_split_kv_cluster_merge<T, D, ROWS>(p, park_o, park_lse, b, kv_head, row0);
+}
+
+// The two kernels, each with its own static shared memory: the cluster
+// merge's barrier and the kDimSplit score exchange.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void fd_split_kv(const fd_params &p) {
+    __shared__ uint64_t merge_bar;
+    __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
+    fd_split_kv_body<T, D, ROWS, false>(p, merge_bar, xchg);
+}
+
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void fd_split_kv_serving(const fd_params &p) {
+    __shared__ uint64_t merge_bar;
+    __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
+    fd_split_kv_body<T, D, ROWS, true>(p, merge_bar, xchg);
 }
 
 #endif  // FLASHDECODE_SPLIT_KV_CUH
