@@ -18,10 +18,10 @@
 //
 // Launch shape. grid (max(seqlen_new, seqlen_q), batch), 128 threads: block
 // (t, b) takes token t of sequence b, its threads striding over the token's
-// (head, 16-byte chunk) items, heads_kv x head_dim / 8 for k and v (while
-// t < seqlen_new) and heads_q x head_dim / 8 for q (with rotary, while
-// t < seqlen_q). An interleaved pair lies within a chunk; a non-interleaved
-// one reads its other half element by element.
+// (head, 16-byte chunk) items in one loop: heads_kv x head_dim / 8 of k and
+// v (while t < seqlen_new), then heads_q x head_dim / 8 of q (with rotary,
+// while t < seqlen_q). An interleaved pair lies within a chunk; a
+// non-interleaved one reads its other half element by element.
 //
 // Why this way. The work is a few tokens' worth of copies, so what matters
 // is not delaying stage 1: the kernel waits for the one before it
@@ -52,34 +52,23 @@ __device__ __forceinline__ void fd_append_chunk(const fd_params &p, T *dst, cons
         float x[8];
 #pragma unroll
         for (int j = 0; j < 4; ++j) fd_dtype<T>::unpack(w[j], x[2 * j], x[2 * j + 1]);
+        // Dim d0 + j pairs with d0 + j + other[j] (x0 then x1 when other > 0) and
+        // rotates with cos/sin column m[j]; past rotary_dim it stays as it is.
+        const bool inter = p.rotary_interleaved;
+        const int half_dim = p.rotary_dim / 2;
         float y[8];
-        if (p.rotary_interleaved) {
 #pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                const int d = d0 + j;  // even, and rotary_dim is even: the pair is in or out whole
-                if (d < p.rotary_dim) {
-                    const float c = fd_to_float(cos_row[d / 2]), s = fd_to_float(sin_row[d / 2]);
-                    y[j] = x[j] * c - x[j + 1] * s;
-                    y[j + 1] = x[j] * s + x[j + 1] * c;
-                } else {
-                    y[j] = x[j];
-                    y[j + 1] = x[j + 1];
-                }
-            }
-        } else {
-            const int half_dim = p.rotary_dim / 2;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int d = d0 + j;
-                if (d < half_dim) {  // x0 of the pair (d, d + half_dim)
-                    const float c = fd_to_float(cos_row[d]), s = fd_to_float(sin_row[d]);
-                    y[j] = x[j] * c - fd_to_float(src[j + half_dim]) * s;
-                } else if (d < p.rotary_dim) {  // x1 of the pair (d - half_dim, d)
-                    const float c = fd_to_float(cos_row[d - half_dim]), s = fd_to_float(sin_row[d - half_dim]);
-                    y[j] = fd_to_float(src[j - half_dim]) * s + x[j] * c;
-                } else {
-                    y[j] = x[j];
-                }
+        for (int j = 0; j < 8; ++j) {
+            const int d = d0 + j;
+            const bool first = inter ? j % 2 == 0 : d < half_dim;  // x0 of its pair
+            const int m = inter ? d / 2 : first ? d : d - half_dim;
+            const int other = inter ? (first ? 1 : -1) : (first ? half_dim : -half_dim);
+            if (d < p.rotary_dim) {
+                const float c = fd_to_float(cos_row[m]), s = fd_to_float(sin_row[m]);
+                const float x_other = inter ? x[j ^ 1] : fd_to_float(src[j + other]);
+                y[j] = first ? x[j] * c - x_other * s : x_other * s + x[j] * c;
+            } else {
+                y[j] = x[j];
             }
         }
 #pragma unroll
@@ -104,56 +93,55 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
     const bool rotary = p.rotary_cos != nullptr;
     const int chunks = p.head_dim / 8;
 
-    if (t < p.seqlen_new) {
-        // The cache row of key L + t: a row of cache row b (or
-        // cache_batch_idx[b]), or a row of the page block_table gives it.
-        const int key = base + t;
-        bool write = false;
-        long long k_row = 0, v_row = 0;  // element offsets of the key's row in k and v
-        if (key >= 0 && key < p.seqlen_cache) {
-            if (p.block_table != nullptr) {
-                const int slot = key / p.page_size;
-                const int page = p.block_table[b * p.block_table_stride + slot];
-                const long long row = key - slot * p.page_size;
-                if (page >= 0 && page < p.num_pages) {
-                    write = true;
-                    k_row = page * p.k_batch_stride + row * p.k_seq_stride;
-                    v_row = page * p.v_batch_stride + row * p.v_seq_stride;
-                }
-            } else {
+    // The cache row of key L + t: a row of cache row b (or
+    // cache_batch_idx[b]), or a row of the page block_table gives it.
+    const int key = base + t;
+    bool write = false;
+    long long k_row = 0, v_row = 0;  // element offsets of the key's row in k and v
+    if (t < p.seqlen_new && key >= 0 && key < p.seqlen_cache) {
+        if (p.block_table != nullptr) {
+            const int slot = key / p.page_size;
+            const int page = p.block_table[b * p.block_table_stride + slot];
+            const long long row = key - slot * p.page_size;
+            if (page >= 0 && page < p.num_pages) {
                 write = true;
-                const long long cb =
-                    p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
-                k_row = cb * p.k_batch_stride + (long long)key * p.k_seq_stride;
-                v_row = cb * p.v_batch_stride + (long long)key * p.v_seq_stride;
+                k_row = page * p.k_batch_stride + row * p.k_seq_stride;
+                v_row = page * p.v_batch_stride + row * p.v_seq_stride;
             }
-        }
-        if (write) {
-            const long long cs = rotary ? fd_rotary_row(p, key) : -1;
-            const T *k_src = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride;
-            const T *v_src = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride;
-            // The cache is const to stage 1, which only reads it.
-            T *k_dst = static_cast<T *>(const_cast<void *>(p.k)) + k_row;
-            T *v_dst = static_cast<T *>(const_cast<void *>(p.v)) + v_row;
-            for (int idx = threadIdx.x; idx < p.heads_kv * chunks; idx += kFdAppendThreads) {
-                const int h = idx / chunks;
-                const int d0 = (idx % chunks) * 8;
-                fd_append_chunk(p, k_dst + h * p.k_head_stride + d0, k_src + h * p.k_new_head_stride + d0, d0, cs);
-                fd_append_chunk(p, v_dst + h * p.v_head_stride + d0, v_src + h * p.v_new_head_stride + d0, d0,
-                                -1LL);
-            }
+        } else {
+            write = true;
+            const long long cb = p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
+            k_row = cb * p.k_batch_stride + (long long)key * p.k_seq_stride;
+            v_row = cb * p.v_batch_stride + (long long)key * p.v_seq_stride;
         }
     }
+    const long long k_cs = rotary ? fd_rotary_row(p, key) : -1;
+    const bool by_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
+    const long long q_cs = rotary ? fd_rotary_row(p, by_row ? base + t : base) : -1;
 
-    if (rotary && t < p.seqlen_q) {
-        const bool by_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
-        const long long cs = fd_rotary_row(p, by_row ? base + t : base);
-        const T *q_src = static_cast<const T *>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride;
-        T *q_dst = static_cast<T *>(p.q_rot) + ((long long)b * p.seqlen_q + t) * p.heads_q * p.head_dim;
-        for (int idx = threadIdx.x; idx < p.heads_q * chunks; idx += kFdAppendThreads) {
+    // One loop over the token's k/v items, then its q items.
+    const int kv_items = write ? p.heads_kv * chunks : 0;
+    const int q_items = rotary && t < p.seqlen_q ? p.heads_q * chunks : 0;
+    for (int idx = threadIdx.x; idx < kv_items + q_items; idx += kFdAppendThreads) {
+        if (idx < kv_items) {
             const int h = idx / chunks;
             const int d0 = (idx % chunks) * 8;
-            fd_append_chunk(p, q_dst + h * p.head_dim + d0, q_src + h * p.q_head_stride + d0, d0, cs);
+            const T *k_src = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
+                             h * p.k_new_head_stride + d0;
+            const T *v_src = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
+                             h * p.v_new_head_stride + d0;
+            // The cache is const to stage 1, which only reads it.
+            T *k_dst = static_cast<T *>(const_cast<void *>(p.k)) + k_row + h * p.k_head_stride + d0;
+            T *v_dst = static_cast<T *>(const_cast<void *>(p.v)) + v_row + h * p.v_head_stride + d0;
+            fd_append_chunk(p, k_dst, k_src, d0, k_cs);
+            fd_append_chunk(p, v_dst, v_src, d0, -1LL);
+        } else {
+            const int h = (idx - kv_items) / chunks;
+            const int d0 = ((idx - kv_items) % chunks) * 8;
+            const T *q_src = static_cast<const T *>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride +
+                             h * p.q_head_stride + d0;
+            T *q_dst = static_cast<T *>(p.q_rot) + (((long long)b * p.seqlen_q + t) * p.heads_q + h) * p.head_dim + d0;
+            fd_append_chunk(p, q_dst, q_src, d0, q_cs);
         }
     }
 }
