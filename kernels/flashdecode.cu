@@ -7,6 +7,12 @@
 //                        when num_splits == 1, else fp32 partials and their LSE
 //                        for the combine, or, in a cluster launch, merges the
 //                        splits itself (cluster_merge.cuh)
+//                        fd_split_kv_serving_<dtype>_d<D>_r<ROWS>: the same
+//                        with the serving features (paged cache, cache_batch_idx,
+//                        leftpad, window, softcap, ALiBi, appended keys, rotated q)
+//   append_kv.cuh        fd_append_kv_<dtype>: before a serving stage 1, writes
+//                        the new keys and values into the cache (rotated keys,
+//                        and the rotated q into the workspace, with rotary)
 //   split_kv_config.cuh  a stage-1 variant's compile-time shape (threads,
 //                        tiles, shared memory) and its dynamic shared memory
 //   combine.cuh          reduce path 1, the reduce kernel: fd_combine_<dtype>
@@ -15,6 +21,9 @@
 //   cluster_merge.cuh    reduce path 2, the in-cluster reduce (sm_90): the
 //                        blocks of one cluster merge their splits through
 //                        distributed shared memory, inside stage 1
+//   merge_states.cuh     fd_merge_states_<dtype>: the combine on its own, for
+//                        caller-computed states (merge_states in Python;
+//                        its own argument struct, merge_params.h)
 //   state.cuh            the online-softmax state and merge all of them share
 //   ptx.cuh              cp.async / ldmatrix / mma / cluster wrappers and the
 //                        dtype pieces
@@ -24,8 +33,9 @@
 // 98304 bytes of dynamic shared memory for every variant:
 //     SharedBytes = 3 stages * (K tile + V tile) * KeysPerTile * D * 2 bytes,
 //     KeysPerTile = 8192 / D, so 3 * 2 * 8192 * 2 = 98304
-// (fd_split_kv_config::kSharedBytes); the combine uses none. This table must
-// match `variants` in core/variants.go.
+// (fd_split_kv_config::kSharedBytes); the combine and the append use none.
+// This table must match `variants` in core/variants.go.
+#include "append_kv.cuh"
 #include "combine.cuh"
 #include "split_kv.cuh"
 
@@ -33,6 +43,17 @@
     extern "C" __global__ void __launch_bounds__(fd_split_kv_config<D, ROWS>::kThreads, 2) \
         name(const fd_params p) {                                                         \
         fd_split_kv<T, D, ROWS>(p);                                                       \
+    }
+
+#define FD_SPLIT_KV_SERVING(name, T, D, ROWS)                                             \
+    extern "C" __global__ void __launch_bounds__(fd_split_kv_config<D, ROWS>::kThreads, 2) \
+        name(const fd_params p) {                                                         \
+        fd_split_kv_serving<T, D, ROWS>(p);                                               \
+    }
+
+#define FD_APPEND_KV(name, T)                                                              \
+    extern "C" __global__ void __launch_bounds__(kFdAppendThreads) name(const fd_params p) { \
+        fd_append_kv<T>(p);                                                                \
     }
 
 #define FD_COMBINE(name, T, WARPS)                                                    \
@@ -71,3 +92,17 @@ FD_COMBINE(fd_combine_bf16_w16, __nv_bfloat16, 16)
 FD_MERGE_STATES(fd_merge_states_f16,  half)
 FD_MERGE_STATES(fd_merge_states_bf16, __nv_bfloat16)
 FD_MERGE_STATES(fd_merge_states_f32,  float)
+
+//                  kernel name                        dtype          D    ROWS
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d64_r16,   half,          64,  16)
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d128_r16,  half,          128, 16)
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d128_r32,  half,          128, 32)
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d256_r16,  half,          256, 16)
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d64_r16,  __nv_bfloat16, 64,  16)
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d128_r16, __nv_bfloat16, 128, 16)
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d128_r32, __nv_bfloat16, 128, 32)
+FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d256_r16, __nv_bfloat16, 256, 16)
+
+//           kernel name      dtype
+FD_APPEND_KV(fd_append_kv_f16,  half)
+FD_APPEND_KV(fd_append_kv_bf16, __nv_bfloat16)

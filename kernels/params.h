@@ -55,7 +55,10 @@ typedef struct fd_params {
     int combine_row0;       // first output row (batch, head, query order) the combine merges
     float scale;            // softmax scale applied to q.k
     float scale_log2;       // scale * log2(e): kernels exponentiate with exp2f
+
     // Serving features: read by the fd_split_kv_serving_* and fd_append_kv_* kernels only.
+    // With block_table, k and v are (num_pages, page_size, heads_kv, head_dim):
+    // k/v_batch_stride is then the page stride, k/v_seq_stride the row stride in a page.
     const int *block_table;        // (batch, max_pages) int32, or NULL: contiguous cache
     long long block_table_stride;  // elements between sequences in block_table
     int page_size;                 // keys per page when block_table is set

@@ -42,6 +42,13 @@ __device__ __forceinline__ void fd_cp_async_16(void *smem, const void *gmem, boo
                  : "memory");
 }
 
+// As fd_cp_async_16 for 4 bytes (through L1: .ca is the only form below 16).
+__device__ __forceinline__ void fd_cp_async_4(void *smem, const void *gmem, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(fd_smem_addr(smem)), "l"(gmem),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
 __device__ __forceinline__ void fd_cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -48,6 +48,21 @@
 // scores pre-multiplied by scale*log2(e). Launched with programmatic
 // dependent launch (optional, sm_90), the combine grid is scheduled while
 // this one drains instead of after it (see fd_pdl_wait in ptx.cuh).
+//
+// The serving variants (fd_split_kv_serving_*, kServing) are this kernel
+// with FlashAttention's kv-cache features, same launch shapes, dynamic
+// shared memory and reduce paths; the plain variants compile without any of
+// it. Keys are absolute cache indices: b's keys are [lo, len), len =
+// cache_seqlens[b] + seqlen_new (clamped), lo = cache_leftpad[b]; query row
+// i sits at pos_i = len - seqlen_q + i and sees [max(lo, pos_i - left),
+// min(len, pos_i + right + 1)) (causal: right 0). The block's tiles start at
+// the tile of its rows' first visible key, so a window reads only its keys.
+// K/V rows come from cache row cache_batch_idx[b], or key by key from the
+// pages of block_table, whose entries a small static shared-memory ring
+// holds two tiles ahead (fd_serving_pages). Scores are softcapped, then get
+// ALiBi's -slope |pos_i - j|. q is read from q_rot (rotated by
+// fd_append_kv, append_kv.cuh, which also wrote the new keys) when rotary
+// is on.
 #ifndef FLASHDECODE_SPLIT_KV_CUH
 #define FLASHDECODE_SPLIT_KV_CUH
 
@@ -65,8 +80,25 @@
 #define FD_TRACE(i)
 #endif
 
-template <typename T, int D, int ROWS>
-__device__ __forceinline__ void fd_split_kv(const fd_params &p) {
+// The serving features (kServing, the fd_split_kv_serving_* variants; their
+// fields are the last ones of fd_params) are steps of the kernel done by the
+// helpers below it, declared here; the plain variants' helpers are empty.
+__device__ __forceinline__ int fd_serving_first_key(const fd_params &p, int len, int lo, int row0, int n_rows);
+template <bool kServing>
+struct fd_serving_q;
+template <typename T>
+__device__ __forceinline__ void fd_serving_bases(const fd_params &p, int b, int kv_head, const T *&q_base,
+                                                 const T *&k_base, const T *&v_base, fd_serving_q<true> &q);
+template <bool kServing, int KEYS, int AHEAD>
+struct fd_serving_pages;
+template <bool kServing, int MTILES>
+struct fd_serving_rows;
+template <bool kServing>
+struct fd_serving_score;
+
+template <typename T, int D, int ROWS, bool kServing>
+__device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg,
+                                                 int *page_ring) {
     using C = fd_split_kv_config<D, ROWS>;
     using DT = fd_dtype<T>;
 
@@ -103,7 +135,6 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     // (fd_cluster_push_merge, cluster_merge.cuh).
     const int cluster_n = fd_cluster_size();  // 1 outside a cluster launch
     const bool clustered = cluster_n > 1;
-    __shared__ uint64_t merge_bar;
     if (C::kPushMerge && clustered) {
         if (threadIdx.x == 0) fd_mbar_init(&merge_bar);
         fd_cluster_arrive_relaxed();
@@ -130,19 +161,32 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     FD_TRACE(1);
 
     // This split's keys, from the actual length (never from the host): its
-    // i-th tile is tile split + i * num_splits of the sequence's `tiles`.
+    // i-th tile is tile split + i * num_splits of the sequence's `tiles`
+    // (serving: counted from first_tile).
     int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
+    if constexpr (kServing) len += p.seqlen_new;  // the appended tokens are keys too
     len = min(max(len, 0), p.seqlen_cache);
-    const int tiles = (len + C::kKeys - 1) / C::kKeys;
+    // Serving: keys before lo (the left padding) are never visible, and the
+    // block starts at the tile of the first key any of its rows sees.
+    int lo = 0, first_tile = 0;
+    fd_serving_q<kServing> q_strides;
+    if constexpr (kServing) {
+        lo = p.cache_leftpad ? min(max(p.cache_leftpad[b], 0), len) : 0;
+        first_tile = fd_serving_first_key(p, len, lo, row0, min(ROWS, packed_rows - row0)) / C::kKeys;
+        fd_serving_bases(p, b, kv_head, q_base, k_base, v_base, q_strides);
+    }
+    const int tiles = (len + C::kKeys - 1) / C::kKeys - first_tile;
     const int n_tiles = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
 
     // Q as mma A fragments, straight from global memory into registers.
     // Lane holds rows g and g+8 of each 16-row tile, columns 2*t4 (+1, +8, +9)
     // of each 16-wide slice of the head dim. Rows past the packed rows and
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
-    // key_limit (the length, or the bottom-right causal mask).
+    // key_limit (the length, or the bottom-right causal mask; serving: or the
+    // window's right edge, and its first visible key in rows.start).
     uint32_t qf[C::kMTiles][C::kWarpDim / 16][4];
     int key_limit[C::kMTiles][2];
+    fd_serving_rows<kServing, C::kMTiles> rows;  // serving: each row's first visible key
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
@@ -152,7 +196,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
             const int qi = valid ? r % p.seqlen_q : 0;
             const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
             const uint32_t *q_row = reinterpret_cast<const uint32_t *>(
-                q_base + qi * p.q_seq_stride + head * p.q_head_stride);
+                q_base + qi * q_strides.seq(p) + head * q_strides.head(p));
 #pragma unroll
             for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
                 const int d0 = dim_part * C::kWarpDim + kk * 16 + 2 * t4;
@@ -160,6 +204,7 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
                 qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
             }
             key_limit[mt][h] = p.causal ? len - p.seqlen_q + qi + 1 : len;
+            if constexpr (kServing) rows.set(p, mt, h, len - p.seqlen_q + qi, lo, len, key_limit[mt][h]);
         }
     }
 
@@ -168,20 +213,33 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int copy_chunk = threadIdx.x % C::kChunks;
     const int copy_key = threadIdx.x / C::kChunks;
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
-    auto load_tile = [&](int tile, int stage) {
+    // Serving: keys outside [lo, len) are zero-filled (masked, and never NaN
+    // in P V), and the pages come from the ring (fd_serving_pages).
+    fd_serving_pages<kServing, C::kKeys, C::kStages - 1> pages(p, page_ring);
+    auto load_tile = [&](int tile, int stage, int j) {  // j: the split's j-th tile
         T *k_s = smem + stage * 2 * C::kTileElems;
         T *v_s = k_s + C::kTileElems;
 #pragma unroll
         for (int i = 0; i < C::kCopiesPerThread; ++i) {
             const int key = copy_key + i * (C::kThreads / C::kChunks);
             const int gkey = tile * C::kKeys + key;
-            const bool valid = chunk_in_dim && gkey < len;
-            const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;
-            const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * 8;
-            const int s_off = fd_swizzle<D>(key, copy_chunk);
-            fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
-            fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+            if constexpr (kServing) {
+                const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
+                long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+                if (valid) pages.offsets(p, j, key, gkey, k_off, v_off);
+                const int s_off = fd_swizzle<D>(key, copy_chunk);
+                fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+                fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+            } else {
+                const bool valid = chunk_in_dim && gkey < len;
+                const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;
+                const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * 8;
+                const int s_off = fd_swizzle<D>(key, copy_chunk);
+                fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+                fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+            }
         }
+        if constexpr (kServing) pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, lo, len);
     };
 
     // Per-warp online softmax over the warp's 16 keys of every tile. For each
@@ -200,24 +258,32 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     const int warp_key = key_warp * 16;  // the warp's first key within a tile
     const int warp_col = dim_part * C::kWarpDim;  // the warp's first output column (and Q K^T dim)
     static_assert(C::kDimSplit == 1 || (C::kDimSplit == 2 && C::kKeyWarps <= 2), "fd_bar_sync<1 + key_warp, 64> pairs the warps of 16 keys");
-    __shared__ float xchg[C::kXchg];  // [warp][score][lane]: the Q K^T halves of kDimSplit
+    // xchg: [warp][score][lane], the Q K^T halves of kDimSplit.
 
     // The tiles of the splits are dealt round robin rather than in runs of
     // ceil(tiles / num_splits): at any moment the blocks of a sequence read
     // neighbouring tiles instead of addresses a whole split apart (often a
     // power of two), and the blocks end closer together.
-    const auto tile_of = [&](int i) { return split + i * num_splits; };
+    const auto tile_of = [&](int i) { return first_tile + split + i * num_splits; };
+    if constexpr (kServing) {  // the pages of the prologue's tiles, before it loads them
+#pragma unroll
+        for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, tile_of(s), s, lo, len);
+        fd_cp_async_commit();
+        fd_cp_async_wait<0>();
+        __syncthreads();
+    }
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
-        if (s < n_tiles) load_tile(tile_of(s), s);
+        if (s < n_tiles) load_tile(tile_of(s), s, s);
         fd_cp_async_commit();
     }
+    const fd_serving_score<kServing> score(p);  // serving: softcap, ALiBi, the rows' key ranges
     for (int it = 0; it < n_tiles; ++it) {
         fd_cp_async_wait<C::kStages - 2>();
         __syncthreads();  // tile `it` landed for all; tile it-1's buffer is free
         if (it == 0) FD_TRACE(2);
         const int next = it + C::kStages - 1;
-        if (next < n_tiles) load_tile(tile_of(next), next % C::kStages);
+        if (next < n_tiles) load_tile(tile_of(next), next % C::kStages, next);
         fd_cp_async_commit();
 
         const T *k_s = smem + (it % C::kStages) * 2 * C::kTileElems;
@@ -259,6 +325,8 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
                 for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] += xchg[(other * C::kMTiles * 8 + mt * 8 + e) * 32 + lane];
         }
 
+        if constexpr (kServing) score.apply(p, sc, key0 + 2 * t4, rows, key_limit, b, kv_head, row0 + g, len);
+
         // Online softmax; the probabilities become the A fragments of P V.
         uint32_t pf[C::kMTiles][4];
 #pragma unroll
@@ -272,7 +340,8 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
                     for (int e = 0; e < 2; ++e) {
                         const int key = key0 + nt * 8 + 2 * t4 + e;
                         float &x = sc[mt][nt][2 * h + e];
-                        x = key < key_limit[mt][h] ? x * p.scale_log2 : -CUDART_INF_F;
+                        if constexpr (!kServing)  // (serving: done by score.apply)
+                            x = key < key_limit[mt][h] ? x * p.scale_log2 : -CUDART_INF_F;
                         mx = fmaxf(mx, x);
                     }
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -406,5 +475,222 @@ __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     if (push) fd_cluster_push_merge<T, D, ROWS>(p, &merge_bar, cluster_n, rank, per_block, b, kv_head, row0);
     else if (clustered) fd_split_kv_cluster_merge<T, D, ROWS>(p, park_o, park_lse, b, kv_head, row0);
 }
+
+// The two kernels, each with its own static shared memory: the cluster
+// merge's barrier, the kDimSplit score exchange and (serving) the page ring.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void fd_split_kv(const fd_params &p) {
+    __shared__ uint64_t merge_bar;
+    __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
+    fd_split_kv_body<T, D, ROWS, false>(p, merge_bar, xchg, nullptr);
+}
+
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void fd_split_kv_serving(const fd_params &p) {
+    __shared__ uint64_t merge_bar;
+    __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
+    using C = fd_split_kv_config<D, ROWS>;
+    __shared__ int page_ring[2 * (C::kStages - 1) * C::kKeys];  // fd_serving_pages
+    fd_split_kv_body<T, D, ROWS, true>(p, merge_bar, xchg, page_ring);
+}
+
+// The serving helpers (declared above the kernel), in the order the kernel
+// calls them.
+
+// The first key any of a block's rows sees: lo, or with a left window the
+// window start of its earliest query token. The rows are consecutive tokens
+// of consecutive heads, so the earliest is row0's unless they wrap past the
+// last token (and then token 0).
+__device__ __forceinline__ int fd_serving_first_key(const fd_params &p, int len, int lo, int row0, int n_rows) {
+    if (p.window_left < 0) return lo;
+    const int q0 = row0 % p.seqlen_q;
+    const int q_min = q0 + n_rows > p.seqlen_q ? 0 : q0;
+    return (int)max((long long)lo, (long long)len - p.seqlen_q + q_min - p.window_left);
+}
+
+// Where the block reads, once the lengths and indices may be read: the cache
+// row cache_batch_idx[b] (clamped) instead of b, no row at all for a paged
+// cache (fd_serving_pages adds the page), and the rotated q, which
+// fd_append_kv wrote contiguous, when rotary is on.
+template <bool kServing>
+struct fd_serving_q {  // the plain variants read q with its own strides
+    __device__ __forceinline__ long long seq(const fd_params &p) const { return p.q_seq_stride; }
+    __device__ __forceinline__ long long head(const fd_params &p) const { return p.q_head_stride; }
+};
+
+template <>
+struct fd_serving_q<true> {  // q's strides, or the rotated copy's
+    long long seq_stride = 0, head_stride = 0;
+    bool rotated = false;
+    __device__ __forceinline__ long long seq(const fd_params &p) const { return rotated ? seq_stride : p.q_seq_stride; }
+    __device__ __forceinline__ long long head(const fd_params &p) const {
+        return rotated ? head_stride : p.q_head_stride;
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ void fd_serving_bases(const fd_params &p, int b, int kv_head, const T *&q_base,
+                                                 const T *&k_base, const T *&v_base, fd_serving_q<true> &q) {
+    long long row = 0;
+    if (p.block_table == nullptr) row = p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
+    k_base = static_cast<const T *>(p.k) + row * p.k_batch_stride + kv_head * p.k_head_stride;
+    v_base = static_cast<const T *>(p.v) + row * p.v_batch_stride + kv_head * p.v_head_stride;
+    if (p.rotary_cos != nullptr) {
+        q.rotated = true;
+        q.head_stride = p.head_dim;
+        q.seq_stride = (long long)p.heads_q * p.head_dim;
+        q_base = static_cast<const T *>(p.q_rot) + b * p.seqlen_q * q.seq_stride;
+    }
+}
+
+// n / d for 0 <= n < 2^31 and a d >= 1 known at run time only, as a
+// multiply and a shift (Granlund and Montgomery's round-up method):
+// q = (umulhi(n, m) + n) >> l with l = ceil(log2 d) and
+// m = floor(2^(32 + l) / d) - 2^32 + 1, set up once per block.
+struct fd_serving_divider {
+    int l;
+    uint32_t m;
+    __device__ __forceinline__ explicit fd_serving_divider(int d) {
+        l = 32 - __clz(d - 1);
+        m = static_cast<uint32_t>((1ull << (32 + l)) / static_cast<unsigned long long>(d) - (1ull << 32) + 1);
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return static_cast<int>((__umulhi(static_cast<uint32_t>(n), m) + static_cast<uint32_t>(n)) >> l);
+    }
+};
+
+// Where the keys of a tile are: contiguous rows, or the pages of
+// block_table. For a paged cache the block keeps the pages of the keys of
+// its split's next tiles in shared memory, those of its j-th tile in
+// ring[j % (2 AHEAD)] (KEYS each). load_tile(j) reads them and starts the
+// copy of tile j + AHEAD's; with AHEAD the pipeline's depth (kStages - 1)
+// that copy joins load_tile(j)'s cp.async group, so it has landed, and
+// passed a __syncthreads, when load_tile(j + AHEAD) runs a few tiles of math
+// later: no thread waits on the block_table, whose latency behind the cache
+// stream is longer than a tile. Twice AHEAD slots: the prologue's loads
+// have no barrier between them. Empty for the plain variants.
+template <bool kServing, int KEYS, int AHEAD>
+struct fd_serving_pages {
+    __device__ __forceinline__ fd_serving_pages(const fd_params &, int *) {}
+};
+
+template <int KEYS, int AHEAD>
+struct fd_serving_pages<true, KEYS, AHEAD> {
+    static constexpr int kRing = 2 * AHEAD;  // slots, KEYS ints each
+    int *ring;
+    fd_serving_divider page_size;
+
+    __device__ __forceinline__ fd_serving_pages(const fd_params &p, int *page_ring)
+        : ring(page_ring), page_size(p.block_table ? p.page_size : 1) {}
+
+    // Starts copying the pages of the keys of `tile`, the split's j-th, into
+    // its slot: thread t < KEYS copies key t's (0 for a key outside [lo, len),
+    // whose page is never read).
+    __device__ __forceinline__ void fetch(const fd_params &p, int b, int tile, int j, int lo, int len) {
+        if (p.block_table == nullptr || threadIdx.x >= KEYS) return;
+        const int gkey = tile * KEYS + threadIdx.x;
+        const bool valid = gkey >= lo && gkey < len;
+        const int *src = p.block_table + b * p.block_table_stride + (valid ? page_size.div(gkey) : 0);
+        fd_cp_async_4(ring + (j % kRing) * KEYS + threadIdx.x, src, valid);
+    }
+
+    // Adds the offset from k_base / v_base of key gkey, key `key` of the
+    // split's j-th tile: its row, or its row in its page (clamped to the
+    // cache).
+    __device__ __forceinline__ void offsets(const fd_params &p, int j, int key, int gkey, long long &k_off,
+                                            long long &v_off) const {
+        if (p.block_table == nullptr) {
+            k_off += (long long)gkey * p.k_seq_stride;
+            v_off += (long long)gkey * p.v_seq_stride;
+            return;
+        }
+        const long long page = min(max(ring[(j % kRing) * KEYS + key], 0), p.num_pages - 1);
+        const long long row = gkey - page_size.div(gkey) * p.page_size;
+        k_off += page * p.k_batch_stride + row * p.k_seq_stride;
+        v_off += page * p.v_batch_stride + row * p.v_seq_stride;
+    }
+};
+
+// A lane's query rows' first visible key (leftpad, left window), next to
+// key_limit. Empty for the plain variants.
+template <bool kServing, int MTILES>
+struct fd_serving_rows {};
+
+template <int MTILES>
+struct fd_serving_rows<true, MTILES> {
+    int start[MTILES][2];
+
+    // Row (mt, h), at position pos_i, sees keys [start, limit): lo <= j < len,
+    // j >= pos_i - left, j <= pos_i + right (causal: right 0).
+    __device__ __forceinline__ void set(const fd_params &p, int mt, int h, int pos_i, int lo, int len, int &limit) {
+        const int right = p.causal ? 0 : p.window_right;
+        start[mt][h] = p.window_left >= 0 ? (int)max((long long)lo, (long long)pos_i - p.window_left) : lo;
+        limit = right >= 0 ? (int)min((long long)len, (long long)pos_i + right + 1) : len;
+    }
+};
+
+// A tile's q.k to the base-2 scores the online softmax takes: times
+// scale * log2(e), or softcapped, softcap * log2(e) * tanh(q.k * scale /
+// softcap); then ALiBi's -slope * log2(e) * |pos_i - j|; then -inf outside
+// the row's [start, limit). The features' tests are uniform and outside the
+// per-score loops, and ALiBi's slopes and positions are found per tile
+// rather than held in registers. Empty for the plain variants.
+template <bool kServing>
+struct fd_serving_score {
+    __device__ __forceinline__ explicit fd_serving_score(const fd_params &) {}
+};
+
+template <>
+struct fd_serving_score<true> {
+    float cap_in;  // scale / softcap
+    __device__ __forceinline__ explicit fd_serving_score(const fd_params &p)
+        : cap_in(p.softcap > 0.f ? p.scale / p.softcap : 0.f) {}
+
+    // sc[mt][nt][2h + e]: packed row lane_row + mt * 16 + 8h of (b, kv_head),
+    // key key_lane + nt * 8 + e.
+    template <int MTILES>
+    __device__ __forceinline__ void apply(const fd_params &p, float (&sc)[MTILES][2][4], int key_lane,
+                                          const fd_serving_rows<true, MTILES> &rows, const int (&limit)[MTILES][2],
+                                          int b, int kv_head, int lane_row, int len) const {
+        if (p.softcap > 0.f) {
+#pragma unroll
+            for (int mt = 0; mt < MTILES; ++mt)
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    sc[mt][e / 4][e % 4] = p.softcap_log2 * tanhf(sc[mt][e / 4][e % 4] * cap_in);
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MTILES; ++mt)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] *= p.scale_log2;
+        }
+        if (p.alibi_slopes != nullptr) {
+#pragma unroll
+            for (int mt = 0; mt < MTILES; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = lane_row + mt * 16 + 8 * h;
+                    const bool valid = r < p.group * p.seqlen_q;
+                    const int pos = len - p.seqlen_q + (valid ? r % p.seqlen_q : 0);
+                    const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
+                    const float slope = p.alibi_slopes[b * p.alibi_batch_stride + head] * CUDART_L2E_F;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = key_lane + (e / 2) * 8 + e % 2;
+                        sc[mt][e / 2][2 * h + e % 2] -= slope * (float)abs(pos - key);
+                    }
+                }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MTILES; ++mt)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int h = (e % 4) / 2;
+                const int key = key_lane + (e / 4) * 8 + e % 2;
+                float &x = sc[mt][e / 4][e % 4];
+                x = key >= rows.start[mt][h] && key < limit[mt][h] ? x : -CUDART_INF_F;
+            }
+    }
+};
 
 #endif  // FLASHDECODE_SPLIT_KV_CUH

@@ -1,0 +1,149 @@
+// append_kv.cuh: the append step of a serving call, fd_append_kv_<dtype>.
+//
+// What it does. With new tokens (p.k_new, p.v_new: seqlen_new per
+// sequence), it writes token t of sequence b into the cache at key index
+// L + t, L = cache_seqlens[b] (p.seqlen without cache_seqlens): row L + t of
+// cache row b (or cache_batch_idx[b], clamped), or of the page block_table
+// names for it. Writes at key indices outside [0, seqlen_cache) or to page
+// ids outside [0, num_pages) are skipped. With rotary tables (rotary_cos !=
+// NULL) it rotates the new keys on the way, key t at position L + t, and
+// writes q rotated into the workspace's q_rot (contiguous (batch, seqlen_q,
+// heads_q, head_dim)), row i at position L + i with causal or a window,
+// else every row at L; stage 1 then reads q_rot instead of q. Positions are
+// absolute cache positions (a left padding does not shift them) clamped to
+// [0, rotary_rows - 1]. The rotation, in fp32 and rounded to T: pairs
+// (x0, x1) = (2m, 2m + 1) interleaved, (m, m + rotary_dim / 2) otherwise,
+// become (x0 cos - x1 sin, x0 sin + x1 cos) with cos[m], sin[m] of the
+// position's row; dims past rotary_dim are copied.
+//
+// Launch shape. grid (max(seqlen_new, seqlen_q), batch), 128 threads: block
+// (t, b) takes token t of sequence b, its threads striding over the token's
+// (head, 16-byte chunk) items in one loop: heads_kv x head_dim / 8 of k and
+// v (while t < seqlen_new), then heads_q x head_dim / 8 of q (with rotary,
+// while t < seqlen_q). An interleaved pair lies within a chunk; a
+// non-interleaved one reads its other half element by element.
+//
+// Why this way. The work is a few tokens' worth of copies, so what matters
+// is not delaying stage 1: the kernel waits for the one before it
+// (fd_pdl_wait: it may have written q, k_new, v_new or the lengths), then
+// lets stage 1 be scheduled at once (fd_pdl_launch_dependents); stage 1's
+// own fd_pdl_wait holds its loads until these writes are visible.
+#ifndef FLASHDECODE_APPEND_KV_CUH
+#define FLASHDECODE_APPEND_KV_CUH
+
+#include "params.h"
+#include "ptx.cuh"
+
+// Threads of an fd_append_kv block (the launch's block size).
+constexpr int kFdAppendThreads = 128;
+
+__device__ __forceinline__ float fd_to_float(half x) { return __half2float(x); }
+__device__ __forceinline__ float fd_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Copies the 8 elements of a row at src (its dims d0..d0+7) to dst, rotated
+// with the cos/sin row at element offset cs (-1: copied as they are).
+template <typename T>
+__device__ __forceinline__ void fd_append_chunk(const fd_params &p, T *dst, const T *src, int d0, long long cs) {
+    uint4 u = *reinterpret_cast<const uint4 *>(src);
+    if (cs >= 0 && d0 < p.rotary_dim) {
+        const T *cos_row = static_cast<const T *>(p.rotary_cos) + cs;
+        const T *sin_row = static_cast<const T *>(p.rotary_sin) + cs;
+        uint32_t *w = reinterpret_cast<uint32_t *>(&u);
+        float x[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fd_dtype<T>::unpack(w[j], x[2 * j], x[2 * j + 1]);
+        // Dim d0 + j pairs with d0 + j + other[j] (x0 then x1 when other > 0) and
+        // rotates with cos/sin column m[j]; past rotary_dim it stays as it is.
+        const bool inter = p.rotary_interleaved;
+        const int half_dim = p.rotary_dim / 2;
+        float y[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int d = d0 + j;
+            const bool first = inter ? j % 2 == 0 : d < half_dim;  // x0 of its pair
+            const int m = inter ? d / 2 : first ? d : d - half_dim;
+            const int other = inter ? (first ? 1 : -1) : (first ? half_dim : -half_dim);
+            if (d < p.rotary_dim) {
+                const float c = fd_to_float(cos_row[m]), s = fd_to_float(sin_row[m]);
+                const float x_other = inter ? x[j ^ 1] : fd_to_float(src[j + other]);
+                y[j] = first ? x[j] * c - x_other * s : x_other * s + x[j] * c;
+            } else {
+                y[j] = x[j];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = fd_dtype<T>::pack(y[2 * j], y[2 * j + 1]);
+    }
+    *reinterpret_cast<uint4 *>(dst) = u;
+}
+
+// The element offset of cos/sin row `pos`, clamped to the table.
+__device__ __forceinline__ long long fd_rotary_row(const fd_params &p, int pos) {
+    return min(max(pos, 0), p.rotary_rows - 1) * p.rotary_stride;
+}
+
+template <typename T>
+__device__ __forceinline__ void fd_append_kv(const fd_params &p) {
+    const int t = blockIdx.x;  // token: new key t and query row t
+    const int b = blockIdx.y;
+    fd_pdl_wait();
+    fd_pdl_launch_dependents();
+
+    const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;  // L: new token t goes to key L + t
+    const bool rotary = p.rotary_cos != nullptr;
+    const int chunks = p.head_dim / 8;
+
+    // The cache row of key L + t: a row of cache row b (or
+    // cache_batch_idx[b]), or a row of the page block_table gives it.
+    const int key = base + t;
+    bool write = false;
+    long long k_row = 0, v_row = 0;  // element offsets of the key's row in k and v
+    if (t < p.seqlen_new && key >= 0 && key < p.seqlen_cache) {
+        if (p.block_table != nullptr) {
+            const int slot = key / p.page_size;
+            const int page = p.block_table[b * p.block_table_stride + slot];
+            const long long row = key - slot * p.page_size;
+            if (page >= 0 && page < p.num_pages) {
+                write = true;
+                k_row = page * p.k_batch_stride + row * p.k_seq_stride;
+                v_row = page * p.v_batch_stride + row * p.v_seq_stride;
+            }
+        } else {
+            write = true;
+            const long long cb = p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
+            k_row = cb * p.k_batch_stride + (long long)key * p.k_seq_stride;
+            v_row = cb * p.v_batch_stride + (long long)key * p.v_seq_stride;
+        }
+    }
+    const long long k_cs = rotary ? fd_rotary_row(p, key) : -1;
+    const bool by_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
+    const long long q_cs = rotary ? fd_rotary_row(p, by_row ? base + t : base) : -1;
+
+    // One loop over the token's k/v items, then its q items.
+    const int kv_items = write ? p.heads_kv * chunks : 0;
+    const int q_items = rotary && t < p.seqlen_q ? p.heads_q * chunks : 0;
+    for (int idx = threadIdx.x; idx < kv_items + q_items; idx += kFdAppendThreads) {
+        if (idx < kv_items) {
+            const int h = idx / chunks;
+            const int d0 = (idx % chunks) * 8;
+            const T *k_src = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
+                             h * p.k_new_head_stride + d0;
+            const T *v_src = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
+                             h * p.v_new_head_stride + d0;
+            // The cache is const to stage 1, which only reads it.
+            T *k_dst = static_cast<T *>(const_cast<void *>(p.k)) + k_row + h * p.k_head_stride + d0;
+            T *v_dst = static_cast<T *>(const_cast<void *>(p.v)) + v_row + h * p.v_head_stride + d0;
+            fd_append_chunk(p, k_dst, k_src, d0, k_cs);
+            fd_append_chunk(p, v_dst, v_src, d0, -1LL);
+        } else {
+            const int h = (idx - kv_items) / chunks;
+            const int d0 = ((idx - kv_items) % chunks) * 8;
+            const T *q_src = static_cast<const T *>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride +
+                             h * p.q_head_stride + d0;
+            T *q_dst = static_cast<T *>(p.q_rot) + (((long long)b * p.seqlen_q + t) * p.heads_q + h) * p.head_dim + d0;
+            fd_append_chunk(p, q_dst, q_src, d0, q_cs);
+        }
+    }
+}
+
+#endif  // FLASHDECODE_APPEND_KV_CUH
