@@ -293,3 +293,26 @@ def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys,
         assert (out / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "matplotlib is not installed" in printed
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_serving_dense_gathers_the_pages(page):
+    # The serving cases check a paged call against one on the same keys gathered contiguous.
+    from serving_ref import make_paged
+    k = torch.randn(3, 64, 2, 8)
+    v = torch.randn_like(k)
+    kp, vp, table = make_paged(k, v, page, generator=torch.Generator().manual_seed(page))
+    gk, gv = bench.dense((kp, vp, table), 3)
+    torch.testing.assert_close(gk, k, rtol=0, atol=0)
+    torch.testing.assert_close(gv, v, rtol=0, atol=0)
+
+
+def test_serving_cases_and_shapes():
+    assert list(bench.SERVING_CASES) == ["contiguous", "paged16", "paged1", "append", "paged16+append+rotary"]
+    assert bench.parse_args([]).serving_shapes == bench.parse_shapes(bench.SERVING_SHAPES)
+    assert bench.parse_args(["--quick"]).serving_shapes == bench.parse_shapes(bench.SERVING_QUICK)
+    assert bench.parse_args(["--shapes", "b=1"]).serving_shapes == []
+    assert bench.parse_args(["--serving-shapes", "none"]).serving_shapes == []
+    row = dict(case="paged16", dtype="fp16", **bench.SHAPE_DEFAULTS._asdict(), us=40.0, tbs=3.4,
+               vs_contiguous=1.05, check="ok")
+    assert bench.format_serving_row(row).endswith("| 40.0us 3.40TB/s | 1.05x contiguous | check ok")

@@ -104,6 +104,25 @@ def test_fake_driver_without_device():
 
 
 @needs_fakecuda
+@needs_extension
+def test_plan_with_a_driver_that_sees_no_gpu():
+    # cuInit answering CUDA_ERROR_NO_DEVICE (every GPU hidden, or none installed): planning
+    # still works (through the wheel's stand-in), decoding still refuses.
+    child = run_python(
+        "import flash_decode\n"
+        "print(flash_decode.plan(1, 1, 32, 8, 128, 32768, device=-1)['num_splits'])\n"
+        "try:\n"
+        "    flash_decode.plan(1, 1, 32, 8, 128, 1024, device=0)\n"
+        "except RuntimeError as err:\n"
+        "    print(err)\n",
+        LD_LIBRARY_PATH=str(FAKECUDA), FLASH_DECODE_FORCE_NATIVE=None, FAKECUDA_CUINIT="100")
+    assert child.returncode == 0, child.stderr
+    lines = child.stdout.splitlines()
+    assert lines[0] == "16"
+    assert lines[1].startswith(NO_DRIVER) and "CUresult 100" in lines[1]
+
+
+@needs_fakecuda
 def test_fake_driver_cuinit_failure_is_not_fatal():
     child = run_python(
         "import flash_decode\n"

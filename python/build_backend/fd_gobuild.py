@@ -229,7 +229,7 @@ def build_standin(cuda_home, scratch):
     """Build the stand-in libcuda.so.1 into scratch/fakecuda; return its path."""
     out = os.path.join(scratch, "fakecuda")
     n = make_libcuda.build(os.path.join(cuda_home, "include", "cuda.h"), out,
-                           cc=os.environ.get("CC", "gcc"))
+                           cc=os.environ.get("CC", "gcc"), cuinit_env=None)
     log(f"stand-in libcuda.so.1 with {n} driver functions in {out}")
     return os.path.join(out, "libcuda.so.1")
 

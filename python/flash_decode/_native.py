@@ -14,8 +14,11 @@ Two ways to ask for it:
   the stand-in the wheel carries (:data:`STANDIN`: ``cuInit`` succeeds, no
   device; see python/build_backend/make_libcuda.py), which then answers for
   libcuda.so.1 in this process: the CUDA runtime (torch's too) sees a driver
-  without a device, and ``binding()`` still raises. A libcuda.so.1 that loads
-  but whose ``cuInit`` fails is a broken driver: both raise.
+  without a device, and ``binding()`` still raises. Where the driver loads but
+  its ``cuInit`` reports no device (every GPU hidden by CUDA_VISIBLE_DEVICES,
+  or none installed), the stand-in is loaded too, globally, so that its
+  functions are the ones the extension binds. A libcuda.so.1 whose ``cuInit``
+  fails otherwise is a broken driver: both raise.
 
 The driver check runs once; each outcome is cached, and a failure is re-raised
 on every later call.
@@ -38,6 +41,7 @@ STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_binding", "
 FORCE_NATIVE_ENV = "FLASH_DECODE_FORCE_NATIVE"
 
 _NO_DRIVER = "flash_decode needs an NVIDIA GPU with a CUDA driver: "
+_CUDA_ERROR_NO_DEVICE = 100  # cuInit's answer where the driver sees no GPU (CUDA_VISIBLE_DEVICES="")
 
 _lock = threading.Lock()
 _module = None
@@ -51,8 +55,9 @@ class _Driver:
     (None if cuInit(0) succeeds) and device_error (None if a device is present, or if
     FORCE_NATIVE_ENV says not to count)."""
 
-    def __init__(self, libcuda_error=None, cuinit_error=None, device_error=None):
+    def __init__(self, libcuda_error=None, cuinit_error=None, device_error=None, no_device=False):
         self.libcuda_error, self.cuinit_error, self.device_error = libcuda_error, cuinit_error, device_error
+        self.no_device = no_device  # cuInit said CUDA_ERROR_NO_DEVICE: a driver with every GPU hidden
 
     @property
     def error(self):
@@ -90,8 +95,8 @@ def _load(planner_only):
         _driver = _probe_driver(force=os.environ.get(FORCE_NATIVE_ENV) == "1")
     if planner_only:
         error = _driver.cuinit_error
-        if _driver.libcuda_error and not error:
-            error = _load_standin(_driver.libcuda_error)
+        if _driver.libcuda_error or _driver.no_device:
+            error = _load_standin(_driver.libcuda_error or _driver.cuinit_error)
     else:
         error = _driver.error
     if error is None:
@@ -120,7 +125,8 @@ def _probe_driver(force):
         return _Driver(libcuda_error=f"libcuda.so.1 could not be loaded ({err})")
     status = cuda.cuInit(0)
     if status != 0:
-        return _Driver(cuinit_error=f"cuInit(0) failed with CUresult {status}")
+        return _Driver(cuinit_error=f"cuInit(0) failed with CUresult {status}",
+                       no_device=status == _CUDA_ERROR_NO_DEVICE)
     if force:
         return _Driver()
     count = ctypes.c_int(0)

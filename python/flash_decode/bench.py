@@ -84,6 +84,19 @@ DEFAULT_MATRIX = [
     ("fp16", "b=1,L=32k,sq=4;b=16,L=8k,sq=4"),
     ("bf16", "b=1,L=1k/32k;b=64,L=4k;b=1,hq=48,hkv=48,L=8k,sq=10"),
 ]
+# Serving cases: the same shapes (32/8 heads, d128 unless given, causal, cache_seqlens
+# a tensor) on a contiguous cache, on paged caches (a random block order) and with this
+# step's tokens appended; each is timed against the contiguous one of its shape.
+SERVING_SHAPES = "b=1,L=32k;b=8,L=4k/32k;b=32,L=8k"
+SERVING_QUICK = "b=8,L=32k"
+SERVING_CASES = {  # name: (page size, append, rotary)
+    "contiguous": (0, False, False),
+    "paged16": (16, False, False),
+    "paged1": (1, False, False),
+    "append": (0, True, False),
+    "paged16+append+rotary": (16, True, True),
+}
+
 QUICK_MATRIX = [
     ("fp16", "b=1,L=1k;b=8,L=32k;b=1,hq=48,hkv=48,L=8k,sq=10;b=16,hq=8,hkv=1,d=64,L=4k,sq=4"),
     ("bf16", "b=4,d=256,L=16k"),
@@ -163,6 +176,8 @@ def _seconds_arg(text):
 
 
 def _shapes_arg(text):
+    if text.strip() == "none":
+        return []
     try:
         return parse_shapes(text)
     except ValueError as err:
@@ -195,7 +210,12 @@ def parse_args(argv=None):
     p.add_argument("--settle", type=_seconds_arg, default=SETTLE_S, metavar="SECONDS",
                    help="after each case, give its memory back to the driver and wait this long "
                         f"before the next (default {SETTLE_S}; 0 shows why: see settle())")
+    p.add_argument("--serving-shapes", type=_shapes_arg, metavar="SPEC",
+                   help="shapes for the serving cases (paged caches, append), or 'none' "
+                        f"(default: '{SERVING_SHAPES}', '{SERVING_QUICK}' with --quick, none with --shapes)")
     args = p.parse_args(argv)
+    if args.serving_shapes is None:
+        args.serving_shapes = [] if args.shapes else parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
     if args.shapes:
         args.cases = [(s, dt) for s in itertools.chain(*args.shapes) for dt in args.dtypes or ["fp16"]]
     else:
@@ -457,6 +477,98 @@ def run_case(shape, dtype, peers, args):
     return row
 
 
+def serving_layers(shape, dtype, page, n):
+    """n layers of (k_cache, v_cache, block_table or None) holding L keys per sequence:
+    contiguous (b, L, hkv, d), or paged (b * L / page pages in a random order)."""
+    b, _, hkv, d, L, _ = shape
+    dt = DTYPES[dtype]
+    layers = []
+    for _ in range(n):
+        if page:
+            pages = b * L // page
+            k = torch.randn(pages, page, hkv, d, device="cuda", dtype=dt)
+            table = torch.randperm(pages, device="cuda").to(torch.int32).view(b, L // page)
+        else:
+            k, table = torch.randn(b, L, hkv, d, device="cuda", dtype=dt), None
+        layers.append((k, torch.randn_like(k), table))
+    return layers
+
+
+def dense(layer, b):
+    """A paged layer's caches gathered into contiguous (b, L, hkv, d) ones."""
+    k, v, table = layer
+    if table is None:
+        return k, v
+    return (x[table.long()].flatten(1, 2) for x in (k, v))
+
+
+def run_serving_case(shape, dtype, case, repeats):
+    """One serving case: µs per call (graph-timed over rotating layers), TB/s of the
+    cache read, and a check against flash_decode on a contiguous copy of the same
+    keys (paged) or on the cache after the append (append, without rotary)."""
+    page, append, rotary = SERVING_CASES[case]
+    b, hq, hkv, d, L, sq = shape
+    dt = DTYPES[dtype]
+    nbytes = kv_bytes(shape, dtype)
+    n = layer_count(nbytes, torch.cuda.mem_get_info()[0])
+    row = dict(case=case, dtype=dtype, **shape._asdict(), kv_mb=round(nbytes / MB, 2))
+    if n < 1:
+        return dict(row, check=f"n/a (cache of {nbytes / 1e9:.1f} GB does not fit)")
+    layers = serving_layers(shape, dtype, page, n)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
+    lens = torch.full((b,), L - sq if append else L, dtype=torch.int32, device="cuda")
+    new = [torch.randn(b, sq, hkv, d, device="cuda", dtype=dt) for _ in range(2)] if append else []
+    kw = dict(cache_seqlens=lens, causal=True)
+    if rotary:
+        angles = torch.arange(L, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, d, 2, device="cuda") / d)
+        kw.update(rotary_cos=angles.cos().to(dt), rotary_sin=angles.sin().to(dt), rotary_interleaved=False)
+
+    def call(layer):
+        return flash_decode.flash_decode(q, layer[0], layer[1], *new, block_table=layer[2], **kw)
+
+    out = call(layers[0])
+    if rotary:
+        row["check"] = "-"
+    else:
+        k, v = dense(layers[0], b)  # with the appended keys in place, for append
+        want = flash_decode.flash_decode(q, k, v, cache_seqlens=lens + (sq if append else 0), causal=True)
+        err = (out.float() - want.float()).abs().max().item()
+        row["check"] = "ok" if err <= TOL[dt][0] else f"MISMATCH: max error {err:.3g}"
+    row["layers"] = n
+    row["us"] = time_kernel(call, layers, repeats)[0]
+    row["tbs"] = tbs(nbytes, row["us"])
+    return row
+
+
+def run_serving(args, log):
+    """The serving cases of every --serving-shapes shape, each with its time over the
+    contiguous case's ("x contiguous")."""
+    rows = []
+    for shape in args.serving_shapes:
+        base = None
+        for case in SERVING_CASES:
+            try:
+                row = run_serving_case(shape, "fp16", case, args.repeats)
+            except Exception as err:  # noqa: BLE001 (report the case, go on)
+                row = dict(case=case, dtype="fp16", **shape._asdict(), check=f"n/a ({type(err).__name__}: {_reason(err)})")
+            if case == "contiguous":
+                base = row.get("us")
+            if base and row.get("us"):
+                row["vs_contiguous"] = row["us"] / base
+            rows.append(row)
+            settle(args.settle)
+            log(format_serving_row(row))
+    return rows
+
+
+def format_serving_row(r):
+    text = f"serving {r['case']:<22} {label(Shape(*(r[f] for f in Shape._fields)))}"
+    if "us" not in r:
+        return text + f" | {r.get('check')}"
+    return text + (f" | {r['us']:.1f}us {r['tbs']:.2f}TB/s | {r.get('vs_contiguous', 1):.2f}x contiguous"
+                   f" | check {r['check']}")
+
+
 def eager_tiny(calls=400, rounds=5):
     """Eager µs per call on TINY: flash_decode vs a plain torch SDPA call."""
     q, kvs, q_ours, ours = make_tensors(TINY, "fp16", 1, "bhsd")
@@ -635,6 +747,7 @@ def main(argv=None):
         rows.append(row)
         settle(args.settle)
         log(f"[{i}/{len(args.cases)}] " + format_row(row, args.peers))
+    serving = run_serving(args, log) if args.serving_shapes else []
     try:
         meta["eager"] = eager_tiny()  # reported in the summary
     except Exception as err:  # noqa: BLE001
@@ -643,6 +756,7 @@ def main(argv=None):
     summary = summarize(rows, meta["eager"])
     for what, value in summary:
         print(f"{what}: {value}")
+    meta["serving"] = serving
     write_results(args.out, rows, meta, summary, args.peers)
     print(f"wrote {args.out}/results.json and results.csv")
     if not args.no_plot:
