@@ -179,16 +179,21 @@ func TestServingAndPlanShape(t *testing.T) {
 }
 
 // TestServingPlans: a serving shape runs the serving form of the variant
-// a plain one would, with the same launch; an append adds the append
-// kernel, a rotary embedding the rotated q in the workspace, and a window
-// plans only the keys it lets in.
+// a plain one would, on the same block shape, split to fill both block
+// slots of every SM (targetBlocks) where the plain plan fills one; an append
+// adds the append kernel, a rotary embedding the rotated q in the workspace,
+// and a window plans only the keys it lets in.
 func TestServingPlans(t *testing.T) {
 	base := Shape{DType: BFloat16, Batch: 3, SeqlenQ: 2, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
 	rows := 3 * 32 * 2
+	// 24 items (3 sequences x 8 K/V heads) of 512 tiles: the plain plan
+	// splits them 5 ways (120 blocks, one an SM), the serving plan 11 ways
+	// (264 blocks, two an SM).
+	const plainSplits, autoSplits = 5, 11
 	for _, tt := range []struct {
 		name        string
 		edit        func(*Shape)
-		splits      int // 0: what the plain shape gets
+		splits      int // 0: autoSplits, below
 		appendGrid  [2]int
 		qRot, total int // 0: the plain plan's workspace, no q_rot
 	}{
@@ -220,11 +225,15 @@ func TestServingPlans(t *testing.T) {
 				p.Variant.Append != "fd_append_kv_bf16" || p.Threads != v.Threads || p.Variant.KeysPerTile != v.KeysPerTile {
 				t.Fatalf("serving variant %+v for plain %+v", p.Variant, v)
 			}
-			if tt.splits == 0 && (p.NumSplits != plain.NumSplits || p.Grid != plain.Grid || p.Cluster != plain.Cluster) {
-				t.Errorf("%v: want the plain plan's launch %v", p, plain)
+			want := tt.splits
+			if want == 0 {
+				want = autoSplits
+				if plain.NumSplits != plainSplits {
+					t.Errorf("plain plan %v: want %d splits", plain, plainSplits)
+				}
 			}
-			if tt.splits > 0 && p.NumSplits != tt.splits {
-				t.Errorf("%v: want %d splits", p, tt.splits)
+			if p.NumSplits != want || p.Grid != [3]int{want, 8, 3} {
+				t.Errorf("%v: want %d splits, grid (%d, 8, 3)", p, want, want)
 			}
 			if p.AppendGrid != tt.appendGrid || (p.Append != "") != (s.SeqlenNew > 0) ||
 				(p.Append != "" && (p.Append != "fd_append_kv_bf16" || p.AppendThreads != 128)) {
@@ -234,7 +243,7 @@ func TestServingPlans(t *testing.T) {
 			if s.RotaryQ {
 				wantBytes = rows * s.HeadDim * 2
 			} else if tt.splits == 0 {
-				wantTotal = plain.WorkspaceBytes
+				wantTotal = autoSplits*rows*128*4 + autoSplits*rows*4
 			}
 			if p.QRotBytes != wantBytes || p.QRotOffset != tt.qRot || (wantTotal > 0 && p.WorkspaceBytes != wantTotal) ||
 				p.QRotOffset%256 != 0 || p.QRotOffset+p.QRotBytes > p.WorkspaceBytes && p.QRotBytes > 0 {
@@ -344,7 +353,8 @@ func TestServingPlanJSONAndString(t *testing.T) {
 		splits int
 		want   []string
 	}{
-		{0, []string{"fd_append_kv_f16 grid (1,1) x 128 threads, then fd_split_kv_serving_f16_d128_r16", "lse_partial at 262144, q_rot at 264192"}},
+		{0, []string{"fd_append_kv_f16 grid (1,1) x 128 threads, then fd_split_kv_serving_f16_d128_r16 grid (31,8,1)",
+			"lse_partial at 507904, q_rot at 512000"}},
 		{1, []string{"1 split, no combine; workspace 8192 B (q_rot)"}},
 	} {
 		s.NumSplits = tt.splits
