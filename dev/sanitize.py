@@ -1,0 +1,176 @@
+"""Calls every kernel path of flash_decode once, for compute-sanitizer:
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 /usr/local/cuda/bin/compute-sanitizer --tool memcheck \\
+        --kernel-name regex=^fd_ python3 dev/sanitize.py
+
+(and --tool racecheck, synccheck, initcheck). Without torch's caching
+allocator every tensor is its own allocation, so memcheck sees a read past
+one. The paths: split + combine (4 and 16 warps), the cluster merge,
+whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal,
+ragged lengths with zeros, odd GQA ratios, int and absent cache_seqlens, the
+paged cache (pages of 1 and 16) with append and rotary, cache_batch_idx,
+cache_leftpad with a window, softcap, ALiBi, and merge_states.
+
+--dry-run builds every call's arguments on the meta device (no GPU, no
+memory) and prints the plan of each from flash_decode.plan(..., device=-1),
+for an H200. plan() plans the plain kernels: a serving call (any serving
+argument) runs the serving variant of the same head dim and rows, whose
+split count the appended tokens or the window may change.
+"""
+
+import argparse
+import sys
+
+import torch
+
+import flash_decode
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+def cases():
+    """(name, plain plan's shape, call, expected plan traits) per path: call(dev)
+    returns flash_decode's keyword arguments built on device dev."""
+
+    def rand(dev, *shape, dtype=F16):
+        return torch.randn(*shape, device=dev, dtype=torch.float32).to(dtype)
+
+    def ints(dev, values):
+        return torch.tensor(values, dtype=torch.int32, device=dev)
+
+    def plain(b, sq, hq, hkv, d, n, dtype=F16, **extra):
+        def call(dev):
+            kw = dict(q=rand(dev, b, sq, hq, d, dtype=dtype), k_cache=rand(dev, b, n, hkv, d, dtype=dtype),
+                      v_cache=rand(dev, b, n, hkv, d, dtype=dtype), return_softmax_lse=True)
+            for key, value in extra.items():
+                kw[key] = value(dev) if callable(value) else value
+            return kw
+        seqlen = extra.get("cache_seqlens")
+        return (b, sq, hq, hkv, d, n, dtype, extra.get("num_splits", 0), seqlen if type(seqlen) is int else None), call
+
+    def paged(page, b=2, sq=2, hq=32, hkv=8, d=128, n=4096, interleaved=False):
+        pages = b * n // page
+
+        def call(dev):
+            table = torch.randperm(pages, device=dev).to(torch.int32).view(b, n // page)
+            half = 32  # rotary_dim 64
+            return dict(q=rand(dev, b, sq, hq, d), k_cache=rand(dev, pages, page, hkv, d),
+                        v_cache=rand(dev, pages, page, hkv, d), k=rand(dev, b, 2, hkv, d), v=rand(dev, b, 2, hkv, d),
+                        rotary_cos=rand(dev, n, half), rotary_sin=rand(dev, n, half),
+                        rotary_interleaved=interleaved, block_table=table,
+                        cache_seqlens=ints(dev, [n - 2, 17][:b]), causal=True, return_softmax_lse=True)
+        return (b, sq, hq, hkv, d, n, F16, 0, None), call
+
+    lens = lambda *v: lambda dev: ints(dev, list(v))  # noqa: E731
+    return [
+        ("split + combine (4 warps)", *plain(1, 1, 32, 8, 128, 32768), dict(combine="fd_combine_f16")),
+        ("split + combine (16 warps)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
+         dict(combine="fd_combine_f16_w16")),
+        ("cluster merge", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=lens(4096, 1234)), dict(cluster=True)),
+        ("whole_items, split tail", *plain(40, 1, 32, 8, 128, 8192), dict(whole_items=True)),
+        ("d64, split + combine", *plain(1, 1, 8, 8, 64, 262144), dict(combine="fd_combine_f16")),
+        ("d64, cluster", *plain(3, 1, 8, 8, 64, 2048), dict(cluster=True)),
+        ("d96 (padded to 128), MHA", *plain(2, 1, 12, 12, 96, 1500), {}),
+        ("d256 bf16, split + combine", *plain(2, 1, 16, 2, 256, 8192, BF16), dict(combine="fd_combine_bf16")),
+        ("seqlen_q 10 causal, lengths below seqlen_q",
+         *plain(2, 10, 8, 2, 128, 3000, causal=True, cache_seqlens=lens(3000, 7)), {}),
+        ("ragged lengths with zeros", *plain(4, 1, 32, 8, 128, 4096, cache_seqlens=lens(0, 4096, 1, 2500)), {}),
+        ("GQA 7 (28/4)", *plain(3, 1, 28, 4, 128, 5000, cache_seqlens=lens(5000, 0, 4999)), {}),
+        ("MQA 7/1", *plain(2, 1, 7, 1, 128, 700), {}),
+        ("int cache_seqlens", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=1000), {}),
+        ("paged, page 16, append + rotary", *paged(16), {}),
+        ("paged, page 1, append + interleaved rotary", *paged(1, n=1024, interleaved=True), {}),
+        ("cache_batch_idx", *plain(2, 1, 32, 8, 128, 2048, cache_seqlens=lens(2048, 5),
+                                   cache_batch_idx=lens(1, 0)), {}),
+        ("cache_leftpad + window", *plain(2, 1, 32, 8, 128, 2048, cache_seqlens=lens(2048, 900),
+                                          cache_leftpad=lens(100, 0), window_size=(256, 0)), {}),
+        ("softcap", *plain(2, 1, 32, 8, 128, 4096, softcap=30.0), {}),
+        ("serving whole_items, split tail (softcap)", *plain(40, 1, 32, 8, 128, 8192, softcap=50.0),
+         dict(whole_items=True)),
+        ("ALiBi per head", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=lens(4096, 3000),
+                                  alibi_slopes=lambda dev: torch.rand(32, device=dev)), {}),
+        ("ALiBi per sequence and head, causal, seqlen_q 4",
+         *plain(2, 4, 32, 8, 128, 4096, causal=True, alibi_slopes=lambda dev: torch.rand(2, 32, device=dev)), {}),
+    ]
+
+
+def merge_cases():
+    """(name, call) per merge_states path: call(dev) returns its arguments."""
+
+    def states(dev, n, rows, d, dtype, empty_row=True):
+        outs = [torch.randn(*rows, d, device=dev).to(dtype) for _ in range(n)]
+        lses = [torch.randn(*rows, device=dev) for _ in range(n)]
+        if empty_row:
+            for lse in lses:
+                lse.view(-1)[0] = float("-inf")  # a row whose states are all empty
+        return outs, lses
+
+    def stacked(dev):
+        outs, lses = states(dev, 3, (2, 32), 128, torch.float32)
+        return torch.stack(outs), torch.stack(lses)
+
+    def transposed(dev):
+        outs, lses = states(dev, 2, (8, 4), 4, F16)
+        return [o.transpose(0, 1) for o in outs], [lse.transpose(0, 1).contiguous() for lse in lses]
+
+    return [
+        ("merge_states, 3 fp16 states as a list", lambda dev: states(dev, 3, (4, 32), 128, F16)),
+        ("merge_states, 9 bf16 states (stacked copy)", lambda dev: states(dev, 9, (2, 8), 64, BF16)),
+        ("merge_states, fp32 stacked tensor", stacked),
+        ("merge_states, d4, outputs with transposed rows", transposed),
+    ]
+
+
+def describe(p):
+    return (f"{p['kernel']}, {p['num_splits']} splits, grid {p['grid']}, cluster {p['cluster']}, "
+            f"combine {p['combine'] or '-'}, whole_items {p['whole_items']}, workspace {p['workspace_bytes']} B")
+
+
+def check_traits(name, p, want):
+    """Fails where a case no longer reaches the path it is named for."""
+    ok = (("combine" not in want or p["combine"] == want["combine"])
+          and ("cluster" not in want or p["cluster"] > 1)
+          and ("whole_items" not in want or p["whole_items"] > 0))
+    if not ok:
+        sys.exit(f"{name}: the plan {describe(p)} misses the path {want}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true",
+                    help="build the arguments on the meta device and print the plans; no GPU")
+    args = ap.parse_args()
+    dev = "meta" if args.dry_run else "cuda"
+    torch.manual_seed(0)
+    for name, (b, sq, hq, hkv, d, n, dtype, splits, seqlen), call, want in cases():
+        p = flash_decode.plan(b, sq, hq, hkv, d, n, dtype=dtype, num_splits=splits, seqlen=seqlen, device=-1)
+        check_traits(name, p, want)
+        kw = call(dev)
+        serving = any(kw.get(key) is not None for key in ("k", "block_table", "cache_batch_idx", "cache_leftpad",
+                                                           "alibi_slopes")) or "window_size" in kw or "softcap" in kw
+        note = " [a serving call: plan() shows the plain kernels' plan]" if serving else ""
+        print(f"{name}: {describe(p)}{note}", flush=True)
+        if args.dry_run:
+            continue
+        out, lse = flash_decode.flash_decode(**kw)
+        torch.cuda.synchronize()
+        if not torch.isfinite(out).all():
+            sys.exit(f"{name}: non-finite output")
+    for name, call in merge_cases():
+        outs, lses = call(dev)
+        print(name, flush=True)
+        if args.dry_run:
+            continue
+        flash_decode.merge_states(outs, lses)
+        torch.cuda.synchronize()
+    lses = [torch.randn(4, 32, device=dev) for _ in range(2)]
+    outs = [torch.randn(4, 32, 128, device=dev).half() for _ in range(2)]
+    print("merge_state", flush=True)
+    if not args.dry_run:
+        flash_decode.merge_state(outs[0], lses[0], outs[1], lses[1])
+        torch.cuda.synchronize()
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
