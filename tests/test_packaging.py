@@ -67,7 +67,9 @@ def test_plan_without_driver_and_decode_still_refuses():
     expected = {"num_splits": 16, "grid": [16, 8, 1], "cluster": 1, "workspace_bytes": 264192,
                 "kernel": "fd_split_kv_f16_d128_r16", "combine": "fd_combine_f16"}
     assert {k: report["plan"][k] for k in expected} == expected
-    assert report["standin"] == (not report["driver"])
+    # Every GPU is hidden: with no driver, or with one whose cuInit finds no device, planning
+    # goes through the stand-in.
+    assert report["standin"]
     for key in ("binding", "decode"):
         assert report[key].startswith(NO_DRIVER), report[key]
         assert ("could not be loaded" if not report["driver"] else "no CUDA device") in report[key]

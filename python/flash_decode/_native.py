@@ -125,8 +125,9 @@ def _probe_driver(force):
         return _Driver(libcuda_error=f"libcuda.so.1 could not be loaded ({err})")
     status = cuda.cuInit(0)
     if status != 0:
-        return _Driver(cuinit_error=f"cuInit(0) failed with CUresult {status}",
-                       no_device=status == _CUDA_ERROR_NO_DEVICE)
+        if status == _CUDA_ERROR_NO_DEVICE:
+            return _Driver(cuinit_error=f"cuInit(0) found no CUDA device (CUresult {status})", no_device=True)
+        return _Driver(cuinit_error=f"cuInit(0) failed with CUresult {status}")
     if force:
         return _Driver()
     count = ctypes.c_int(0)
