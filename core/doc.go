@@ -95,6 +95,10 @@
 // # Where things live
 //
 //   - problem.go, dtype.go: Shape, Tensor, Problem, DType and their checks.
+//   - serving.go: the serving arguments (paged cache, append, rotary,
+//     window, softcap, ALiBi; Window, Append, Rotary) and their checks.
+//   - merge.go: MergeProblem, the merge API's checks, launch shape and CPU
+//     reference.
 //   - variants.go: the compiled kernels (Variant) and SelectVariant.
 //   - device.go: what the planner knows of a GPU (Device, H200, the
 //     occupancy estimates used without a GPU).
@@ -102,7 +106,8 @@
 //   - splits.go: the num_splits=0 cost model (autoSplits, splitCost,
 //     tailSplit) and its fitted constants, with a worked example.
 //   - plan_encoding.go: Plan.String and the JSON the Python and C callers read.
-//   - reference.go: HostProblem, ReferenceDecode and NaiveAttention on the CPU.
+//   - reference.go: HostProblem, ReferenceDecode, ReferenceAppend and
+//     NaiveAttention on the CPU.
 //   - errors.go: Error, ErrInvalid and ErrUnsupported.
 //
 // # Errors
