@@ -449,7 +449,8 @@ def test_run_flashinfer_reports_the_fastest_matching_variant(monkeypatch, sq):
     monkeypatch.setattr(bench, "import_flashinfer", lambda: fake)
     monkeypatch.setattr(bench, "FLASHINFER_WORKSPACE", 64)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**12, 10**12))
-    monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (call(layers[0]) is not None and fake.last, "graph"))
+    monkeypatch.setattr(bench, "time_kernel",  # the variant's own cost, from its first layer
+                        lambda call, layers, repeats: (call(layers[0]) is not None and fake.last, "graph"))
     shape = Shape(b=2, hq=4, hkv=2, d=8, L=32, sq=sq)
     q = torch.randn(2, 4, sq, 8).half()
     buf = torch.randn(3, 2, 2, 2, 32, 8).half()  # bhsd layers: the paged views are copies
