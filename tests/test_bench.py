@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -316,3 +317,152 @@ def test_serving_cases_and_shapes():
     row = dict(case="paged16", dtype="fp16", **bench.SHAPE_DEFAULTS._asdict(), us=40.0, tbs=3.4,
                vs_contiguous=1.05, check="ok")
     assert bench.format_serving_row(row).endswith("| 40.0us 3.40TB/s | 1.05x contiguous | check ok")
+
+
+def peers_with(monkeypatch, module):
+    """available_peers() with sys.modules['flashinfer'] set to module (None: not importable)."""
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    bench.import_flashinfer.cache_clear()
+    try:
+        return bench.available_peers()
+    finally:
+        monkeypatch.undo()
+        bench.import_flashinfer.cache_clear()
+
+
+def test_peers_offer_flashinfer_only_where_it_imports(monkeypatch):
+    assert peers_with(monkeypatch, None) == bench.BASE_PEERS == ("cudnn", "flash", "efficient", "flex")
+    assert peers_with(monkeypatch, types.ModuleType("flashinfer")) == bench.BASE_PEERS + ("flashinfer",)
+    monkeypatch.setattr(bench, "PEERS", bench.BASE_PEERS + ("flashinfer",))
+    assert bench.parse_args([]).peers == [*bench.BASE_PEERS, "flashinfer"]
+    assert bench.parse_args(["--peers", "flashinfer"]).peers == ["flashinfer"]
+    monkeypatch.setattr(bench, "PEERS", bench.BASE_PEERS)
+    assert "flashinfer" not in bench.parse_args([]).peers
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--peers", "flashinfer"])
+
+
+def test_flashinfer_peer_without_flashinfer_is_na(monkeypatch):
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: None)
+    assert bench.run_peer("flashinfer", None, [], None, bench.SHAPE_DEFAULTS, "fp16", 1) == \
+        (None, "n/a (flashinfer not installed)")
+
+
+@pytest.mark.parametrize("L,page,pages,last", [(64, 16, 4, 16), (64, 64, 1, 64), (40, 16, 3, 8)])
+def test_paged_indices(L, page, pages, last):
+    indptr, indices, last_len = bench.paged_indices(3, L, page)
+    assert indptr.dtype == indices.dtype == last_len.dtype == torch.int32
+    assert indptr.tolist() == [0, pages, 2 * pages, 3 * pages]
+    assert indices.tolist() == list(range(3 * pages))
+    assert last_len.tolist() == [last] * 3
+
+
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_paged_view_holds_the_dense_keys(page, contiguous):
+    b, L, hkv, d = 3, 64, 2, 8
+    if contiguous:  # bshd: (b, L, hkv, d) itself
+        cache = torch.randn(b, L, hkv, d)
+    else:  # bhsd: flash_decode's view of a (b, hkv, L, d) buffer
+        cache = torch.randn(b, hkv, L, d).transpose(1, 2)
+    pages = bench.paged_view(cache, page)
+    assert pages.shape == (b * L // page, page, hkv, d) and pages.is_contiguous()
+    assert (pages.data_ptr() == cache.data_ptr()) == contiguous  # a free reshape, else a copy
+    indptr, indices, last = bench.paged_indices(b, L, page)
+    for i in range(b):
+        seq = pages[indices[indptr[i]:indptr[i + 1]].long()].flatten(0, 1)
+        seq = seq[:len(seq) - page + last[i]]
+        torch.testing.assert_close(seq, cache[i], rtol=0, atol=0)
+    with pytest.raises(ValueError):
+        bench.paged_view(torch.randn(b, 40, hkv, d), 16)
+
+
+def test_causal_reference_ends_at_the_last_key():
+    # FlashInfer's prefill rows: query i of sq sees keys [0, L - sq + i].
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
+    got = bench.reference(q, k, v, causal=True)
+    for i in range(3):
+        want = bench.reference(q[:, :, i:i + 1], k[:, :, :8 + i], v[:, :, :8 + i])
+        torch.testing.assert_close(got[:, :, i:i + 1], want)
+    torch.testing.assert_close(bench.reference(q[:, :, :1], k, v, causal=True), bench.reference(q[:, :, :1], k, v))
+    assert not torch.allclose(got, bench.reference(q, k, v))
+
+
+def test_flashinfer_in_csv_summary_and_table(tmp_path):
+    rows = [row(cudnn=40.0, flashinfer=33.0), row(L=1024, ours=5.0, kv_mb=4.19, flashinfer=4.0)]
+    rows[0]["flashinfer_note"] = "page16, tensor cores, graph"
+    s = dict(bench.summarize(rows, None))
+    assert s["vs flashinfer (its time / flash_decode's)"] == \
+        "min 0.800x, geomean 0.938x, max 1.100x over 2 shapes"  # (1.1 * 0.8) ** 0.5
+    peers = ["cudnn", "flashinfer"]
+    assert bench.csv_columns(peers)[-4:] == ["flashinfer_us", "flashinfer_tbs", "flashinfer_ratio", "flashinfer_note"]
+    bench.write_results(tmp_path, rows, {}, list(s.items()), peers)
+    with open(tmp_path / "results.csv", newline="") as f:
+        lines = list(csv.DictReader(f))
+    assert lines[0]["flashinfer_us"] == "33" and lines[0]["flashinfer_ratio"] == "1.1"
+    assert lines[0]["flashinfer_note"] == "page16, tensor cores, graph" and lines[1]["cudnn_us"] == ""
+    assert "flashinfer 1.10x" in bench.format_row(rows[0], peers)
+    if importlib.util.find_spec("matplotlib"):
+        bench.plot(rows, 4.4, tmp_path / "bandwidth.png", peers)
+        assert (tmp_path / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class FakeFlashInfer(types.ModuleType):
+    """A CPU stand-in for flashinfer's paged wrappers: it gathers each sequence's pages
+    and runs SDPA (causal as planned); cost() is the time the fake timer reports.
+    One variant (one page per sequence, tensor cores) is made wrong and fastest."""
+
+    def __init__(self):
+        super().__init__("flashinfer")
+        self.plans = []
+        fake = self
+
+        class Wrapper:
+            def __init__(self, workspace, layout, use_tensor_cores=False):
+                assert layout == "NHD" and workspace.dtype == torch.uint8
+                self.tc = use_tensor_cores
+
+            def plan(self, *args, causal=False, q_data_type=None, kv_data_type=None):
+                *qo, self.indptr, self.indices, self.last, self.hq, self.hkv, self.d, self.page = args
+                self.causal = causal
+                fake.plans.append((type(self).__name__, self.page, self.tc, causal))
+
+            def run(self, q, kv):
+                b = len(self.indptr) - 1
+                seqs = [torch.stack([x[self.indices[self.indptr[i]:self.indptr[i + 1]].long()].flatten(0, 1)
+                                     for i in range(b)]) for x in kv]  # (b, L, hkv, d)
+                k, v = (x.transpose(1, 2).float() for x in seqs)
+                qq = q.view(b, -1, self.hq, self.d).transpose(1, 2).float()
+                out = bench.reference(qq, k, v, nb=b, causal=self.causal)
+                if self.tc and self.page == k.shape[2]:
+                    out = out * 2
+                fake.last = (10 if self.tc else 12) - (self.page == 16) - 8 * (self.page == k.shape[2] and self.tc)
+                return out.transpose(1, 2).reshape(q.shape).to(q.dtype)
+
+        self.BatchDecodeWithPagedKVCacheWrapper = type("Decode", (Wrapper,), {})
+        self.BatchPrefillWithPagedKVCacheWrapper = type("Prefill", (Wrapper,), {})
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+def test_run_flashinfer_reports_the_fastest_matching_variant(monkeypatch, sq):
+    fake = FakeFlashInfer()
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: fake)
+    monkeypatch.setattr(bench, "FLASHINFER_WORKSPACE", 64)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**12, 10**12))
+    monkeypatch.setattr(bench, "time_kernel",  # the variant's own cost, from its first layer
+                        lambda call, layers, repeats: (call(layers[0]) is not None and fake.last, "graph"))
+    shape = Shape(b=2, hq=4, hkv=2, d=8, L=32, sq=sq)
+    q = torch.randn(2, 4, sq, 8).half()
+    buf = torch.randn(3, 2, 2, 2, 32, 8).half()  # bhsd layers: the paged views are copies
+    kvs = [(buf[i, 0], buf[i, 1]) for i in range(3)]
+    ref = bench.reference(q, *kvs[0])  # non-causal, as the other peers get it
+    us, note = bench.run_peer("flashinfer", q, kvs, ref, shape, "fp16", 1)
+    if sq == 1:
+        assert [(p[0], p[1], p[2]) for p in fake.plans] == [
+            ("Decode", 16, False), ("Decode", 16, True), ("Decode", 32, False), ("Decode", 32, True)]
+        assert (us, note) == (9, "page16, tensor cores, graph")  # the wrong, faster variant is left out
+    else:
+        assert fake.plans == [("Prefill", 16, False, True), ("Prefill", 32, False, True)]
+        assert (us, note) == (11, "page16, causal prefill, graph")
+    monkeypatch.setattr(bench, "matches", lambda out, ref, dtype: (False, 1.0))
+    assert bench.run_peer("flashinfer", q, kvs, ref, shape, "fp16", 1)[1].startswith("n/a (page16")

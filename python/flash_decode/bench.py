@@ -9,11 +9,20 @@
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
-flash and efficient backends, and FlexAttention under torch.compile. Every
-call is non-causal (seqlen_q > 1 too) over the whole cache (cache_seqlens=None),
-so no peer needs a mask. GQA peers get enable_gqa=True; a backend that refuses
-it gets K/V expanded by repeat_interleave outside the timed region (noted
-"expanded"). A peer that cannot run a shape shows as "n/a (reason)".
+flash and efficient backends, FlexAttention under torch.compile, and FlashInfer
+where `import flashinfer` works (it is never a dependency; without it the peer is
+not offered). Every SDPA and Flex call is non-causal (seqlen_q > 1 too) over the
+whole cache (cache_seqlens=None), so no peer needs a mask. GQA peers get
+enable_gqa=True; a backend that refuses it gets K/V expanded by repeat_interleave
+outside the timed region (noted "expanded"). A peer that cannot run a shape
+shows as "n/a (reason)".
+FlashInfer runs on NHD paged views of the same caches (a free reshape where a
+layer is contiguous, as with --layout bshd; a contiguous copy per layer made
+outside the timed region otherwise): its decode wrapper for seqlen_q 1 and its
+prefill wrapper for seqlen_q > 1, where its rows are causal (the last query row
+sees the whole cache) and are checked against a causal fp32 reference. Page size
+16 and one page per sequence, tensor cores on and off (decode), each timed alike;
+the fastest is reported, named in the note (e.g. "page16, tensor cores, graph").
 
 Each call reads a different KV cache ("layer") in rotation, max(3, 240 MB /
 cache) of them within 40% of free memory, so the 60 MB L2 never holds the one
@@ -58,7 +67,7 @@ SHAPE_DEFAULTS = Shape(b=1, hq=32, hkv=8, d=128, L=32768, sq=1)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION}
-PEERS = ("cudnn", "flash", "efficient", "flex")
+BASE_PEERS = ("cudnn", "flash", "efficient", "flex")
 MB = 1e6                    # decimal MB
 L2_ROTATION_BYTES = 240e6   # 4x the H200's 60 MB L2
 MEMORY_FRACTION = 0.4       # of free GPU memory, for the rotated caches
@@ -97,10 +106,55 @@ SERVING_CASES = {  # name: (page size, append, rotary)
     "paged16+append+rotary": (16, True, True),
 }
 
+FLASHINFER_PAGES = (16, None)          # None: one page per sequence (page size L)
+FLASHINFER_WORKSPACE = 128 * 1024 * 1024  # bytes, FlashInfer's recommended workspace
+
 QUICK_MATRIX = [
     ("fp16", "b=1,L=1k;b=8,L=32k;b=1,hq=48,hkv=48,L=8k,sq=10;b=16,hq=8,hkv=1,d=64,L=4k,sq=4"),
     ("bf16", "b=4,d=256,L=16k"),
 ]
+
+
+# ---- peers (pure: tested on CPU) ----
+
+@functools.cache
+def import_flashinfer():
+    """The flashinfer module, or None where `import flashinfer` fails."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import flashinfer
+    except Exception:  # noqa: BLE001 (missing, or built for another torch or CUDA)
+        return None
+    return flashinfer
+
+
+def available_peers():
+    """The peers this machine offers: BASE_PEERS, and flashinfer where it imports."""
+    return BASE_PEERS + (("flashinfer",) if import_flashinfer() is not None else ())
+
+
+def paged_indices(b, L, page, device="cpu"):
+    """FlashInfer's page table for b sequences of L keys stored in order, sequence i
+    in pages [i * n, (i + 1) * n) of n = ceil(L / page): (paged_kv_indptr (b + 1,),
+    paged_kv_indices (b * n,), paged_kv_last_page_len (b,)), all int32."""
+    n = -(-L // page)
+    indptr = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=device)
+    indices = torch.arange(b * n, dtype=torch.int32, device=device)
+    last = torch.full((b,), L - (n - 1) * page, dtype=torch.int32, device=device)
+    return indptr, indices, last
+
+
+def paged_view(cache, page):
+    """A (b, L, hkv, d) cache as (b * L / page, page, hkv, d) NHD pages in sequence
+    order: a view of a contiguous cache, a contiguous copy otherwise."""
+    b, L, hkv, d = cache.shape
+    if L % page:
+        raise ValueError(f"cache length {L} is not a multiple of page size {page}")
+    return cache.contiguous().view(b * L // page, page, hkv, d)
+
+
+PEERS = available_peers()
 
 
 # ---- arguments and shapes (pure: tested on CPU) ----
@@ -377,10 +431,16 @@ def matches(out, ref, dtype):
     return bool((err <= atol + rtol * ref.abs()).all()), err.max().item()
 
 
-def reference(q, k, v, nb=4):
+def reference(q, k, v, nb=4, causal=False):
+    """fp32 SDPA of the first nb sequences (b, h, s, d); causal aligns the last query
+    row with the last key (query i sees keys up to L - sq + i)."""
+    mask = None
+    if causal:
+        sq, L = q.shape[2], k.shape[2]
+        mask = torch.ones(sq, L, dtype=torch.bool, device=q.device).tril(L - sq)
     with sdpa_kernel([SDPBackend.MATH]):
         return F.scaled_dot_product_attention(q[:nb].float(), k[:nb].float(), v[:nb].float(),
-                                              enable_gqa=q.shape[1] != k.shape[1])
+                                              attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 @functools.cache
@@ -407,8 +467,82 @@ def peer_call(name, q, gqa):
     return call
 
 
+def flashinfer_variants(q, kvs, shape, dtype):
+    """[(name, call, layers)]: FlashInfer over NHD paged views of the layers, per page
+    size (16, and L: one page per sequence) and, for seqlen_q 1, with the decode
+    wrapper's tensor cores off and on; for seqlen_q > 1 the causal prefill wrapper.
+    q is (b, hq, sq, d), kvs the (b, hkv, L, d) layers; copies, where a layer is not
+    contiguous in (b, L, hkv, d), are made here, outside the timed region."""
+    fi = import_flashinfer()
+    b, hq, hkv, d, L, sq = shape
+    dt = DTYPES[dtype]
+    dev = q.device
+    workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=dev)
+    qo = q.transpose(1, 2).reshape(b * sq, hq, d).contiguous()  # (b * sq, hq, d) rows
+    ours = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in kvs]
+    if not ours[0][0].is_contiguous():  # one copy per layer, as many as fit, like expanded K/V
+        n = layer_count(kv_bytes(shape, dtype), torch.cuda.mem_get_info(dev)[0])
+        if n < 1:
+            raise MemoryError("contiguous copies of the caches would not fit")
+        ours = [(k.contiguous(), v.contiguous()) for k, v in ours[:n]]
+    variants = []
+    for page in (p or L for p in FLASHINFER_PAGES):
+        if L % page:
+            continue
+        name = "page16" if page == 16 else "one page per sequence" if page == L else f"page{page}"
+        layers = [(paged_view(k, page), paged_view(v, page)) for k, v in ours]
+        indptr, indices, last = paged_indices(b, L, page, device=dev)
+        if sq == 1:
+            for tc in (False, True):
+                w = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tc)
+                w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dt, kv_data_type=dt)
+                variants.append((f"{name}, {'tensor cores' if tc else 'no tensor cores'}",
+                                 lambda kv, w=w: w.run(qo, kv), layers))
+        else:
+            qo_indptr = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=dev)
+            w = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+            w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True,
+                   q_data_type=dt, kv_data_type=dt)
+            variants.append((f"{name}, causal prefill", lambda kv, w=w: w.run(qo, kv), layers))
+    return variants
+
+
+def run_flashinfer(q, kvs, ref, shape, dtype, repeats):
+    """(µs or None, note): the fastest FlashInfer variant that matches the fp32
+    reference (causal for seqlen_q > 1), named in the note; n/a with the first
+    reason when none does."""
+    if import_flashinfer() is None:
+        return None, "n/a (flashinfer not installed)"
+    if shape.sq > 1:
+        ref = reference(q, *kvs[0], nb=ref.shape[0], causal=True)
+    best, reason = None, None
+    try:
+        variants = flashinfer_variants(q, kvs, shape, dtype)
+    except Exception as exc:  # noqa: BLE001
+        return None, f"n/a ({_reason(exc)})"
+    if not variants:
+        return None, f"n/a (cache length {shape.L} is not a multiple of 16)"
+    for name, call, layers in variants:
+        try:
+            out = call(layers[0]).view(shape.b, shape.sq, shape.hq, shape.d).transpose(1, 2)
+            ok, err = matches(out, ref, dtype)
+            if not ok:
+                reason = reason or f"{name}: mismatch: max error {err:.3g}"
+                continue
+            us, how = time_kernel(call, layers, repeats)
+        except Exception as exc:  # noqa: BLE001 (a variant that cannot run: try the others)
+            reason = reason or f"{name}: {_reason(exc)}"
+            continue
+        if best is None or us < best[0]:
+            best = (us, f"{name}, {how}")
+    return best if best else (None, f"n/a ({reason})")
+
+
 def run_peer(name, q, kvs, ref, shape, dtype, repeats):
-    """(µs or None, note): GQA natively, else on expanded K/V; n/a with the reason."""
+    """(µs or None, note): GQA natively, else on expanded K/V; n/a with the reason.
+    FlashInfer takes GQA natively, on paged views (see run_flashinfer)."""
+    if name == "flashinfer":
+        return run_flashinfer(q, kvs, ref, shape, dtype, repeats)
     group = shape.hq // shape.hkv
     reason = None
     for mode in ("gqa", "expanded") if group > 1 else ("mha",):
@@ -599,7 +733,8 @@ def summarize(rows, eager):
 
     ok = sum(r.get("check") == "ok" for r in rows)
     out = [("checked against fp32 SDPA", f"{ok}/{len(rows)} ok")]
-    versus = [(f"vs {p}", f"{p}_us") for p in PEERS] + [("vs a plain read of the same bytes", "read_us")]
+    versus = [(f"vs {p}", f"{p}_us") for p in BASE_PEERS + ("flashinfer",)]  # each with data
+    versus.append(("vs a plain read of the same bytes", "read_us"))
     for what, key in versus:
         ratios = [r[key] / r["ours_us"] for r in rows if r.get(key) and r.get("ours_us")]
         if ratios:
@@ -650,7 +785,8 @@ def plot(rows, ceiling, path, peers):
     import matplotlib.pyplot as plt
     batches = sorted({r["b"] for r in rows})
     fig, axes = plt.subplots(1, len(batches), figsize=(3.6 * len(batches), 4), sharey=True, squeeze=False)
-    style = dict(cudnn=("C0", "s"), flash=("C1", "^"), efficient=("C2", "v"), flex=("C4", "D"))
+    style = dict(cudnn=("C0", "s"), flash=("C1", "^"), efficient=("C2", "v"), flex=("C4", "D"),
+                 flashinfer=("C5", "P"))
     series = [("ours", "flash_decode", "C3", "o")] + [(p, p, *style[p]) for p in peers]
     for ax, b in zip(axes[0], batches):
         configs = {}
@@ -732,6 +868,7 @@ def main(argv=None):
     settle(args.settle)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flash_decode=flash_decode.__version__,
                 layout=args.layout, causal=False, cache_seqlens=None, peers=args.peers, repeats=args.repeats,
+                flashinfer=getattr(import_flashinfer(), "__version__", None),
                 ceiling_tbs=args.ceiling, ceilings=ceilings, bytes="K+V only", date=time.strftime("%Y-%m-%d %H:%M"))
     print(f"flash_decode bench on {meta['device']}, torch {meta['torch']}, layout {args.layout}, "
           f"{len(args.cases)} cases; non-causal, full caches, TB/s of K+V read; read ceiling "
