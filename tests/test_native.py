@@ -316,3 +316,39 @@ def test_scale_sent_with_default_flag(fake_binding, softmax_scale, sent):
 def test_translate(text, exc):
     err = _api._translate(RuntimeError(text))
     assert type(err) is exc and str(err) == text
+
+
+_SIGINT_WITH_THREADS = """
+import os, signal, sys, threading, time
+import flash_decode
+
+calls = [0]
+def loop():
+    while True:
+        flash_decode.plan(1, 1, 32, 8, 128, 32768, device=-1)  # into Go and back, GIL released there
+        calls[0] += 1
+
+for _ in range(4):
+    threading.Thread(target=loop, daemon=True).start()
+while calls[0] < 100:
+    time.sleep(0.01)
+start = time.monotonic()
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+    print("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    print(f"KeyboardInterrupt {time.monotonic() - start:.3f}", flush=True)
+sys.exit(0)  # the daemon threads are still calling into Go while the interpreter finalizes
+"""
+
+
+@needs_extension
+def test_sigint_while_threads_are_in_native_calls():
+    # Ctrl-C reaches the main thread at once, and exiting with threads still inside the Go
+    # core ends cleanly. (Daemon threads inside torch ops at exit can abort the process in
+    # torch itself, flash_decode or not: stop and join worker threads before exiting.)
+    child = run_python(_SIGINT_WITH_THREADS, FLASH_DECODE_FORCE_NATIVE=None)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    last = child.stdout.splitlines()[-1]
+    assert last.startswith("KeyboardInterrupt ") and float(last.split()[1]) < 1.0, child.stdout
