@@ -10,6 +10,7 @@ tests that need it skip).
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -158,3 +159,10 @@ def assert_matches_reference(out, lse, q, k, v, **kwargs):
     if lse is not None:
         assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
         torch.testing.assert_close(lse, ref_lse, **LSE_TOL[q.dtype])
+
+
+def assert_names(err, exc, name):
+    """err is exactly exc and names argument name: Python's messages start
+    with it, the Go core's read "flashdecode: <op>: <name>: ..."."""
+    assert type(err) is exc, f"{type(err).__name__}: {err}"
+    assert re.match(rf"(?:flashdecode: \w+: )?{name}\b", str(err)), f"message does not name {name!r}: {err}"

@@ -8,13 +8,12 @@ the Go core, whose message reads "flashdecode: decode: <argument>: ...": on
 CPU tensors those cases stop at the device check instead.
 """
 
-import re
 
 import pytest
 import torch
 
 import flash_decode
-from conftest import assert_matches_reference
+from conftest import assert_matches_reference, assert_names
 
 B, SQ, HQ, HKV, D, L = 2, 2, 8, 2, 64, 40
 
@@ -145,13 +144,6 @@ CASES = [
     ("out-on-cpu", lambda a: a.update(out=torch.empty_like(a["q"], device="cpu")), ValueError, "out", False),
 ]
 IDS = [c[0] for c in CASES]
-
-
-def assert_names(err, exc, name):
-    """err is exactly exc and names argument name: Python's messages start
-    with it, the Go core's read "flashdecode: <op>: <name>: ..."."""
-    assert type(err) is exc, f"{type(err).__name__}: {err}"
-    assert re.match(rf"(?:flashdecode: \w+: )?{name}\b", str(err)), f"message does not name {name!r}: {err}"
 
 
 def check_raises(device, mutate, exc, name):

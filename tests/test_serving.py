@@ -12,13 +12,12 @@ binding (a stand-in records it), and the checks made before any native call.
 
 import inspect
 import json
-import re
 
 import pytest
 import torch
 
 import flash_decode
-from conftest import FAKECUDA, LSE_TOL, OUT_TOL, ROOT, FakeBinding, has_extension, run_python
+from conftest import FAKECUDA, LSE_TOL, OUT_TOL, ROOT, FakeBinding, assert_names, has_extension, run_python
 from flash_decode import _api, _native
 from serving_ref import make_paged, reference_kvcache, rotary_tables
 
@@ -402,13 +401,6 @@ CASES = [
     ("alibi_slopes-strided", strided_last("alibi_slopes"), ValueError, "alibi_slopes", False),
 ]
 IDS = [c[0] for c in CASES]
-
-
-def assert_names(err, exc, name):
-    """err is exactly exc and names argument name: Python's messages start
-    with it, the Go core's read "flashdecode: <op>: <name>: ..."."""
-    assert type(err) is exc, f"{type(err).__name__}: {err}"
-    assert re.match(rf"(?:flashdecode: \w+: )?{name}\b", str(err)), f"message does not name {name!r}: {err}"
 
 
 def check_refused(device, mutate, exc, name):

@@ -1,9 +1,11 @@
-// check.h: the one assertion the C tests use. CHECK(cond, fmt, ...) counts a
-// pass, or counts a failure and prints where and why; each test program
-// defines `passed` and `failed` and reports them at the end.
+// check.h: what the C tests assert with. CHECK(cond, fmt, ...) counts a
+// pass, or counts a failure and prints where and why; CU(call) runs a driver
+// call and, on failure, counts it, prints its error name and jumps to the
+// caller's `done:` label. The test programs report `passed` and `failed`.
 #ifndef FLASHDECODE_TEST_CHECK_H
 #define FLASHDECODE_TEST_CHECK_H
 
+#include <cuda.h>
 #include <stdio.h>
 
 static int passed, failed;
@@ -18,6 +20,18 @@ static int passed, failed;
             fprintf(stderr, __VA_ARGS__);                                    \
             fputc('\n', stderr);                                             \
         }                                                                    \
+    } while (0)
+
+#define CU(call)                                                                     \
+    do {                                                                             \
+        CUresult r_ = (call);                                                        \
+        if (r_ != CUDA_SUCCESS) {                                                    \
+            const char *m_ = "?";                                                    \
+            cuGetErrorName(r_, &m_);                                                 \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, m_); \
+            failed++;                                                                \
+            goto done;                                                               \
+        }                                                                            \
     } while (0)
 
 #endif  // FLASHDECODE_TEST_CHECK_H

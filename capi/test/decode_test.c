@@ -510,18 +510,6 @@ static void reference(const gpu_case *c, const float *q, const float *k, const f
     free(s);
 }
 
-#define CU(call)                                                                     \
-    do {                                                                             \
-        CUresult r_ = (call);                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                    \
-            const char *m_ = "?";                                                    \
-            cuGetErrorName(r_, &m_);                                                 \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, m_); \
-            failed++;                                                                \
-            goto done;                                                               \
-        }                                                                            \
-    } while (0)
-
 static void run_case(const gpu_case *c, CUstream stream) {
     int d = c->head_dim, rows = c->seqlen_cache + c->pad_rows;
     int64_t nq = (int64_t)c->batch * c->seqlen_q * c->heads_q * d;

@@ -104,18 +104,6 @@ static void test_errors(void) {
 
 // ---- merging on a GPU -----------------------------------------------------------------
 
-#define CU(call)                                                                     \
-    do {                                                                             \
-        CUresult r_ = (call);                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                    \
-            const char *m_ = "?";                                                    \
-            cuGetErrorName(r_, &m_);                                                 \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, m_); \
-            failed++;                                                                \
-            goto done;                                                               \
-        }                                                                            \
-    } while (0)
-
 static uint32_t rng = 4242;
 static float uniform(void) {  // in [-1, 1)
     rng = rng * 1664525u + 1013904223u;
