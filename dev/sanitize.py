@@ -3,7 +3,9 @@
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 /usr/local/cuda/bin/compute-sanitizer --tool memcheck \\
         --kernel-name regex=^fd_ python3 dev/sanitize.py
 
-(and --tool racecheck, synccheck, initcheck). Without torch's caching
+(and --tool racecheck, synccheck; initcheck without --kernel-name, since it
+counts memory as written only by the kernels it instruments, and torch's
+kernels write the inputs). Without torch's caching
 allocator every tensor is its own allocation, so memcheck sees a read past
 one. The paths: split + combine (4 and 16 warps), the cluster merge,
 whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal,
