@@ -43,6 +43,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 PAGE_SIZE = 16
 ATTN_NAME = "splitkv_decode"  # flash_decode's name in transformers' AttentionInterface
@@ -118,13 +119,19 @@ def rotate(x, cos, sin, positions, interleaved=False):
     return out.to(x.dtype)
 
 
+# SDPA's backends for a masked call, cuDNN left out: it builds a plan per new key length (tens of
+# milliseconds), and a growing cache has a new length at every step.
+SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def sdpa_gqa(q, k, v, mask):
     """SDPA on (batch, seqlen, heads, head_dim) tensors, kv heads repeated for GQA."""
     group = q.shape[2] // k.shape[2]
     qt = q.transpose(1, 2)
     kt = k.repeat_interleave(group, dim=2).transpose(1, 2)
     vt = v.repeat_interleave(group, dim=2).transpose(1, 2)
-    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask).transpose(1, 2)
+    with sdpa_kernel(SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask).transpose(1, 2)
 
 
 def forward(cfg, weights, tokens, attend):
