@@ -8,13 +8,15 @@ which `pip install -v` shows):
      extension links against it (gorgonia.org/cu links -lcuda; at run time the user's
      machine provides libcuda.so.1), and the wheel carries it for planning without a driver;
   3. runs `go generate ./core/cuda` (nvcc compiles kernels/ into core/cuda/fatbin/flashdecode.fatbin);
-  4. builds gopy and goimports from go.mod's tool requirements into _build/bin;
+  4. builds gopy and goimports from go.mod's tool requirements into _build/tools (_build/bin:
+     gopy, and fd_gil.py as goimports);
   5. runs `gopy build` over ./python/binding into _build/gopy (gopy needs its output inside
      the Go module; Go's ./... skips folders starting with "_");
   6. installs the extension into the wheel as the package flash_decode._binding, without
      run paths, next to the stand-in and the licenses of the Go code linked into it.
 
-Post-processing of gopy's output (the only one): keep the runtime files, i.e. the extension
+One edit of gopy's generated code before it compiles: the launch calls keep the GIL
+(fd_gil.py says why and how). Post-processing of gopy's output: keep the runtime files, i.e. the extension
 _binding.<EXT_SUFFIX>, binding.py (the wrapper of package binding) and go.py, drop its build
 inputs (build.py, *.go, *.c, *.h), and replace its empty __init__.py with one saying the folder
 is generated. gopy's modules already import the extension package-relatively
@@ -53,7 +55,8 @@ from setuptools.command.sdist import sdist as _sdist
 import fd_elf
 import make_libcuda
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.path.join(ROOT, "_build")
 GOPY_NAME = "binding"  # -> flash_decode/_binding/{binding.py, go.py, _binding.<EXT_SUFFIX>}
 BINDING_PKG = ("flash_decode", "_binding")
@@ -235,9 +238,19 @@ def build_standin(cuda_home, scratch):
 
 
 def build_go_tools(env, scratch):
-    """Build gopy and goimports from go.mod's tool requirements into scratch/bin (first on
-    env's PATH), so that the generated code does not depend on a gopy the machine has."""
-    run(["go", "build", "-o", os.path.join(scratch, "bin") + os.sep] + GO_TOOLS, env=env)
+    """Build gopy and goimports from go.mod's tool requirements into scratch/tools, so that
+    the generated code does not depend on a gopy the machine has, and put gopy and, as
+    goimports, fd_gil.py's editor in front of the real one, into scratch/bin (first on env's
+    PATH)."""
+    tools, bindir = os.path.join(scratch, "tools"), os.path.join(scratch, "bin")
+    run(["go", "build", "-o", tools + os.sep] + GO_TOOLS, env=env)
+    os.makedirs(bindir, exist_ok=True)
+    shutil.copy2(os.path.join(tools, "gopy"), os.path.join(bindir, "gopy"))
+    shim = os.path.join(bindir, "goimports")
+    with open(shim, "w") as f:
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.join(HERE, "fd_gil.py")}" '
+                f'"{os.path.join(tools, "goimports")}" "$@"\n')
+    os.chmod(shim, 0o755)
 
 
 def build_binding(dest):

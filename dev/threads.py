@@ -1,0 +1,103 @@
+"""Per-call time of eager calls from 1, 2, 4 and 8 Python threads.
+
+    python3 dev/threads.py [--calls 4000]
+
+Rows: flash_decode (the soak test's layout: b=2, 32/8 heads, d128, a
+cache_seqlens tensor, out given) over 4096 tokens (a call's GPU time is about
+its host time) and over 512 (the host path alone), each thread on its own
+stream, then 512 with every thread on the default stream; the bare Go call
+under it (the binding's Workspace: into Go and back, releasing and retaking
+the GIL, launching nothing); a torch op (an in-place add on a small tensor,
+which releases the GIL around its launch). Each figure is the aggregate wall
+time over all threads' calls divided by the number of calls, the best of three
+runs: below the one-thread figure means threads help, above means they
+contend. Needs a CUDA GPU.
+"""
+
+import argparse
+import threading
+import time
+
+import torch
+
+import flash_decode
+from flash_decode import _native
+
+B, HQ, HKV, D, N = 2, 32, 8, 128, 4096
+
+
+def flash_case(n):
+    def make():
+        q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.float16)
+        k = torch.randn(B, n, HKV, D, device="cuda", dtype=torch.float16)
+        v = torch.randn_like(k)
+        lens = torch.full((B,), n, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+
+        def call():
+            flash_decode.flash_decode(q, k, v, cache_seqlens=lens, out=out)
+        return call
+    return make
+
+
+def go_case():
+    native = _native.binding()
+    q_strides, kv_strides = (HQ * D, HQ * D, D, 1), (N * HKV * D, HKV * D, D, 1)
+    handle = native.Prepare(1, B, 1, HQ, HKV, D, N, *q_strides, *kv_strides, *kv_strides, *q_strides,
+                            1.0, True, False, 0, torch.cuda.current_device())
+    workspace = native.Workspace
+
+    def call():
+        workspace(handle, -1)
+    return call
+
+
+def torch_case():
+    x = torch.zeros(64, device="cuda")
+
+    def call():
+        x.add_(1.0)
+    return call
+
+
+def per_call_us(make, threads, calls, own_streams):
+    fns = [make() for _ in range(threads)]
+    streams = [torch.cuda.Stream() if own_streams else torch.cuda.default_stream() for _ in range(threads)]
+
+    def loop(fn, stream):
+        with torch.cuda.stream(stream):
+            for _ in range(calls):
+                fn()
+
+    best = float("inf")
+    for _ in range(3):
+        workers = [threading.Thread(target=loop, args=(fn, s)) for fn, s in zip(fns, streams)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best / (threads * calls) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=4000, help="calls per thread per run")
+    args = ap.parse_args()
+    counts = (1, 2, 4, 8)
+    print(f"{'us per call, aggregate':28}" + "".join(f"{n:>4} thr" for n in counts))
+    for name, make, own_streams in (("flash_decode, 4096 tokens", flash_case(4096), True),
+                                    ("flash_decode, 512 tokens", flash_case(512), True),
+                                    ("  the same, one stream", flash_case(512), False),
+                                    ("Go call (Workspace)", go_case, True),
+                                    ("torch x.add_(1)", torch_case, True)):
+        make()()  # warm-up: layout cache, module load
+        row = [per_call_us(make, n, args.calls, own_streams) for n in counts]
+        print(f"{name:28}" + "".join(f"{us:8.1f}" for us in row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
