@@ -111,11 +111,15 @@ def test_threads_on_streams_match_one_thread_and_keep_its_throughput():
     torch.cuda.synchronize()
 
     def one_thread():
+        # On a stream of its own like each thread's: the legacy default stream
+        # costs the host more per launch (about 15.8 against 11.4 us a call).
         outs = [torch.empty_like(q) for q, _, _ in inputs]
+        stream = torch.cuda.Stream()
         errors = []
+        torch.cuda.synchronize()
         start = time.perf_counter()
         for t in range(THREADS):
-            decode_loop(*inputs[t], lens[t], outs[t], torch.cuda.current_stream(), CALLS_PER_THREAD, errors)
+            decode_loop(*inputs[t], lens[t], outs[t], stream, CALLS_PER_THREAD, errors)
         torch.cuda.synchronize()
         assert not errors, errors
         return time.perf_counter() - start, outs
