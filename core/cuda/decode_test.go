@@ -19,6 +19,9 @@ func gpu(t *testing.T) *device {
 	if n, err := cu.NumDevices(); err != nil || n == 0 {
 		t.Skip("no CUDA device")
 	}
+	if fakeDevice() {
+		t.Skip("the fake device computes nothing")
+	}
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
 	d, err := getDevice(0)

@@ -1,0 +1,127 @@
+package cuda
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/flash-decode/flash-decode/core"
+)
+
+// fakeDevice reports whether the driver is the stand-in with a fake device
+// (python/build_backend/make_libcuda.py --fake-device): one sm_90 device of
+// 132 SMs whose kernels do nothing and whose launches are logged to the file
+// FAKECUDA_LAUNCH_LOG names. CI runs TestLaunchesFollowThePlan alone on it
+// (go test -run): the other tests compute and check results, which the fake
+// device cannot (those built on gpu() skip there).
+func fakeDevice() bool { return os.Getenv("FLASH_DECODE_FAKE_DEVICE") == "1" }
+
+// at is a contiguous (batch, seq, heads, dim) tensor at a made-up device
+// address: the fake device never reads memory.
+func at(addr uintptr, seq, heads, dim int) core.Tensor {
+	return core.Tensor{Ptr: addr, BatchStride: int64(seq * heads * dim), SeqStride: int64(heads * dim), HeadStride: int64(dim)}
+}
+
+// launched reads and clears the fake device's launch log: one "kernel gx gy
+// gz threads shared cluster pdl" line per launch.
+func launched(t *testing.T, log string) []string {
+	t.Helper()
+	data, err := os.ReadFile(log)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	os.Remove(log)
+	return strings.Fields(strings.ReplaceAll(strings.TrimSpace(string(data)), " ", "_"))
+}
+
+func launchLine(kernel string, gx, gy, gz, threads, shared, cluster, pdl int) string {
+	return fmt.Sprintf("%s_%d_%d_%d_%d_%d_%d_%d", kernel, gx, gy, gz, threads, shared, cluster, pdl)
+}
+
+// TestLaunchesFollowThePlan: each call launches exactly what its plan says,
+// in order (the append kernel, stage 1, the combine), with the plan's grid,
+// block size, shared memory and cluster, all with programmatic dependent
+// launch (sm_90); MergeStates launches its MergeLaunch. On the fake device,
+// so the launch path runs where CI runs.
+func TestLaunchesFollowThePlan(t *testing.T) {
+	log := os.Getenv("FAKECUDA_LAUNCH_LOG")
+	if !fakeDevice() || log == "" {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1 and FAKECUDA_LAUNCH_LOG")
+	}
+	log, _ = filepath.Abs(log)
+	const gib = uintptr(1) << 30
+	plain := func(b, hq, hkv, n, splits int) core.Problem {
+		s := core.Shape{DType: core.Float16, Batch: b, SeqlenQ: 1, HeadsQ: hq, HeadsKV: hkv, HeadDim: 128, SeqlenCache: n, Seqlen: -1, NumSplits: splits}
+		return core.Problem{Shape: s, Q: at(1*gib, 1, hq, 128), K: at(64*gib, n, hkv, 128),
+			V: at(128*gib, n, hkv, 128), Out: at(2*gib, 1, hq, 128), LSE: 3 * gib, CacheSeqlens: 4 * gib}
+	}
+	paged := func() core.Problem {
+		p := plain(2, 32, 8, 4096, 0)
+		p.K, p.V = at(64*gib, 16, 8, 128), at(128*gib, 16, 8, 128) // pages of 16 keys
+		p.PageSize, p.NumPages, p.MaxPages = 16, 512, 256
+		p.BlockTable, p.BlockTableStride = 5*gib, 256
+		p.New = core.Append{K: at(6*gib, 2, 8, 128), V: at(7*gib, 2, 8, 128), Seqlen: 2}
+		p.Rotary = core.Rotary{Cos: 8 * gib, Sin: 9 * gib, Stride: 64, Dim: 128, Rows: 8192}
+		p.Causal = true
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		p    core.Problem
+		want string // the path the plan must take
+	}{
+		{"split and combine", plain(1, 32, 8, 32768, 32), "combine"},
+		{"splits merged in clusters", plain(1, 32, 8, 1024, 0), "cluster"},
+		{"unsplit", plain(4, 32, 8, 4096, 1), "one"},
+		{"whole items and a split tail", plain(40, 32, 8, 8192, 0), "whole"},
+		{"wide combine", plain(1, 8, 1, 131072, 0), "wide"},
+		{"paged append with rotary", paged(), "append"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.p
+			pl, err := PlanFor(p.PlanShape(), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch ok := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
+				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
+				"wide": pl.Combine == pl.Variant.CombineWide, "append": pl.Append != ""}[tc.want]; {
+			case !ok:
+				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
+			}
+			launched(t, log)
+			if _, err := Decode(&p, 10*gib, pl.WorkspaceBytes, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			if pl.Append != "" {
+				want = append(want, launchLine(pl.Append, pl.AppendGrid[0], pl.AppendGrid[1], 1, pl.AppendThreads, 0, 1, 1))
+			}
+			want = append(want, launchLine(pl.Variant.Kernel, pl.Grid[0], pl.Grid[1], pl.Grid[2], pl.Threads, pl.SharedBytes, pl.Cluster, 1))
+			if pl.CombineGrid > 0 {
+				want = append(want, launchLine(pl.Combine, pl.CombineGrid, 1, 1, pl.CombineThreads, 0, 1, 1))
+			}
+			if got := launched(t, log); strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Errorf("launched\n  %v\nwant\n  %v", got, want)
+			}
+		})
+	}
+	t.Run("merge_states", func(t *testing.T) {
+		m := core.MergeProblem{DType: core.Float16, NumStates: 3, Rows: [core.MergeRowDims]int{4, 32, 1}, HeadDim: 128,
+			Outs: core.MergeInput{Ptrs: [core.MergePointers]uintptr{1 * gib}, NumPtrs: 1, StateStride: 4 * 32 * 128, Strides: [core.MergeRowDims]int64{32 * 128, 128, 128}},
+			LSEs: core.MergeInput{Ptrs: [core.MergePointers]uintptr{2 * gib}, NumPtrs: 1, StateStride: 4 * 32, Strides: [core.MergeRowDims]int64{32, 1, 1}},
+			Out:  core.MergeOutput{Ptr: 3 * gib, Strides: [core.MergeRowDims]int64{32 * 128, 128, 128}},
+			LSE:  core.MergeOutput{Ptr: 4 * gib, Strides: [core.MergeRowDims]int64{32, 1, 1}}}
+		l := m.Launch()
+		launched(t, log)
+		if err := MergeStates(&m, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		want := launchLine(l.Kernel, l.Grid, 1, 1, l.Threads, l.SharedBytes, 1, 1)
+		if got := launched(t, log); strings.Join(got, " ") != want {
+			t.Errorf("launched %v, want %v", got, want)
+		}
+	})
+}
