@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import flash_decode
-from conftest import FAKECUDA, has_extension, run_python
+from conftest import FAKECUDA, FAKEDEVICE, has_extension, run_python
 from flash_decode import _api
 
 NO_DRIVER = "flash_decode needs an NVIDIA GPU with a CUDA driver"
@@ -86,6 +86,37 @@ def test_plan_checks_arguments_first():
     # The Go core reads a negative length as "the whole cache": Python refuses one.
     with pytest.raises(ValueError, match="^seqlen=-2 must not be negative"):
         flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen=-2)
+
+
+_LAUNCH_THROUGH_THE_BINDING = """
+import json
+import flash_decode
+from flash_decode import _native
+b, G = _native.binding(), 1 << 30
+q, o, k = (4096, 4096, 128, 1), (4096, 4096, 128, 1), (32768 * 1024, 1024, 128, 1)
+h = b.Prepare(1, 1, 1, 32, 8, 128, 32768, *q, *k, *k, *o, 0.0, True, False, 32, 0)
+ws = b.Workspace(h, -1)
+splits = b.Run(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 3 * G, 4 * G, 10 * G, ws, 0)
+print(json.dumps(dict(flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=32, device=0), ran=splits, ws=ws)))
+"""
+
+
+@needs_extension
+@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+def test_binding_launches_the_plan_on_a_fake_device(tmp_path):
+    # Python -> the gopy extension (Run keeps the GIL) -> the Go core -> the driver, on a
+    # stand-in whose one device launches nothing and logs each launch: the split kernel and
+    # the combine, with the plan's grids and programmatic dependent launch.
+    log = tmp_path / "launches.log"
+    child = run_python(_LAUNCH_THROUGH_THE_BINDING, LD_LIBRARY_PATH=str(FAKEDEVICE), FLASH_DECODE_FORCE_NATIVE=None,
+                       FAKECUDA_LAUNCH_LOG=str(log))
+    assert child.returncode == 0, child.stderr[-2000:]
+    plan = json.loads(child.stdout.splitlines()[-1])
+    assert plan["ran"] == plan["num_splits"] == 32 and plan["ws"] == plan["workspace_bytes"] > 0
+    grid = " ".join(map(str, plan["grid"]))
+    assert log.read_text().splitlines() == [
+        f"{plan['kernel']} {grid} {plan['threads']} {plan['shared_bytes']} 1 1",
+        f"{plan['combine']} {plan['combine_grid']} 1 1 {plan['combine_threads']} 0 1 1"]
 
 
 @needs_fakecuda
