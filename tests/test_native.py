@@ -119,6 +119,47 @@ def test_binding_launches_the_plan_on_a_fake_device(tmp_path):
         f"{plan['combine']} {plan['combine_grid']} 1 1 {plan['combine_threads']} 0 1 1"]
 
 
+_SERVING_LAUNCH_THROUGH_THE_BINDING = """
+import json, torch
+from flash_decode import _api, _native
+# The layout the torch layer sends for a paged append with rotary (CPU tensors: only their
+# shapes and strides are read), then a call with made-up device addresses.
+q = torch.empty(2, 1, 32, 128, dtype=torch.float16)
+pages = torch.empty(512, 16, 8, 128, dtype=torch.float16)
+new = torch.empty(2, 1, 8, 128, dtype=torch.float16)
+cos = torch.empty(8192, 64, dtype=torch.float16)
+lens, table = torch.empty(2, dtype=torch.int32), torch.empty(2, 256, dtype=torch.int32)
+layout = _api._serving_layout(q, pages, pages, new, new, cos, cos, lens, None, None, table, None, True,
+                              (-1, -1), 0.0, False, None, 0, None)
+b, G = _native.binding(), 1 << 30
+h = b.PrepareServing(json.dumps(layout), 0)
+ws = b.WorkspaceServing(h, -1)
+splits = b.RunServing(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 5 * G, 0, 0, 0, 6 * G, 7 * G, 8 * G, 9 * G,
+                      10 * G, ws, 0)
+print(json.dumps(dict(splits=splits, ws=ws)))
+"""
+
+
+@needs_extension
+@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+def test_serving_binding_launches_append_then_stage_1(tmp_path):
+    # The serving path through the binding (the layout as JSON, then RunServing): the append
+    # kernel, then the serving stage 1 with as many splits as RunServing reports, then the
+    # combine where it splits; all with programmatic dependent launch.
+    log = tmp_path / "launches.log"
+    child = run_python(_SERVING_LAUNCH_THROUGH_THE_BINDING, LD_LIBRARY_PATH=str(FAKEDEVICE),
+                       FLASH_DECODE_FORCE_NATIVE=None, FAKECUDA_LAUNCH_LOG=str(log))
+    assert child.returncode == 0, child.stderr[-2000:]
+    ran = json.loads(child.stdout.splitlines()[-1])
+    launches = [line.split() for line in log.read_text().splitlines()]
+    names = [launch[0] for launch in launches]
+    assert names[:2] == ["fd_append_kv_f16", "fd_split_kv_serving_f16_d128_r16"], names
+    assert int(launches[1][1]) == ran["splits"] and launches[1][2:4] == ["8", "2"]  # grid (splits, 8 heads, 2)
+    assert names[2:] == (["fd_combine_f16"] if ran["splits"] > 1 and launches[1][6] == "1" else [])
+    assert ran["ws"] > 0  # the rotated q lives in the workspace
+    assert all(launch[7] == "1" for launch in launches)
+
+
 @needs_fakecuda
 def test_fake_driver_without_device():
     child = run_python(
