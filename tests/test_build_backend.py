@@ -36,6 +36,13 @@ def test_the_launch_calls_keep_the_gil_and_the_others_release_it():
         assert functions[name].count("PyEval_RestoreThread") == 1
 
 
+def test_the_build_checks_the_edit_happened():
+    source = "package main\n" + wrapper("binding_Run") + wrapper("binding_RunServing")
+    with pytest.raises(RuntimeError, match="binding_Run releases the GIL"):
+        fd_gil.check(source)
+    fd_gil.check(fd_gil.hold_gil(source))
+
+
 @pytest.mark.parametrize("source, message", [
     ("package main\n" + wrapper("binding_Run"), "no function binding_RunServing"),
     ("package main\n" + wrapper("binding_Run").replace("\t_saved_thread := C.PyEval_SaveThread()\n", "")

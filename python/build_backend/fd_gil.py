@@ -45,6 +45,16 @@ def hold_gil(source, names=HOLD_GIL):
     return source
 
 
+def check(source, names=HOLD_GIL):
+    """Raises RuntimeError unless the named wrappers in source (gopy's
+    generated Go, after the build) keep the GIL: the build's check that the
+    edit happened."""
+    for name in names:
+        start = source.find(f"\nfunc {name}(")
+        if start < 0 or "PyEval_SaveThread" in source[start:source.find("\n}\n", start)]:
+            raise RuntimeError(f"gopy's {name} releases the GIL: the goimports step (fd_gil.py) did not run")
+
+
 def main(argv):
     real, args = argv[1], argv[2:]
     for path in args:

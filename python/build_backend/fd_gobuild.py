@@ -53,6 +53,7 @@ from setuptools.dist import Distribution as _Distribution
 from setuptools.command.sdist import sdist as _sdist
 
 import fd_elf
+import fd_gil
 import make_libcuda
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -279,6 +280,8 @@ def build_binding(dest):
         run(["gopy", "build", f"-vm={sys.executable}", "-dynamic-link=true", "-symbols=false",
              f"-output={os.path.relpath(out, ROOT)}", f"-name={GOPY_NAME}", "-no-make",
              "./python/binding"], env=env)
+        with open(os.path.join(out, GOPY_NAME + ".go")) as f:
+            fd_gil.check(f.read())
     steps("the extension into the wheel, with the stand-in and the Go licenses")
     install_gopy_output(out, dest, standin)
     install_licenses(env, os.path.join(dest, LICENSES_DIR))
