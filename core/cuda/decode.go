@@ -40,11 +40,11 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 	}
 	// The device's context is current for the launches only: the caller's
 	// (torch's current device, say) is current again when Decode returns.
-	s, err := current(d.raw, device)
+	restore, err := current(d.ctx, device)
 	if err != nil {
 		return core.Plan{}, err
 	}
-	defer s.undo()
+	defer restore()
 	k := params(p, pl, workspace)
 	if err := d.launch(&k, &pd, stream); err != nil {
 		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)

@@ -1,8 +1,5 @@
 package cuda
 
-// #include <cuda.h>
-import "C"
-
 import (
 	"fmt"
 	"os"
@@ -29,8 +26,7 @@ type kernels struct {
 // the first call for that GPU, and never freed (like a loaded library).
 type device struct {
 	ordinal    int
-	ctx        cu.CUContext // the primary context, retained
-	raw        C.CUcontext  // its driver handle, for the launch path (context.go)
+	ctx        cu.CUContext
 	sms        int
 	pdl        bool                // programmatic dependent launch (sm_90 and newer)
 	maxCluster int                 // largest stage-1 cluster a plan may use; 1: none
@@ -92,17 +88,13 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: retaining the primary context of device %d: %w", ordinal, err)
 	}
-	raw, err := rawContext(ctx, ordinal)
-	if err != nil {
-		return nil, err
-	}
 	// The module loads into the current context: ours, on this thread only
 	// until openDevice returns.
-	s, err := current(raw, ordinal)
+	restore, err := current(ctx, ordinal)
 	if err != nil {
 		return nil, err
 	}
-	defer s.undo()
+	defer restore()
 	sms, err := dev.Attribute(cu.MultiprocessorCount)
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
@@ -119,7 +111,7 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
 	}
-	d := &device{ordinal: ordinal, ctx: ctx, raw: raw, sms: sms, pdl: major >= 9, maxCluster: 1,
+	d := &device{ordinal: ordinal, ctx: ctx, sms: sms, pdl: major >= 9, maxCluster: 1,
 		fns: map[string]*kernels{}, plans: map[core.Shape]planned{}}
 	if major >= 9 {
 		d.maxCluster = min(core.MaxCluster, clusterLimit())

@@ -10,13 +10,29 @@ package cuda
 #cgo noescape fd_merge_launch
 #cgo nocallback fd_merge_launch
 #include <cuda.h>
-#include "launch.h"
 #include "merge_params.h"
 
-// Launches a merge kernel (one block per row) on fd_merge_params p.
+// Launches a merge kernel: grid blocks of threads threads and smem bytes of
+// dynamic shared memory, with programmatic dependent launch when pdl is set
+// (sm_90+: the kernel waits in griddepcontrol.wait for the kernel before).
 static CUresult fd_merge_launch(CUfunction f, unsigned grid, unsigned threads, unsigned smem,
                                 CUstream stream, int pdl, fd_merge_params *p) {
-	return fd_launch_kernel(f, grid, 1, 1, threads, smem, stream, pdl, 1, p);
+	void *args[1] = {p};
+	CUlaunchAttribute attr;
+	attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	attr.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig cfg = {0};
+	cfg.gridDimX = grid;
+	cfg.gridDimY = 1;
+	cfg.gridDimZ = 1;
+	cfg.blockDimX = threads;
+	cfg.blockDimY = 1;
+	cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	cfg.hStream = stream;
+	cfg.attrs = &attr;
+	cfg.numAttrs = pdl ? 1 : 0;
+	return cuLaunchKernelEx(&cfg, f, args, NULL);
 }
 */
 import "C"
@@ -58,11 +74,11 @@ func MergeStates(p *core.MergeProblem, device int, stream uintptr) error {
 	if err != nil {
 		return err
 	}
-	sc, err := current(d.raw, device) // as in run
+	restore, err := current(d.ctx, device) // as in run
 	if err != nil {
 		return err
 	}
-	defer sc.undo()
+	defer restore()
 	k, err := d.mergeKernels()
 	if err != nil {
 		return err
