@@ -29,14 +29,19 @@ _SAVE = "\t_saved_thread := C.PyEval_SaveThread()\n"
 _RESTORE = re.compile(r"\t(defer )?C\.PyEval_RestoreThread\(_saved_thread\)\n")
 
 
+def _body(source, name):
+    """(start, end) of the generated function name in source; start is -1 when there is none."""
+    start = source.find(f"\nfunc {name}(")
+    return start, source.find("\n}\n", start)
+
+
 def hold_gil(source, names=HOLD_GIL):
     """source (gopy's generated Go) with the GIL release removed from the named
     wrappers; raises ValueError when a wrapper or its release is not found."""
     for name in names:
-        start = source.find(f"\nfunc {name}(")
+        start, end = _body(source, name)
         if start < 0:
             raise ValueError(f"gopy output has no function {name}")
-        end = source.find("\n}\n", start)
         body = source[start:end]
         if body.count(_SAVE) != 1 or len(_RESTORE.findall(body)) != 1:
             raise ValueError(f"{name} in gopy's output does not release the GIL the expected way")
@@ -50,8 +55,8 @@ def check(source, names=HOLD_GIL):
     generated Go, after the build) keep the GIL: the build's check that the
     edit happened."""
     for name in names:
-        start = source.find(f"\nfunc {name}(")
-        if start < 0 or "PyEval_SaveThread" in source[start:source.find("\n}\n", start)]:
+        start, end = _body(source, name)
+        if start < 0 or "PyEval_SaveThread" in source[start:end]:
             raise RuntimeError(f"gopy's {name} releases the GIL: the goimports step (fd_gil.py) did not run")
 
 
