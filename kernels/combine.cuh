@@ -66,45 +66,27 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
 
-    // Warp w merges splits w, w + WARPS, ..., FD_COMBINE_UNROLL per step,
-    // into its own state (m = max base-2 LSE seen, d = sum 2^(lse_s - m)) and
-    // acc = sum 2^(lse_s - m) o_s. All of a step's loads (the splits' LSEs,
-    // broadcast, and their float4 columns) are issued before any is used, and
-    // nothing waits for the other warps first, so up to 8 * WARPS splits cost
-    // a single round trip to L2. An empty split (-inf) weighs 0; its o_s is 0.
+    // Warp w merges splits w, w + WARPS, ... into its own state and columns
+    // (fd_fold_states), so 8 * WARPS splits cost a single round trip to L2.
+    // An empty split (-inf) weighs 0; its o_s is 0.
     fd_state st = fd_state_empty();
     float4 acc[kSlices];
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = warp; s0 < p.num_splits; s0 += WARPS * FD_COMBINE_UNROLL) {
-        float4 x[FD_COMBINE_UNROLL][kSlices];
-        float m[FD_COMBINE_UNROLL];
-#pragma unroll
-        for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
-            const int s = s0 + u * WARPS;
-            const bool live = s < p.num_splits;
-            m[u] = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
+    fd_fold_states<FD_COMBINE_UNROLL, kSlices, false, float4>(
+        st, acc, warp, p.num_splits, WARPS,
+        [&](int s, bool live, float4 (&x)[kSlices]) {
+            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
             const float *src = o_row + (long long)s * rows_total * p.head_dim;
 #pragma unroll
             for (int i = 0; i < kSlices; ++i) {
                 const int d = lane * 4 + 128 * i;
-                x[u][i] = live && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
-                                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+                x[i] = live && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
             }
-        }
-        float mx = st.m;
-#pragma unroll
-        for (int u = 0; u < FD_COMBINE_UNROLL; ++u) mx = fmaxf(mx, m[u]);
-        const float alpha = fd_state_rescale(st, mx);  // rescales what the warp has so far
-#pragma unroll
-        for (int i = 0; i < kSlices; ++i) acc[i] = fd_scale4(acc[i], alpha);
-#pragma unroll
-        for (int u = 0; u < FD_COMBINE_UNROLL; ++u) {
-            const float w = fd_state_add(st, m[u]);  // 0 for an empty split
-#pragma unroll
-            for (int i = 0; i < kSlices; ++i) acc[i] = fd_fma4(acc[i], w, x[u][i]);
-        }
-    }
+            return m;
+        },
+        [](const float4 &x) { return x; });
 
     FD_TRACE(2);  // dev/trace/trace.cu: this warp's loads have landed and are merged
 

@@ -93,45 +93,27 @@ __device__ __forceinline__ void fd_merge_states(const fd_merge_params &p) {
     fd_touch_params(out_row, lse_row, p.outs.ptrs[0], p.lses.ptrs[0], p.num_states);  // (ptx.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until the kernel before has finished
 
-    // Warp w folds states w, w + warps, ..., FD_MERGE_UNROLL per step, into
-    // its own state st (m = max base-2 LSE seen, d = sum 2^(lse_s - m)) and
-    // acc = sum 2^(lse_s - m) o_s, all of a step's loads issued before any
-    // is used.
+    // Warp w folds states w, w + warps, ... into its own state and columns
+    // (fd_fold_states); a weightless state adds nothing, whatever its output
+    // holds.
     fd_state st = fd_state_empty();
     float4 acc[FD_MERGE_SLICES];
 #pragma unroll
     for (int i = 0; i < FD_MERGE_SLICES; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = warp; s0 < p.num_states; s0 += warps * FD_MERGE_UNROLL) {
-        typename fd_merge_io<T>::raw x[FD_MERGE_UNROLL][FD_MERGE_SLICES];
-        float m[FD_MERGE_UNROLL];
-#pragma unroll
-        for (int u = 0; u < FD_MERGE_UNROLL; ++u) {
-            const int s = s0 + u * warps;
-            const bool live = s < p.num_states;
-            m[u] = live ? *fd_merge_row<float>(p.lses, s, lse_row) * CUDART_L2E_F : -CUDART_INF_F;
+    typedef typename fd_merge_io<T>::raw raw;
+    fd_fold_states<FD_MERGE_UNROLL, FD_MERGE_SLICES, true, raw>(
+        st, acc, warp, p.num_states, warps,
+        [&](int s, bool live, raw (&x)[FD_MERGE_SLICES]) {
+            const float m = live ? *fd_merge_row<float>(p.lses, s, lse_row) * CUDART_L2E_F : -CUDART_INF_F;
             const T *src = fd_merge_row<T>(p.outs, s, out_row);
 #pragma unroll
             for (int i = 0; i < FD_MERGE_SLICES; ++i) {
                 const int d = lane * 4 + 128 * i;
-                x[u][i] = live && d < p.head_dim ? fd_merge_io<T>::load(src + d) : fd_merge_io<T>::zero();
+                x[i] = live && d < p.head_dim ? fd_merge_io<T>::load(src + d) : fd_merge_io<T>::zero();
             }
-        }
-        float mx = st.m;
-#pragma unroll
-        for (int u = 0; u < FD_MERGE_UNROLL; ++u) mx = fmaxf(mx, m[u]);
-        const float alpha = fd_state_rescale(st, mx);  // rescales what the warp has so far
-#pragma unroll
-        for (int i = 0; i < FD_MERGE_SLICES; ++i) acc[i] = fd_scale4(acc[i], alpha);
-#pragma unroll
-        for (int u = 0; u < FD_MERGE_UNROLL; ++u) {
-            const float w = fd_state_add(st, m[u]);
-            if (w != 0.f) {  // a weightless state adds nothing, whatever its output holds
-#pragma unroll
-                for (int i = 0; i < FD_MERGE_SLICES; ++i)
-                    acc[i] = fd_fma4(acc[i], w, fd_merge_io<T>::unpack(x[u][i]));
-            }
-        }
-    }
+            return m;
+        },
+        [](const raw &x) { return fd_merge_io<T>::unpack(x); });
 
     // Warps 1.. leave their sums and states in shared memory; warp 0 merges
     // them, normalizes and writes.

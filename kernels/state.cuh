@@ -81,4 +81,42 @@ __device__ __forceinline__ float4 fd_axpby4(const float4 &a, float sa, const flo
     return make_float4(a.x * sa + x.x * sb, a.y * sa + x.y * sb, a.z * sa + x.z * sb, a.w * sa + x.w * sb);
 }
 
+// Folds the states s = first, first + step, ... below n (normalized outputs
+// of disjoint key sets, as a combine or merge_states reads them) into a
+// warp's running state st and its lane's columns acc = sum 2^(lse_s - m) o_s,
+// UNROLL states a step. load(s, live, x) returns state s's base-2 LSE (-inf
+// where !live) and fills x with its lane's raw columns; unpack(x[i]) turns
+// one into a float4. All of a step's loads are issued before any is used, so
+// up to UNROLL states per warp cost a single round trip to memory, and
+// nothing waits for the other warps. An empty state weighs 0; with
+// SKIP_EMPTY its columns are not read at all (merge_states: a caller's empty
+// state may hold anything), else they must be finite (stage 1 writes 0s).
+template <int UNROLL, int SLICES, bool SKIP_EMPTY, typename Raw, typename Load, typename Unpack>
+__device__ __forceinline__ void fd_fold_states(fd_state &st, float4 (&acc)[SLICES], int first, int n, int step,
+                                               Load load, Unpack unpack) {
+    for (int s0 = first; s0 < n; s0 += step * UNROLL) {
+        Raw x[UNROLL][SLICES];
+        float m[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int s = s0 + u * step;
+            m[u] = load(s, s < n, x[u]);
+        }
+        float mx = st.m;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) mx = fmaxf(mx, m[u]);
+        const float alpha = fd_state_rescale(st, mx);  // rescales what the warp has so far
+#pragma unroll
+        for (int i = 0; i < SLICES; ++i) acc[i] = fd_scale4(acc[i], alpha);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const float w = fd_state_add(st, m[u]);  // 0 for an empty state
+            if (!SKIP_EMPTY || w != 0.f) {
+#pragma unroll
+                for (int i = 0; i < SLICES; ++i) acc[i] = fd_fma4(acc[i], w, unpack(x[u][i]));
+            }
+        }
+    }
+}
+
 #endif  // FLASHDECODE_STATE_CUH
