@@ -15,44 +15,13 @@ package cuda
 #cgo nocallback fd_launch
 #include <stdlib.h>
 #include <cuda.h>
+#include "launch.h"
 #include "params.h"
 
-// Sets a to launch in clusters of `cluster` blocks along x.
-static void fd_cluster_attr(CUlaunchAttribute *a, unsigned cluster) {
-	a->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-	a->value.clusterDim.x = cluster;
-	a->value.clusterDim.y = 1;
-	a->value.clusterDim.z = 1;
-}
-
-// With pdl set (sm_90+), the kernel may be scheduled while the previous
-// kernel in the stream drains; the kernels start with griddepcontrol.wait, so
-// they read nothing before that kernel has finished. It hides most of the
-// combine's launch latency behind stage 1's tail. With cluster > 1 (sm_90+)
-// every `cluster` blocks along x run together as one thread-block cluster.
+// Stage 1, the combine or the append kernel, whose one argument is p.
 static CUresult fd_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
                           unsigned smem, CUstream stream, int pdl, unsigned cluster, fd_params *p) {
-	void *args[1] = {p};
-	CUlaunchAttribute attrs[2];
-	unsigned n = 0;
-	if (pdl) {
-		attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-		attrs[n].value.programmaticStreamSerializationAllowed = 1;
-		n++;
-	}
-	if (cluster > 1) fd_cluster_attr(&attrs[n++], cluster);
-	CUlaunchConfig cfg = {0};
-	cfg.gridDimX = gx;
-	cfg.gridDimY = gy;
-	cfg.gridDimZ = gz;
-	cfg.blockDimX = threads;
-	cfg.blockDimY = 1;
-	cfg.blockDimZ = 1;
-	cfg.sharedMemBytes = smem;
-	cfg.hStream = stream;
-	cfg.attrs = attrs;
-	cfg.numAttrs = n;
-	return cuLaunchKernelEx(&cfg, f, args, NULL);
+	return fd_launch_kernel(f, gx, gy, gz, threads, smem, stream, pdl, cluster, p);
 }
 
 static CUresult fd_set_max_dynamic_smem(CUfunction f, int bytes) {

@@ -10,29 +10,13 @@ package cuda
 #cgo noescape fd_merge_launch
 #cgo nocallback fd_merge_launch
 #include <cuda.h>
+#include "launch.h"
 #include "merge_params.h"
 
-// Launches a merge kernel: grid blocks of threads threads and smem bytes of
-// dynamic shared memory, with programmatic dependent launch when pdl is set
-// (sm_90+: the kernel waits in griddepcontrol.wait for the kernel before).
+// Launches a merge kernel (one block per row) on fd_merge_params p.
 static CUresult fd_merge_launch(CUfunction f, unsigned grid, unsigned threads, unsigned smem,
                                 CUstream stream, int pdl, fd_merge_params *p) {
-	void *args[1] = {p};
-	CUlaunchAttribute attr;
-	attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-	attr.value.programmaticStreamSerializationAllowed = 1;
-	CUlaunchConfig cfg = {0};
-	cfg.gridDimX = grid;
-	cfg.gridDimY = 1;
-	cfg.gridDimZ = 1;
-	cfg.blockDimX = threads;
-	cfg.blockDimY = 1;
-	cfg.blockDimZ = 1;
-	cfg.sharedMemBytes = smem;
-	cfg.hStream = stream;
-	cfg.attrs = &attr;
-	cfg.numAttrs = pdl ? 1 : 0;
-	return cuLaunchKernelEx(&cfg, f, args, NULL);
+	return fd_launch_kernel(f, grid, 1, 1, threads, smem, stream, pdl, 1, p);
 }
 */
 import "C"
