@@ -1,5 +1,20 @@
 package cuda
 
+/*
+#include <cuda.h>
+
+// The calling thread's current context, returned by value: a cgo call
+// given a pointer into Go memory makes it escape to the heap, once per
+// call on the launch path.
+typedef struct { CUcontext ctx; CUresult r; } fd_ctx;
+static fd_ctx fd_current_context(void) {
+	fd_ctx c = {NULL, CUDA_SUCCESS};
+	c.r = cuCtxGetCurrent(&c.ctx);
+	return c;
+}
+*/
+import "C"
+
 import (
 	"fmt"
 	"runtime"
@@ -7,32 +22,63 @@ import (
 	"gorgonia.org/cu"
 )
 
-// current makes ctx current on the calling goroutine's OS thread and returns
-// the function that undoes it: it puts back whatever context the thread had
-// (PyTorch's, another device's, or none) and unlocks the thread. A context
-// is current per OS thread, so the goroutine stays on one thread in
-// between. When ctx is already current (the common case: the caller works
-// on the same device's primary context) it costs one driver call.
-//
-//	restore, err := current(d.ctx, d.ordinal)
-//	if err != nil { return err }
-//	defer restore()
-func current(ctx cu.CUContext, ordinal int) (restore func(), err error) {
-	runtime.LockOSThread()
-	prev, err := cu.CurrentContext()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
+// scope is what current changed on the calling thread, for undo.
+type scope struct {
+	prev    C.CUcontext
+	changed bool
+}
+
+// undo puts back the context the thread had (PyTorch's, another device's,
+// or none) and unlocks the thread.
+func (s scope) undo() {
+	if s.changed {
+		C.cuCtxSetCurrent(s.prev) // the caller's own context: it was current a moment ago
 	}
-	if prev == ctx {
-		return runtime.UnlockOSThread, nil
+	runtime.UnlockOSThread()
+}
+
+// current makes ctx current on the calling goroutine's OS thread until the
+// returned scope's undo. A context is current per OS thread, so the
+// goroutine stays on one thread in between. When ctx is already current
+// (the common case: the caller works on the same device's primary context)
+// it costs one driver call, and it allocates nothing.
+//
+//	s, err := current(d.raw, d.ordinal)
+//	if err != nil { return err }
+//	defer s.undo()
+func current(ctx C.CUcontext, ordinal int) (scope, error) {
+	runtime.LockOSThread()
+	c := C.fd_current_context()
+	if c.r != C.CUDA_SUCCESS {
+		runtime.UnlockOSThread()
+		return scope{}, fmt.Errorf("flashdecode: device %d: %w", ordinal, check("cuCtxGetCurrent", c.r))
+	}
+	if c.ctx == ctx {
+		return scope{}, nil
+	}
+	if r := C.cuCtxSetCurrent(ctx); r != C.CUDA_SUCCESS {
+		runtime.UnlockOSThread()
+		return scope{}, fmt.Errorf("flashdecode: device %d: %w", ordinal, check("cuCtxSetCurrent", r))
+	}
+	return scope{prev: c.ctx, changed: true}, nil
+}
+
+// rawContext is ctx's driver handle (gorgonia.org/cu keeps it unexported):
+// it makes ctx current for a moment and reads the handle back.
+func rawContext(ctx cu.CUContext, ordinal int) (C.CUcontext, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	prev := C.fd_current_context()
+	if prev.r != C.CUDA_SUCCESS {
+		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, check("cuCtxGetCurrent", prev.r))
 	}
 	if err := cu.SetCurrentContext(ctx); err != nil {
-		runtime.UnlockOSThread()
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
 	}
-	return func() {
-		cu.SetCurrentContext(prev) // the caller's own context: it was current a moment ago
-		runtime.UnlockOSThread()
-	}, nil
+	c := C.fd_current_context()
+	C.cuCtxSetCurrent(prev.ctx)
+	if c.r != C.CUDA_SUCCESS {
+		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, check("cuCtxGetCurrent", c.r))
+	}
+	return c.ctx, nil
 }

@@ -40,11 +40,11 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 	}
 	// The device's context is current for the launches only: the caller's
 	// (torch's current device, say) is current again when Decode returns.
-	restore, err := current(d.ctx, device)
+	s, err := current(d.raw, device)
 	if err != nil {
 		return core.Plan{}, err
 	}
-	defer restore()
+	defer s.undo()
 	k := params(p, pl, workspace)
 	if err := d.launch(&k, &pd, stream); err != nil {
 		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)

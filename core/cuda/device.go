@@ -1,5 +1,8 @@
 package cuda
 
+// #include <cuda.h>
+import "C"
+
 import (
 	"fmt"
 	"os"
@@ -26,7 +29,8 @@ type kernels struct {
 // the first call for that GPU, and never freed (like a loaded library).
 type device struct {
 	ordinal    int
-	ctx        cu.CUContext
+	ctx        cu.CUContext // the primary context, retained
+	raw        C.CUcontext  // its driver handle, for the launch path (context.go)
 	sms        int
 	pdl        bool                // programmatic dependent launch (sm_90 and newer)
 	maxCluster int                 // largest stage-1 cluster a plan may use; 1: none
@@ -88,13 +92,17 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: retaining the primary context of device %d: %w", ordinal, err)
 	}
-	// The module loads into the current context: ours, on this thread only
-	// until openDevice returns.
-	restore, err := current(ctx, ordinal)
+	raw, err := rawContext(ctx, ordinal)
 	if err != nil {
 		return nil, err
 	}
-	defer restore()
+	// The module loads into the current context: ours, on this thread only
+	// until openDevice returns.
+	s, err := current(raw, ordinal)
+	if err != nil {
+		return nil, err
+	}
+	defer s.undo()
 	sms, err := dev.Attribute(cu.MultiprocessorCount)
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
@@ -111,7 +119,7 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
 	}
-	d := &device{ordinal: ordinal, ctx: ctx, sms: sms, pdl: major >= 9, maxCluster: 1,
+	d := &device{ordinal: ordinal, ctx: ctx, raw: raw, sms: sms, pdl: major >= 9, maxCluster: 1,
 		fns: map[string]*kernels{}, plans: map[core.Shape]planned{}}
 	if major >= 9 {
 		d.maxCluster = min(core.MaxCluster, clusterLimit())

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/flash-decode/flash-decode/core"
+	"gorgonia.org/cu"
 )
 
 // fakeDevice reports whether the driver is the stand-in with a fake device
@@ -124,4 +126,51 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			t.Errorf("launched %v, want %v", got, want)
 		}
 	})
+}
+
+// TestRunRestoresTheContextAndAllocatesNothing: on the fake device, a
+// Prepared.Run leaves the caller's current context as it found it (none, or
+// the device's primary context) and allocates nothing in Go on the way to
+// the launches.
+func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
+	if !fakeDevice() {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1")
+	}
+	os.Unsetenv("FAKECUDA_LAUNCH_LOG") // no file writes: the allocation count is Go's alone
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const gib = uintptr(1) << 30
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1, NumSplits: 32}
+	p := core.Problem{Shape: s, Q: at(1*gib, 1, 32, 128), K: at(64*gib, 4096, 8, 128), V: at(128*gib, 4096, 8, 128), Out: at(2*gib, 1, 32, 128)}
+	r, err := Prepare(&p, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := PlanFor(s, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, LSE: 3 * gib, CacheSeqlens: 4 * gib, Seqlen: -1,
+		Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+	d, err := getDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		ctx  cu.CUContext
+	}{{"no context current", cu.CUContext{}}, {"the primary context current", d.ctx}} {
+		if err := cu.SetCurrentContext(tc.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Run(&args, 0); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := cu.CurrentContext(); err != nil || got != tc.ctx {
+			t.Errorf("%s: after Run the current context is %v (%v), want %v", tc.name, got, err, tc.ctx)
+		}
+		if allocs := testing.AllocsPerRun(100, func() { r.Run(&args, 0) }); allocs != 0 {
+			t.Errorf("%s: Run allocates %v times a call", tc.name, allocs)
+		}
+	}
 }

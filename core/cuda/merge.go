@@ -58,11 +58,11 @@ func MergeStates(p *core.MergeProblem, device int, stream uintptr) error {
 	if err != nil {
 		return err
 	}
-	restore, err := current(d.ctx, device) // as in run
+	sc, err := current(d.raw, device) // as in run
 	if err != nil {
 		return err
 	}
-	defer restore()
+	defer sc.undo()
 	k, err := d.mergeKernels()
 	if err != nil {
 		return err
