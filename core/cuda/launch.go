@@ -39,16 +39,7 @@ static CUresult fd_max_active_clusters(CUfunction f, unsigned cluster, unsigned 
                                        unsigned smem, int *n) {
 	CUlaunchAttribute attr;
 	fd_cluster_attr(&attr, cluster);
-	CUlaunchConfig cfg = {0};
-	cfg.gridDimX = cluster;
-	cfg.gridDimY = 1;
-	cfg.gridDimZ = 1;
-	cfg.blockDimX = threads;
-	cfg.blockDimY = 1;
-	cfg.blockDimZ = 1;
-	cfg.sharedMemBytes = smem;
-	cfg.attrs = &attr;
-	cfg.numAttrs = 1;
+	CUlaunchConfig cfg = fd_launch_config(cluster, 1, 1, threads, smem, NULL, &attr, 1);
 	return cuOccupancyMaxActiveClusters(n, f, &cfg);
 }
 

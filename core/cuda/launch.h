@@ -15,6 +15,25 @@ static inline void fd_cluster_attr(CUlaunchAttribute *a, unsigned cluster) {
 	a->value.clusterDim.z = 1;
 }
 
+// A launch of a (gx, gy, gz) grid of threads-thread blocks with smem bytes
+// of dynamic shared memory on stream, with n attributes.
+static inline CUlaunchConfig fd_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+                                              unsigned smem, CUstream stream, CUlaunchAttribute *attrs,
+                                              unsigned n) {
+	CUlaunchConfig cfg = {0};
+	cfg.gridDimX = gx;
+	cfg.gridDimY = gy;
+	cfg.gridDimZ = gz;
+	cfg.blockDimX = threads;
+	cfg.blockDimY = 1;
+	cfg.blockDimZ = 1;
+	cfg.sharedMemBytes = smem;
+	cfg.hStream = stream;
+	cfg.attrs = attrs;
+	cfg.numAttrs = n;
+	return cfg;
+}
+
 // Launches f on a (gx, gy, gz) grid of threads-thread blocks with smem bytes
 // of dynamic shared memory on stream. With pdl set (sm_90+) the kernel may be
 // scheduled while the previous kernel in the stream drains; the kernels start
@@ -33,17 +52,7 @@ static inline CUresult fd_launch_kernel(CUfunction f, unsigned gx, unsigned gy, 
 		n++;
 	}
 	if (cluster > 1) fd_cluster_attr(&attrs[n++], cluster);
-	CUlaunchConfig cfg = {0};
-	cfg.gridDimX = gx;
-	cfg.gridDimY = gy;
-	cfg.gridDimZ = gz;
-	cfg.blockDimX = threads;
-	cfg.blockDimY = 1;
-	cfg.blockDimZ = 1;
-	cfg.sharedMemBytes = smem;
-	cfg.hStream = stream;
-	cfg.attrs = attrs;
-	cfg.numAttrs = n;
+	CUlaunchConfig cfg = fd_launch_config(gx, gy, gz, threads, smem, stream, attrs, n);
 	return cuLaunchKernelEx(&cfg, f, args, NULL);
 }
 
