@@ -122,6 +122,19 @@ func (p *Problem) validateServing(op string) error {
 		case p.CacheBatch != 0:
 			return invalid(op, "cache_batch_idx", "cannot be used with block_table (a paged cache)")
 		}
+		// The serving kernels address a key of a page in 32-bit pieces (a page's
+		// offset as page id times a 32-bit stride, the row's in 32 bits).
+		for _, c := range []struct {
+			name string
+			t    Tensor
+		}{{"k_cache", p.K}, {"v_cache", p.V}} {
+			switch {
+			case c.t.BatchStride > math.MaxUint32:
+				return unsupported(op, c.name, fmt.Sprintf("page stride %d elements; at most %d", c.t.BatchStride, uint32(math.MaxUint32)))
+			case int64(p.PageSize)*c.t.SeqStride > math.MaxInt32:
+				return unsupported(op, c.name, fmt.Sprintf("a page of %d rows %d elements apart spans more than %d elements", p.PageSize, c.t.SeqStride, math.MaxInt32))
+			}
+		}
 	case p.NumPages != 0 || p.MaxPages != 0 || p.BlockTableStride != 0:
 		return invalid(op, "page_size", fmt.Sprintf("0 (a contiguous cache), but num_pages %d, max_pages %d, block_table stride %d are set", p.NumPages, p.MaxPages, p.BlockTableStride))
 	}

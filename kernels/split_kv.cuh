@@ -226,7 +226,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             if constexpr (kServing) {
                 const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
                 long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
-                if (valid) pages.offsets(p, j, key, gkey, k_off, v_off);
+                pages.offsets(p, j, key, gkey, k_off, v_off);  // branch-free: cp.async skips an invalid key
                 const int s_off = fd_swizzle<D>(key, copy_chunk);
                 fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
                 fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
@@ -596,7 +596,11 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
 
     // Adds the offset from k_base / v_base of key gkey, key `key` of the
     // split's j-th tile: its row, or its row in its page (clamped to the
-    // cache).
+    // cache). It runs for every key a thread copies, so a page's offset is
+    // one 32 x 32 -> 64-bit multiply and a row's a 32-bit one: the layout
+    // check (core, validateServing) keeps page strides below 2^32 elements
+    // and a page's rows below 2^31. Keys outside [lo, len) get an offset
+    // too (their ring entry is 0), which is never read.
     __device__ __forceinline__ void offsets(const fd_params &p, int j, int key, int gkey, long long &k_off,
                                             long long &v_off) const {
         if (p.block_table == nullptr) {
@@ -604,10 +608,12 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
             v_off += (long long)gkey * p.v_seq_stride;
             return;
         }
-        const long long page = min(max(ring[(j % kRing) * KEYS + key], 0), p.num_pages - 1);
-        const long long row = gkey - page_size.div(gkey) * p.page_size;
-        k_off += page * p.k_batch_stride + row * p.k_seq_stride;
-        v_off += page * p.v_batch_stride + row * p.v_seq_stride;
+        const uint32_t page = static_cast<uint32_t>(min(max(ring[(j % kRing) * KEYS + key], 0), p.num_pages - 1));
+        const uint32_t row = static_cast<uint32_t>(gkey - page_size.div(gkey) * p.page_size);
+        k_off += static_cast<long long>(static_cast<unsigned long long>(page) * static_cast<uint32_t>(p.k_batch_stride) +
+                                        row * static_cast<uint32_t>(p.k_seq_stride));
+        v_off += static_cast<long long>(static_cast<unsigned long long>(page) * static_cast<uint32_t>(p.v_batch_stride) +
+                                        row * static_cast<uint32_t>(p.v_seq_stride));
     }
 };
 
