@@ -219,6 +219,12 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     auto load_tile = [&](int tile, int stage, int j) {  // j: the split's j-th tile
         T *k_s = smem + stage * 2 * C::kTileElems;
         T *v_s = k_s + C::kTileElems;
+        int page[kServing ? C::kCopiesPerThread : 1];  // serving: this thread's keys' pages, read first
+        if constexpr (kServing) {
+#pragma unroll
+            for (int i = 0; i < C::kCopiesPerThread; ++i)
+                page[i] = pages.page_id(p, j, copy_key + i * (C::kThreads / C::kChunks));
+        }
 #pragma unroll
         for (int i = 0; i < C::kCopiesPerThread; ++i) {
             const int key = copy_key + i * (C::kThreads / C::kChunks);
@@ -226,7 +232,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             if constexpr (kServing) {
                 const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
                 long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
-                pages.offsets(p, j, key, gkey, k_off, v_off);  // branch-free: cp.async skips an invalid key
+                pages.offsets(p, page[i], gkey, k_off, v_off);  // branch-free: cp.async skips an invalid key
                 const int s_off = fd_swizzle<D>(key, copy_chunk);
                 fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
                 fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
@@ -594,25 +600,33 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
         fd_cp_async_4(ring + (j % kRing) * KEYS + threadIdx.x, src, valid);
     }
 
-    // Adds the offset from k_base / v_base of key gkey, key `key` of the
-    // split's j-th tile: its row, or its row in its page (clamped to the
-    // cache). It runs for every key a thread copies, so a page's offset is
-    // one 32 x 32 -> 64-bit multiply and a row's a 32-bit one: the layout
-    // check (core, validateServing) keeps page strides below 2^32 elements
-    // and a page's rows below 2^31. Keys outside [lo, len) get an offset
-    // too (their ring entry is 0), which is never read.
-    __device__ __forceinline__ void offsets(const fd_params &p, int j, int key, int gkey, long long &k_off,
+    // Key `key`'s page id from the ring, for the split's j-th tile (0 for a
+    // contiguous cache). load_tile reads all of a thread's ids before its
+    // first copy: cp.async's asm is a compiler barrier, so a read left next
+    // to its copy would wait out the shared-memory latency once per key.
+    __device__ __forceinline__ int page_id(const fd_params &p, int j, int key) const {
+        return p.block_table == nullptr ? 0 : ring[(j % kRing) * KEYS + key];
+    }
+
+    // Adds the offset from k_base / v_base of key gkey: its row, or (page
+    // the key's page_id) its row in its page, the page clamped to the cache.
+    // It runs for every key a thread copies, so a page's offset is one
+    // 32 x 32 -> 64-bit multiply and a row's a 32-bit one: the layout check
+    // (core, validateServing) keeps page strides below 2^32 elements and a
+    // page's rows below 2^31. Keys outside [lo, len) get an offset too
+    // (their ring entry is 0), which is never read.
+    __device__ __forceinline__ void offsets(const fd_params &p, int page, int gkey, long long &k_off,
                                             long long &v_off) const {
         if (p.block_table == nullptr) {
             k_off += (long long)gkey * p.k_seq_stride;
             v_off += (long long)gkey * p.v_seq_stride;
             return;
         }
-        const uint32_t page = static_cast<uint32_t>(min(max(ring[(j % kRing) * KEYS + key], 0), p.num_pages - 1));
+        const uint32_t pg = static_cast<uint32_t>(min(max(page, 0), p.num_pages - 1));
         const uint32_t row = static_cast<uint32_t>(gkey - page_size.div(gkey) * p.page_size);
-        k_off += static_cast<long long>(static_cast<unsigned long long>(page) * static_cast<uint32_t>(p.k_batch_stride) +
+        k_off += static_cast<long long>(static_cast<unsigned long long>(pg) * static_cast<uint32_t>(p.k_batch_stride) +
                                         row * static_cast<uint32_t>(p.k_seq_stride));
-        v_off += static_cast<long long>(static_cast<unsigned long long>(page) * static_cast<uint32_t>(p.v_batch_stride) +
+        v_off += static_cast<long long>(static_cast<unsigned long long>(pg) * static_cast<uint32_t>(p.v_batch_stride) +
                                         row * static_cast<uint32_t>(p.v_seq_stride));
     }
 };
