@@ -63,7 +63,7 @@ def _plain_only(window_left, window_right, softcap, **tensors):
 
 
 def _decode_cpu(q, k_cache, v_cache, cache_seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table,
-                softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits):
+                softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits, max_seqlen_k=None):
     _plain_only(window_left, window_right, softcap, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                 block_table=block_table, alibi_slopes=alibi_slopes)
     CALLS["decode"] += 1
@@ -72,7 +72,7 @@ def _decode_cpu(q, k_cache, v_cache, cache_seqlens, seqlen, cache_batch_idx, cac
 
 def _decode_append_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, seqlen, cache_batch_idx,
                        cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
-                       rotary_interleaved, alibi_slopes, num_splits):
+                       rotary_interleaved, alibi_slopes, num_splits, max_seqlen_k=None):
     _plain_only(window_left, window_right, softcap, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                 cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
                 alibi_slopes=alibi_slopes)
@@ -198,8 +198,8 @@ def op_args(a, append):
     """Positional arguments of decode / decode_append for inputs a."""
     if append:
         return (a["q"], a["k_cache"].clone(), a["v_cache"].clone(), a["k"], a["v"], None, None, a["lens"], None,
-                None, None, None, None, True, -1, -1, 0.0, True, None, 0)
-    return (a["q"], a["k_cache"], a["v_cache"], a["lens"], None, None, None, None, 0.125, False, -1, -1, 0.0, None, 0)
+                None, None, None, None, True, -1, -1, 0.0, True, None, 0, None)
+    return (a["q"], a["k_cache"], a["v_cache"], a["lens"], None, None, None, None, 0.125, False, -1, -1, 0.0, None, 0, None)
 
 
 @pytest.mark.parametrize("append", [False, True], ids=["decode", "decode_append"])

@@ -34,8 +34,8 @@ def lengths(*values):
 def run_and_check(q, k, v, **kwargs):
     """flash_decode with return_softmax_lse, compared with the reference."""
     out, lse = flash_decode.flash_decode(q, k, v, return_softmax_lse=True, **kwargs)
-    kwargs.pop("num_splits", None)
-    kwargs.pop("out", None)
+    for plan_only in ("num_splits", "max_seqlen_k", "out"):
+        kwargs.pop(plan_only, None)
     assert_matches_reference(out, lse, q, k, v, **kwargs)
     return out, lse
 
@@ -179,6 +179,16 @@ def test_new_out_is_contiguous(q_kind):
         out = flash_decode.flash_decode(q, k, v)
         assert out.stride() == (32 * 128, 32 * 128, 128, 1)
         assert_matches_reference(out, None, q, k, v)
+
+
+@pytest.mark.parametrize("bound", [0, 1, 100, 1000, 4096, 10 ** 9], ids=lambda b: f"bound{b}")
+@pytest.mark.parametrize("batch, nheads_q, nheads_kv, seqlen_q", [(1, 32, 8, 1), (3, 8, 1, 4)])
+def test_max_seqlen_k(bound, batch, nheads_q, nheads_kv, seqlen_q):
+    # A 32K-token cache holding at most 1000: the bound only picks the plan,
+    # so bounds below, at and above the real lengths all give the right answer.
+    q, k, v = make(batch, seqlen_q, nheads_q, nheads_kv, 128, 32768)
+    lens = lengths(*[1000, 17, 0][:batch])
+    run_and_check(q, k, v, cache_seqlens=lens, causal=True, max_seqlen_k=bound)
 
 
 @pytest.mark.parametrize("num_splits", [0, 1, 8, 32])

@@ -37,7 +37,8 @@ def test_public_api():
                         ("cache_batch_idx", None), ("cache_leftpad", None), ("block_table", None),
                         ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
                         ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
-                        ("num_splits", 0), ("return_softmax_lse", False), ("out", None)]
+                        ("num_splits", 0), ("return_softmax_lse", False), ("out", None),
+                        ("max_seqlen_k", None)]
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
@@ -363,6 +364,41 @@ def test_workspaces_per_length_are_bounded(fake_binding, monkeypatch):
     (entry,) = _api._prepared.values()
     assert 1 <= len(entry[3]) <= 3
     assert [r[9] for r in fake_binding.args("Run")] == [8 * n for n in range(10)]
+
+
+def test_max_seqlen_k_plans_for_its_power_of_two(fake_binding):
+    # Run's seqlen is the core's sizing hint: the bound rounded up to a power of
+    # two, capped at the capacity (1000); the workspace is asked once per bound.
+    q, k, v = tensors()
+    lens = torch.tensor([5, 3], dtype=torch.int32)
+    bounds = [5, 7, 8, 5, 9, 0, 1, 5000, 1000]
+    for bound in bounds:
+        flash_decode.flash_decode(q, k, v, cache_seqlens=lens, max_seqlen_k=bound)
+    flash_decode.flash_decode(q, k, v, cache_seqlens=lens)
+    runs = fake_binding.args("Run")
+    assert [r[1] for r in runs] == [8, 8, 8, 8, 16, 0, 1, 1000, 1000, -1]
+    assert [r[7] for r in runs] == [lens.data_ptr()] * len(runs)  # the lengths still come from the tensor
+    assert [r[9] for r in runs] == [64, 64, 64, 64, 128, 0, 8, 8000, 8000, 1000]  # FakeBinding: 8 a key
+    assert [w[1] for w in fake_binding.args("Workspace")] == [-1, 8, 8, 8, 16, 0, 1, 1000, 1000]
+    assert len(fake_binding.args("Prepare")) == 1  # the bound is not part of the layout
+
+
+@pytest.mark.parametrize("cache_seqlens, bound, exc, pattern", [
+    ("tensor", True, TypeError, r"^max_seqlen_k must be an int, got bool"),
+    ("tensor", 8.0, TypeError, r"^max_seqlen_k must be an int, got float"),
+    ("tensor", -1, ValueError, r"^max_seqlen_k must not be negative"),
+    (None, 8, ValueError, r"^max_seqlen_k needs cache_seqlens as a tensor"),
+    (7, 8, ValueError, r"^max_seqlen_k is for a cache_seqlens tensor"),
+])
+def test_max_seqlen_k_refused(fake_binding, cache_seqlens, bound, exc, pattern):
+    q, k, v = tensors()
+    lens = torch.tensor([5, 3], dtype=torch.int32) if cache_seqlens == "tensor" else cache_seqlens
+    good = 1 if cache_seqlens == "tensor" else None
+    flash_decode.flash_decode(q, k, v, cache_seqlens=lens, max_seqlen_k=good)  # a good call first: nothing cached
+    runs = len(fake_binding.args("Run"))
+    with pytest.raises(exc, match=pattern):
+        flash_decode.flash_decode(q, k, v, cache_seqlens=lens, max_seqlen_k=bound)
+    assert len(fake_binding.args("Run")) == runs
 
 
 @pytest.mark.parametrize("softmax_scale, sent", [(None, (0.0, True)), (0.5, (0.5, False)), (2, (2.0, False)),

@@ -25,7 +25,7 @@ DTYPES = [torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp16", "bf16"]
 
 
-# ---- the signature: flash_attn_with_kvcache's, plus out ----
+# ---- the signature: flash_attn_with_kvcache's, plus out and max_seqlen_k ----
 
 def test_signature_is_flash_attn_with_kvcache():
     params = inspect.signature(flash_decode.flash_decode).parameters
@@ -35,11 +35,12 @@ def test_signature_is_flash_attn_with_kvcache():
     keywords = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
     assert list(keywords) == ["rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
                               "block_table", "softmax_scale", "causal", "window_size", "softcap",
-                              "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse", "out"]
+                              "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse", "out",
+                              "max_seqlen_k"]
     assert keywords == dict(rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
-                            num_splits=0, return_softmax_lse=False, out=None)
+                            num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None)
     doc = flash_decode.flash_decode.__doc__
     for name in keywords:
         assert f"{name}" in doc, name
@@ -447,7 +448,8 @@ def run_and_check(q, k_cache, v_cache, k=None, v=None, tol=1.0, **kwargs):
     lse and the caches after the call. Returns (out, lse)."""
     k_run, v_run = k_cache.clone(), v_cache.clone()
     out, lse = flash_decode.flash_decode(q, k_run, v_run, k, v, return_softmax_lse=True, **kwargs)
-    kwargs.pop("num_splits", None)
+    for plan_only in ("num_splits", "max_seqlen_k"):
+        kwargs.pop(plan_only, None)
     ref_out, ref_lse, ref_k, ref_v = reference_kvcache(q, k_cache, v_cache, k, v, **kwargs)
     dtype = q.dtype
     out_tol = {key: tol * value for key, value in OUT_TOL[dtype].items()}
@@ -517,6 +519,18 @@ def test_append(dtype, rotary, seqlen_new, layout, causal):
     if rotary:
         kwargs["rotary_cos"], kwargs["rotary_sin"] = rotary_tables(256, 64, dtype=dtype, device="cuda")
         kwargs["rotary_interleaved"] = rotary == "interleaved"
+    run_and_check(q, k_cache, v_cache, k, v, **kwargs)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bound", [0, 3, 64, 4000, 32768])
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+def test_append_with_max_seqlen_k(bound, layout):
+    # The bound counts the appended tokens too; any bound gives the right answer.
+    q, k_cache, v_cache, k, v = make(3, 2, 8, 2, 128, 32768, seqlen_new=2)
+    kwargs = dict(cache_seqlens=lengths(0, 57, 1500), causal=True, max_seqlen_k=bound)
+    if layout == "paged":
+        k_cache, v_cache, kwargs["block_table"] = paged(k_cache, v_cache, 16)
     run_and_check(q, k_cache, v_cache, k, v, **kwargs)
 
 

@@ -44,7 +44,7 @@ def flash_decode(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary
                  cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                  softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                  rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                 return_softmax_lse=False, out=None):
+                 return_softmax_lse=False, out=None, max_seqlen_k=None):
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
     The arguments are FlashAttention 2's ``flash_attn_with_kvcache``, with the
@@ -125,6 +125,15 @@ def flash_decode(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary
         return_softmax_lse: also return the natural-log LSE of each row.
         out: optional tensor of q's shape, dtype and device to write into;
             it must not share memory with any input.
+        max_seqlen_k: with a cache_seqlens tensor, an int bound the caller
+            knows on the keys a sequence attends (its cache_seqlens plus the
+            appended tokens), e.g. the longest sequence of the batch. The
+            split is then planned for it, rounded up to a power of two,
+            instead of for the cache's capacity: a cache allocated for 128K
+            tokens that holds 1K runs the 1K plan. Each sequence is still
+            split by its own length on the GPU, so any bound gives the right
+            answer; one below the real lengths only costs speed. Not with an
+            int cache_seqlens, which is planned by itself.
 
     Returns:
         ``out`` ``(batch, seqlen_q, nheads_q, headdim)`` in q's dtype, and with
@@ -158,7 +167,7 @@ def flash_decode(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary
     if _is_compiling():
         return _ops.traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                           rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, out)
+                           rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k)
     # Any serving argument away from its default takes the serving path, whose
     # layout key extends the plain one; the plain path does only the plain
     # work. (An if, not an expression: CPython tests `is None` fastest there,
@@ -200,16 +209,28 @@ def flash_decode(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary
             if len(_prepared) >= _PREPARED_LIMIT:
                 _prepared.clear()  # the Go core keeps its handles: asking again is cheap
             _prepared[sig] = entry
-    run, handle, workspace_bytes, workspaces, device, lse_shape, q_contiguous, workspace_fn = entry
+    run, handle, workspace_bytes, workspaces, device, lse_shape, q_contiguous, workspace_fn, hints = entry
 
     seqlen, seqlens = -1, 0
     if workspaces is not None:  # an int cache_seqlens
+        if max_seqlen_k is not None:
+            raise ValueError("max_seqlen_k is for a cache_seqlens tensor: an int cache_seqlens is planned by itself")
         seqlen = cache_seqlens
         workspace_bytes = workspaces.get(seqlen)
         if workspace_bytes is None:
             workspace_bytes = _workspace(workspace_fn, handle, workspaces, seqlen)
     elif cache_seqlens is not None:
         seqlens = cache_seqlens.data_ptr()
+        if max_seqlen_k is not None:
+            if type(max_seqlen_k) is not int:  # every call: as dict keys True == 1
+                raise TypeError(f"max_seqlen_k must be an int, got {type(max_seqlen_k).__name__}")
+            hinted = hints[0].get(max_seqlen_k)
+            if hinted is None:
+                hinted = _hint(max_seqlen_k, hints, workspace_fn, handle)
+            seqlen, workspace_bytes = hinted
+    elif max_seqlen_k is not None:
+        raise ValueError("max_seqlen_k needs cache_seqlens as a tensor: without cache_seqlens every sequence "
+                         "attends the whole cache")
     if out is None:
         # A plain empty_like keeps q's strides, which are the contiguous ones
         # the layout was registered with when q_contiguous; it is 0.2 us
@@ -292,7 +313,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
     except Exception as err:
         raise _translate(err) from None
     return (_fast(native, "Run"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
-            tuple(q.stride()) == contiguous, native.Workspace)
+            tuple(q.stride()) == contiguous, native.Workspace, ({}, seqlen_cache, 0))
 
 
 def _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -324,7 +345,8 @@ def _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         raise _translate(err) from None
     batch, seqlen_q, nheads_q = layout["batch"], layout["seqlen_q"], layout["nheads_q"]
     return (_fast(native, "RunServing"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
-            tuple(q.stride()) == _contiguous_strides(q.shape), native.WorkspaceServing)
+            tuple(q.stride()) == _contiguous_strides(q.shape), native.WorkspaceServing,
+            ({}, layout["seqlen_cache"], layout.get("seqlen_new", 0)))
 
 
 def _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -452,6 +474,29 @@ def _fast(native, name):
     """native's function name, called past gopy's module-level wrapper, which
     only forwards to the extension function."""
     return getattr(getattr(native, "_binding", None), "binding_" + name, None) or getattr(native, name)
+
+
+def _hint(max_seqlen_k, hints, workspace_fn, handle):
+    """(seqlen, workspace bytes) of a max_seqlen_k value the layout has not
+    met yet, kept in hints[0] (a bounded dict; hints = (that dict, the cache's
+    capacity, the appended tokens)). The bound is rounded up to a power of
+    two, so that a bound growing a token a step meets a new plan at each
+    doubling only, and capped at the capacity; seqlen is the core's sizing
+    hint (core.Shape.Seqlen), which counts the keys before the appended
+    ones."""
+    cache, capacity, new = hints
+    if max_seqlen_k < 0:
+        raise ValueError(f"max_seqlen_k must not be negative, got {max_seqlen_k}")
+    bucket = min(capacity, 1 << (max_seqlen_k - 1).bit_length() if max_seqlen_k > 0 else 0)
+    seqlen = max(0, bucket - new)
+    try:
+        workspace_bytes = workspace_fn(handle, seqlen)
+    except Exception as err:
+        raise _translate(err) from None
+    if len(cache) >= _WORKSPACES_LIMIT:
+        cache.clear()
+    cache[max_seqlen_k] = seqlen, workspace_bytes
+    return seqlen, workspace_bytes
 
 
 def _workspace(workspace_fn, handle, workspaces, seqlen):

@@ -11,7 +11,8 @@ Both return ``(out, lse)``, fresh contiguous tensors; their CUDA kernels run
 the eager path, and their fake kernels give the shapes and dtypes the
 compiler traces with. Eager calls never come through here. Every optional
 argument of flash_decode maps onto the op schema: tensors as ``Tensor?``, an
-int cache_seqlens as ``seqlen`` (``int?``), window_size as two ints.
+int cache_seqlens as ``seqlen`` (``int?``), window_size as two ints,
+max_seqlen_k as ``int?``.
 """
 
 from typing import Optional
@@ -26,13 +27,13 @@ from . import _api
 def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[Tensor], seqlen: Optional[int],
            cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
            softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-           alibi_slopes: Optional[Tensor], num_splits: int) -> tuple[Tensor, Tensor]:
+           alibi_slopes: Optional[Tensor], num_splits: int, max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """flash_decode without new tokens; returns (out, lse)."""
     return _api.flash_decode(
         q, k_cache, v_cache, cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens,
         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
         softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right), softcap=softcap,
-        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True)
+        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True, max_seqlen_k=max_seqlen_k)
 
 
 @torch.library.custom_op("flash_decode::decode_append", mutates_args=("k_cache", "v_cache"), device_types="cuda")
@@ -41,14 +42,14 @@ def decode_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
                   seqlen: Optional[int], cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
                   block_table: Optional[Tensor], softmax_scale: Optional[float], causal: bool, window_left: int,
                   window_right: int, softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[Tensor],
-                  num_splits: int) -> tuple[Tensor, Tensor]:
+                  num_splits: int, max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """flash_decode appending k and v into the caches; returns (out, lse)."""
     return _api.flash_decode(
         q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=softmax_scale, causal=causal,
         window_size=(window_left, window_right), softcap=softcap, rotary_interleaved=rotary_interleaved,
-        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True)
+        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True, max_seqlen_k=max_seqlen_k)
 
 
 def _results(q):
@@ -70,7 +71,7 @@ def _decode_append_fake(q, *_):
 
 def traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-           num_splits, return_softmax_lse, out):
+           num_splits, return_softmax_lse, out, max_seqlen_k=None):
     """flash_decode's arguments as one of the two ops (what torch.compile
     traces). The ops' kernels check every argument when the graph runs; out=
     is a copy of the op's result into out."""
@@ -79,12 +80,12 @@ def traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cac
     if k is None and v is None and rotary_cos is None and rotary_sin is None:
         result, lse = torch.ops.flash_decode.decode(
             q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
-            causal, window_left, window_right, softcap, alibi_slopes, num_splits)
+            causal, window_left, window_right, softcap, alibi_slopes, num_splits, max_seqlen_k)
     else:
         result, lse = torch.ops.flash_decode.decode_append(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
-            alibi_slopes, num_splits)
+            alibi_slopes, num_splits, max_seqlen_k)
     if out is not None:
         out.copy_(result)
         result = out
