@@ -161,6 +161,36 @@ def test_serving_binding_launches_append_then_stage_1(tmp_path):
     assert all(launch[7] == "1" for launch in launches)
 
 
+_HINTED_LAUNCH = """
+import json
+import flash_decode
+from flash_decode import _native
+b, G = _native.binding(), 1 << 30
+q, o, k = (4096, 4096, 128, 1), (4096, 4096, 128, 1), (32768 * 1024, 1024, 128, 1)
+h = b.Prepare(1, 1, 1, 32, 8, 128, 32768, *q, *k, *k, *o, 0.0, True, False, 0, 0)
+for seqlen in (-1, 1024):  # the capacity's plan, then the plan for a bound of 1024 keys
+    ws = b.Workspace(h, seqlen)
+    b.Run(h, seqlen, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 10 * G, ws, 0)
+plans = [flash_decode.plan(1, 1, 32, 8, 128, 32768, device=0, seqlen=n) for n in (None, 1024)]
+print(json.dumps([[p["kernel"], p["grid"], p["cluster"], p["combine"]] for p in plans]))
+"""
+
+
+@needs_extension
+@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+def test_a_length_bound_launches_its_own_plan(tmp_path):
+    # With a cache_seqlens tensor, Run's seqlen is the planner's bound (max_seqlen_k's): the
+    # launch follows the plan for it, not the capacity's (the kernel reads the lengths).
+    log = tmp_path / "launches.log"
+    child = run_python(_HINTED_LAUNCH, LD_LIBRARY_PATH=str(FAKEDEVICE), FLASH_DECODE_FORCE_NATIVE=None,
+                       FAKECUDA_LAUNCH_LOG=str(log))
+    assert child.returncode == 0, child.stderr[-2000:]
+    (full, bounded) = json.loads(child.stdout.splitlines()[-1])
+    assert full != bounded  # 32768 keys: the combine; 1024: clusters
+    splits = [line.split() for line in log.read_text().splitlines() if line.startswith("fd_split_kv_")]
+    assert [[s[0], [int(x) for x in s[1:4]], int(s[6])] for s in splits] == [full[:3], bounded[:3]]
+
+
 @needs_fakecuda
 def test_fake_driver_without_device():
     child = run_python(
