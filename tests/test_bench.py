@@ -303,13 +303,22 @@ def test_serving_dense_gathers_the_pages(page):
     k = torch.randn(3, 64, 2, 8)
     v = torch.randn_like(k)
     kp, vp, table = make_paged(k, v, page, generator=torch.Generator().manual_seed(page))
-    gk, gv = bench.dense((kp, vp, table), 3)
+    gk, gv = bench.dense((kp, vp, table), 3, 64)
     torch.testing.assert_close(gk, k, rtol=0, atol=0)
     torch.testing.assert_close(gv, v, rtol=0, atol=0)
 
 
+def test_serving_dense_slices_a_larger_capacity():
+    # A contiguous layer allocated for more keys than it holds is checked on its first L keys.
+    k = torch.randn(3, 512, 2, 8)
+    gk, gv = bench.dense((k, k + 1, None), 3, 64)
+    torch.testing.assert_close(gk, k[:, :64], rtol=0, atol=0)
+    torch.testing.assert_close(gv, k[:, :64] + 1, rtol=0, atol=0)
+
+
 def test_serving_cases_and_shapes():
-    assert list(bench.SERVING_CASES) == ["contiguous", "paged16", "paged1", "append", "paged16+append+rotary"]
+    assert list(bench.SERVING_CASES) == ["contiguous", "paged16", "paged1", "append", "paged16+append+rotary",
+                                         "8x capacity", "8x capacity+max_seqlen_k"]
     assert bench.parse_args([]).serving_shapes == bench.parse_shapes(bench.SERVING_SHAPES)
     assert bench.parse_args(["--quick"]).serving_shapes == bench.parse_shapes(bench.SERVING_QUICK)
     assert bench.parse_args(["--shapes", "b=1"]).serving_shapes == []

@@ -98,12 +98,14 @@ DEFAULT_MATRIX = [
 # step's tokens appended; each is timed against the contiguous one of its shape.
 SERVING_SHAPES = "b=1,L=32k;b=8,L=4k/32k;b=32,L=8k"
 SERVING_QUICK = "b=8,L=32k"
-SERVING_CASES = {  # name: (page size, append, rotary)
-    "contiguous": (0, False, False),
-    "paged16": (16, False, False),
-    "paged1": (1, False, False),
-    "append": (0, True, False),
-    "paged16+append+rotary": (16, True, True),
+SERVING_CASES = {  # name: (page size, append, rotary, capacity over L, max_seqlen_k=L)
+    "contiguous": (0, False, False, 1, False),
+    "paged16": (16, False, False, 1, False),
+    "paged1": (1, False, False, 1, False),
+    "append": (0, True, False, 1, False),
+    "paged16+append+rotary": (16, True, True, 1, False),
+    "8x capacity": (0, False, False, 8, False),             # a cache allocated for 8L keys holding L
+    "8x capacity+max_seqlen_k": (0, False, False, 8, True),  # the same, planned for L
 }
 
 FLASHINFER_PAGES = (16, None)          # None: one page per sequence (page size L)
@@ -611,9 +613,9 @@ def run_case(shape, dtype, peers, args):
     return row
 
 
-def serving_layers(shape, dtype, page, n):
+def serving_layers(shape, dtype, page, n, capacity=1):
     """n layers of (k_cache, v_cache, block_table or None) holding L keys per sequence:
-    contiguous (b, L, hkv, d), or paged (b * L / page pages in a random order)."""
+    contiguous (b, capacity * L, hkv, d), or paged (b * L / page pages in a random order)."""
     b, _, hkv, d, L, _ = shape
     dt = DTYPES[dtype]
     layers = []
@@ -623,16 +625,17 @@ def serving_layers(shape, dtype, page, n):
             k = torch.randn(pages, page, hkv, d, device="cuda", dtype=dt)
             table = torch.randperm(pages, device="cuda").to(torch.int32).view(b, L // page)
         else:
-            k, table = torch.randn(b, L, hkv, d, device="cuda", dtype=dt), None
+            k, table = torch.randn(b, capacity * L, hkv, d, device="cuda", dtype=dt), None
         layers.append((k, torch.randn_like(k), table))
     return layers
 
 
-def dense(layer, b):
-    """A paged layer's caches gathered into contiguous (b, L, hkv, d) ones."""
+def dense(layer, b, L):
+    """A layer's first L keys per sequence as contiguous (b, L, hkv, d) caches: a paged
+    layer's gathered, a contiguous one's sliced."""
     k, v, table = layer
     if table is None:
-        return k, v
+        return k[:, :L], v[:, :L]
     return (x[table.long()].flatten(1, 2) for x in (k, v))
 
 
@@ -640,19 +643,21 @@ def run_serving_case(shape, dtype, case, repeats):
     """One serving case: µs per call (graph-timed over rotating layers), TB/s of the
     cache read, and a check against flash_decode on a contiguous copy of the same
     keys (paged) or on the cache after the append (append, without rotary)."""
-    page, append, rotary = SERVING_CASES[case]
+    page, append, rotary, capacity, bound = SERVING_CASES[case]
     b, hq, hkv, d, L, sq = shape
     dt = DTYPES[dtype]
-    nbytes = kv_bytes(shape, dtype)
-    n = layer_count(nbytes, torch.cuda.mem_get_info()[0])
+    nbytes = kv_bytes(shape, dtype)  # what a call reads; the layers take capacity times that
+    n = layer_count(nbytes, torch.cuda.mem_get_info()[0] / capacity)
     row = dict(case=case, dtype=dtype, **shape._asdict(), kv_mb=round(nbytes / MB, 2))
     if n < 1:
-        return dict(row, check=f"n/a (cache of {nbytes / 1e9:.1f} GB does not fit)")
-    layers = serving_layers(shape, dtype, page, n)
+        return dict(row, check=f"n/a (cache of {capacity * nbytes / 1e9:.1f} GB does not fit)")
+    layers = serving_layers(shape, dtype, page, n, capacity)
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
     lens = torch.full((b,), L - sq if append else L, dtype=torch.int32, device="cuda")
     new = [torch.randn(b, sq, hkv, d, device="cuda", dtype=dt) for _ in range(2)] if append else []
     kw = dict(cache_seqlens=lens, causal=True)
+    if bound:
+        kw["max_seqlen_k"] = L
     if rotary:
         angles = torch.arange(L, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, d, 2, device="cuda") / d)
         kw.update(rotary_cos=angles.cos().to(dt), rotary_sin=angles.sin().to(dt), rotary_interleaved=False)
@@ -664,7 +669,7 @@ def run_serving_case(shape, dtype, case, repeats):
     if rotary:
         row["check"] = "-"
     else:
-        k, v = dense(layers[0], b)  # with the appended keys in place, for append
+        k, v = dense(layers[0], b, L)  # with the appended keys in place, for append
         want = flash_decode.flash_decode(q, k, v, cache_seqlens=lens + (sq if append else 0), causal=True)
         err = (out.float() - want.float()).abs().max().item()
         row["check"] = "ok" if err <= TOL[dt][0] else f"MISMATCH: max error {err:.3g}"
@@ -696,7 +701,7 @@ def run_serving(args, log):
 
 
 def format_serving_row(r):
-    text = f"serving {r['case']:<22} {label(Shape(*(r[f] for f in Shape._fields)))}"
+    text = f"serving {r['case']:<26} {label(Shape(*(r[f] for f in Shape._fields)))}"
     if "us" not in r:
         return text + f" | {r.get('check')}"
     return text + (f" | {r['us']:.1f}us {r['tbs']:.2f}TB/s | {r.get('vs_contiguous', 1):.2f}x contiguous"
