@@ -1,20 +1,23 @@
 """Per-call time of eager calls from 1, 2, 4 and 8 Python threads.
 
-    python3 dev/threads.py [--calls 4000]
+    python3 dev/threads.py [--calls 4000] [--switch-interval S] [--cpus N]
 
 Rows: flash_decode (the soak test's layout: b=2, 32/8 heads, d128, a
 cache_seqlens tensor, out given) over 4096 tokens (a call's GPU time is about
 its host time) and over 512 (the host path alone), each thread on its own
-stream, then 512 with every thread on the default stream; the bare Go call
-under it (the binding's Workspace: into Go and back, releasing and retaking
-the GIL, launching nothing); a torch op (an in-place add on a small tensor,
-which releases the GIL around its launch). Each figure is the aggregate wall
-time over all threads' calls divided by the number of calls, the best of three
-runs: below the one-thread figure means threads help, above means they
-contend. Needs a CUDA GPU.
+stream; 512 with every thread on the default stream; 512 from one thread
+whose calls take the column's count of streams in turn (what many streams
+cost without threads); the bare Go call under it (the binding's Workspace:
+into Go and back, releasing and retaking the GIL, launching nothing); a torch
+op (an in-place add on a small tensor, which releases the GIL around its
+launch). Each figure is the aggregate wall time over all threads' calls
+divided by the number of calls, the best of three runs: below the one-thread
+figure means threads help, above means they contend. Needs a CUDA GPU.
 """
 
 import argparse
+import os
+import sys
 import threading
 import time
 
@@ -83,10 +86,34 @@ def per_call_us(make, threads, calls, own_streams):
     return best / (threads * calls) * 1e6
 
 
+def streams_in_turn_us(make, streams, calls):
+    """Per-call time of one thread whose calls go to `streams` streams in turn."""
+    fn = make()
+    pool = [torch.cuda.Stream() for _ in range(streams)]
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(calls * streams):
+            torch.cuda.set_stream(pool[i % streams])  # cheaper than a `with` per call
+            fn()
+        torch.cuda.set_stream(torch.cuda.default_stream())
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best / (streams * calls) * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=4000, help="calls per thread per run")
+    ap.add_argument("--switch-interval", type=float, metavar="S",
+                    help="sys.setswitchinterval(S): how long a thread may hold the GIL while others wait")
+    ap.add_argument("--cpus", type=int, metavar="N", help="run every thread on the first N CPUs only")
     args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    if args.cpus:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cpus])
     counts = (1, 2, 4, 8)
     print(f"{'us per call, aggregate':28}" + "".join(f"{n:>4} thr" for n in counts))
     for name, make, own_streams in (("flash_decode, 4096 tokens", flash_case(4096), True),
@@ -97,6 +124,9 @@ def main():
         make()()  # warm-up: layout cache, module load
         row = [per_call_us(make, n, args.calls, own_streams) for n in counts]
         print(f"{name:28}" + "".join(f"{us:8.1f}" for us in row), flush=True)
+        if name.startswith("  the same, one stream"):
+            row = [streams_in_turn_us(flash_case(512), n, args.calls) for n in counts]
+            print(f"{'  one thread, N streams':28}" + "".join(f"{us:8.1f}" for us in row), flush=True)
 
 
 if __name__ == "__main__":
