@@ -1,6 +1,6 @@
 """Per-call time of eager calls from 1, 2, 4 and 8 Python threads.
 
-    python3 dev/threads.py [--calls 4000] [--switch-interval S] [--cpus N]
+    python3 dev/threads.py [--calls 4000] [--runs 5] [--switch-interval S] [--cpus N]
 
 Rows: flash_decode (the soak test's layout: b=2, 32/8 heads, d128, a
 cache_seqlens tensor, out given) over 4096 tokens (a call's GPU time is about
@@ -11,8 +11,9 @@ cost without threads); the bare Go call under it (the binding's Workspace:
 into Go and back, releasing and retaking the GIL, launching nothing); a torch
 op (an in-place add on a small tensor, which releases the GIL around its
 launch). Each figure is the aggregate wall time over all threads' calls
-divided by the number of calls, the best of three runs: below the one-thread
-figure means threads help, above means they contend. Needs a CUDA GPU.
+divided by the number of calls, the best of --runs rounds that each run every
+column once: below the one-thread figure means threads help, above means they
+contend. Needs a CUDA GPU.
 """
 
 import argparse
@@ -63,7 +64,9 @@ def torch_case():
     return call
 
 
-def per_call_us(make, threads, calls, own_streams):
+def threaded(make, threads, calls, own_streams):
+    """A run of calls calls from each of threads threads; returns its
+    aggregate microseconds per call."""
     fns = [make() for _ in range(threads)]
     streams = [torch.cuda.Stream() if own_streams else torch.cuda.default_stream() for _ in range(threads)]
 
@@ -72,8 +75,7 @@ def per_call_us(make, threads, calls, own_streams):
             for _ in range(calls):
                 fn()
 
-    best = float("inf")
-    for _ in range(3):
+    def run():
         workers = [threading.Thread(target=loop, args=(fn, s)) for fn, s in zip(fns, streams)]
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -82,16 +84,17 @@ def per_call_us(make, threads, calls, own_streams):
         for w in workers:
             w.join()
         torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best / (threads * calls) * 1e6
+        return (time.perf_counter() - start) / (threads * calls) * 1e6
+    return run
 
 
-def streams_in_turn_us(make, streams, calls):
-    """Per-call time of one thread whose calls go to `streams` streams in turn."""
+def streams_in_turn(make, streams, calls):
+    """A run of one thread whose calls go to `streams` streams in turn;
+    returns its microseconds per call."""
     fn = make()
     pool = [torch.cuda.Stream() for _ in range(streams)]
-    best = float("inf")
-    for _ in range(3):
+
+    def run():
         torch.cuda.synchronize()
         start = time.perf_counter()
         for i in range(calls * streams):
@@ -99,13 +102,24 @@ def streams_in_turn_us(make, streams, calls):
             fn()
         torch.cuda.set_stream(torch.cuda.default_stream())
         torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best / (streams * calls) * 1e6
+        return (time.perf_counter() - start) / (streams * calls) * 1e6
+    return run
+
+
+def best_of(runs, setups):
+    """Each setup's best time over runs rounds; a round runs every setup
+    once, so a drift of the host's speed reaches all columns alike."""
+    best = [float("inf")] * len(setups)
+    for _ in range(runs):
+        for i, run in enumerate(setups):
+            best[i] = min(best[i], run())
+    return best
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=4000, help="calls per thread per run")
+    ap.add_argument("--runs", type=int, default=5, help="rounds; each figure is the best of them")
     ap.add_argument("--switch-interval", type=float, metavar="S",
                     help="sys.setswitchinterval(S): how long a thread may hold the GIL while others wait")
     ap.add_argument("--cpus", type=int, metavar="N", help="run every thread on the first N CPUs only")
@@ -122,12 +136,11 @@ def main():
                                     ("Go call (Workspace)", go_case, True),
                                     ("torch x.add_(1)", torch_case, True)):
         make()()  # warm-up: layout cache, module load
-        row = [per_call_us(make, n, args.calls, own_streams) for n in counts]
+        row = best_of(args.runs, [threaded(make, n, args.calls, own_streams) for n in counts])
         print(f"{name:28}" + "".join(f"{us:8.1f}" for us in row), flush=True)
         if name.startswith("  the same, one stream"):
-            row = [streams_in_turn_us(flash_case(512), n, args.calls) for n in counts]
+            row = best_of(args.runs, [streams_in_turn(flash_case(512), n, args.calls) for n in counts])
             print(f"{'  one thread, N streams':28}" + "".join(f"{us:8.1f}" for us in row), flush=True)
-
 
 if __name__ == "__main__":
     main()
