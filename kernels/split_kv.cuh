@@ -95,6 +95,11 @@ template <bool kServing, int MTILES>
 struct fd_serving_rows;
 template <bool kServing>
 struct fd_serving_score;
+// A compile-time flag passed as an argument, for a generic lambda to branch on.
+template <bool B>
+struct fd_bool {
+    static constexpr bool value = B;
+};
 
 template <typename T, int D, int ROWS, bool kServing>
 __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg,
@@ -216,27 +221,44 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // Serving: keys outside [lo, len) are zero-filled (masked, and never NaN
     // in P V), and the pages come from the ring (fd_serving_pages).
     fd_serving_pages<kServing, C::kKeys, C::kStages - 1> pages(p, page_ring);
-    auto load_tile = [&](int tile, int stage, int j) {  // j: the split's j-th tile
-        T *k_s = smem + stage * 2 * C::kTileElems;
-        T *v_s = k_s + C::kTileElems;
-        int page[kServing ? C::kCopiesPerThread : 1];  // serving: this thread's keys' pages, read first
-        if constexpr (kServing) {
+    // Serving: copies of a paged cache (PAGED) or a contiguous one, each a
+    // straight run of cp.async: a layout test per key would split the copies
+    // into blocks of their own, which the compiler cannot interleave.
+    auto serving_copies = [&](auto paged, T *k_s, T *v_s, int tile, int j) {
+        int page[C::kCopiesPerThread];  // this thread's keys' pages, read first
+        if constexpr (decltype(paged)::value) {
 #pragma unroll
-            for (int i = 0; i < C::kCopiesPerThread; ++i)
-                page[i] = pages.page_id(p, j, copy_key + i * (C::kThreads / C::kChunks));
+            for (int i = 0; i < C::kCopiesPerThread; ++i) page[i] = pages.page_id(j, copy_key + i * (C::kThreads / C::kChunks));
         }
 #pragma unroll
         for (int i = 0; i < C::kCopiesPerThread; ++i) {
             const int key = copy_key + i * (C::kThreads / C::kChunks);
             const int gkey = tile * C::kKeys + key;
-            if constexpr (kServing) {
-                const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
-                long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+            const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
+            long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+            if constexpr (decltype(paged)::value) {
                 pages.offsets(p, page[i], gkey, k_off, v_off);  // branch-free: cp.async skips an invalid key
-                const int s_off = fd_swizzle<D>(key, copy_chunk);
-                fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
-                fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
             } else {
+                k_off += (long long)gkey * p.k_seq_stride;
+                v_off += (long long)gkey * p.v_seq_stride;
+            }
+            const int s_off = fd_swizzle<D>(key, copy_chunk);
+            fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+            fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+        }
+    };
+    auto load_tile = [&](int tile, int stage, int j) {  // j: the split's j-th tile
+        T *k_s = smem + stage * 2 * C::kTileElems;
+        T *v_s = k_s + C::kTileElems;
+        if constexpr (kServing) {
+            if (p.block_table != nullptr) serving_copies(fd_bool<true>{}, k_s, v_s, tile, j);
+            else serving_copies(fd_bool<false>{}, k_s, v_s, tile, j);
+            pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, lo, len);
+        } else {
+#pragma unroll
+            for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                const int key = copy_key + i * (C::kThreads / C::kChunks);
+                const int gkey = tile * C::kKeys + key;
                 const bool valid = chunk_in_dim && gkey < len;
                 const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;
                 const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * 8;
@@ -245,7 +267,6 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
             }
         }
-        if constexpr (kServing) pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, lo, len);
     };
 
     // Per-warp online softmax over the warp's 16 keys of every tile. For each
@@ -578,6 +599,10 @@ struct fd_serving_divider {
 template <bool kServing, int KEYS, int AHEAD>
 struct fd_serving_pages {
     __device__ __forceinline__ fd_serving_pages(const fd_params &, int *) {}
+    // Never called (the plain variants copy without pages); load_tile's
+    // serving lambda names them in every variant.
+    __device__ __forceinline__ int page_id(int, int) const { return 0; }
+    __device__ __forceinline__ void offsets(const fd_params &, int, int, long long &, long long &) const {}
 };
 
 template <int KEYS, int AHEAD>
@@ -600,16 +625,14 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
         fd_cp_async_4(ring + (j % kRing) * KEYS + threadIdx.x, src, valid);
     }
 
-    // Key `key`'s page id from the ring, for the split's j-th tile (0 for a
-    // contiguous cache). load_tile reads all of a thread's ids before its
-    // first copy: cp.async's asm is a compiler barrier, so a read left next
-    // to its copy would wait out the shared-memory latency once per key.
-    __device__ __forceinline__ int page_id(const fd_params &p, int j, int key) const {
-        return p.block_table == nullptr ? 0 : ring[(j % kRing) * KEYS + key];
-    }
+    // Key `key`'s page id from the ring, for the split's j-th tile of a paged
+    // cache. load_tile reads all of a thread's ids before its first copy:
+    // cp.async's asm is a compiler barrier, so a read left next to its copy
+    // would wait out the shared-memory latency once per key.
+    __device__ __forceinline__ int page_id(int j, int key) const { return ring[(j % kRing) * KEYS + key]; }
 
-    // Adds the offset from k_base / v_base of key gkey: its row, or (page
-    // the key's page_id) its row in its page, the page clamped to the cache.
+    // Adds the offset from k_base / v_base of key gkey of a paged cache (page
+    // the key's page_id): its row in its page, the page clamped to the cache.
     // It runs for every key a thread copies, so a page's offset is one
     // 32 x 32 -> 64-bit multiply and a row's a 32-bit one: the layout check
     // (core, validateServing) keeps page strides below 2^32 elements and a
@@ -617,11 +640,6 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
     // (their ring entry is 0), which is never read.
     __device__ __forceinline__ void offsets(const fd_params &p, int page, int gkey, long long &k_off,
                                             long long &v_off) const {
-        if (p.block_table == nullptr) {
-            k_off += (long long)gkey * p.k_seq_stride;
-            v_off += (long long)gkey * p.v_seq_stride;
-            return;
-        }
         const uint32_t pg = static_cast<uint32_t>(min(max(page, 0), p.num_pages - 1));
         const uint32_t row = static_cast<uint32_t>(gkey - page_size.div(gkey) * p.page_size);
         k_off += static_cast<long long>(static_cast<unsigned long long>(pg) * static_cast<uint32_t>(p.k_batch_stride) +
