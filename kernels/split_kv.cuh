@@ -221,14 +221,16 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // Serving: keys outside [lo, len) are zero-filled (masked, and never NaN
     // in P V), and the pages come from the ring (fd_serving_pages).
     fd_serving_pages<kServing, C::kKeys, C::kStages - 1> pages(p, page_ring);
-    // Serving: copies of a paged cache (PAGED) or a contiguous one, each a
-    // straight run of cp.async: a layout test per key would split the copies
-    // into blocks of their own, which the compiler cannot interleave.
+    // Serving: a thread's copies of one tile from a paged cache (paged is
+    // fd_bool<true>) or a contiguous one, each layout a straight run of
+    // cp.async: a layout test per key would split the copies into blocks of
+    // their own, which the compiler cannot interleave.
     auto serving_copies = [&](auto paged, T *k_s, T *v_s, int tile, int j) {
         int page[C::kCopiesPerThread];  // this thread's keys' pages, read first
         if constexpr (decltype(paged)::value) {
 #pragma unroll
-            for (int i = 0; i < C::kCopiesPerThread; ++i) page[i] = pages.page_id(j, copy_key + i * (C::kThreads / C::kChunks));
+            for (int i = 0; i < C::kCopiesPerThread; ++i)
+                page[i] = pages.page_id(j, copy_key + i * (C::kThreads / C::kChunks));
         }
 #pragma unroll
         for (int i = 0; i < C::kCopiesPerThread; ++i) {
