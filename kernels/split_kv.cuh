@@ -221,40 +221,40 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // Serving: keys outside [lo, len) are zero-filled (masked, and never NaN
     // in P V), and the pages come from the ring (fd_serving_pages).
     fd_serving_pages<kServing, C::kKeys, C::kStages - 1> pages(p, page_ring);
-    // Serving: a thread's copies of one tile from a paged cache (paged is
-    // fd_bool<true>) or a contiguous one, each layout a straight run of
-    // cp.async: a layout test per key would split the copies into blocks of
-    // their own, which the compiler cannot interleave.
-    auto serving_copies = [&](auto paged, T *k_s, T *v_s, int tile, int j) {
-        int page[C::kCopiesPerThread];  // this thread's keys' pages, read first
-        if constexpr (decltype(paged)::value) {
-#pragma unroll
-            for (int i = 0; i < C::kCopiesPerThread; ++i)
-                page[i] = pages.page_id(j, copy_key + i * (C::kThreads / C::kChunks));
-        }
-#pragma unroll
-        for (int i = 0; i < C::kCopiesPerThread; ++i) {
-            const int key = copy_key + i * (C::kThreads / C::kChunks);
-            const int gkey = tile * C::kKeys + key;
-            const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
-            long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
-            if constexpr (decltype(paged)::value) {
-                pages.offsets(p, page[i], gkey, k_off, v_off);  // branch-free: cp.async skips an invalid key
-            } else {
-                k_off += (long long)gkey * p.k_seq_stride;
-                v_off += (long long)gkey * p.v_seq_stride;
-            }
-            const int s_off = fd_swizzle<D>(key, copy_chunk);
-            fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
-            fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
-        }
-    };
     auto load_tile = [&](int tile, int stage, int j) {  // j: the split's j-th tile
         T *k_s = smem + stage * 2 * C::kTileElems;
         T *v_s = k_s + C::kTileElems;
         if constexpr (kServing) {
-            if (p.block_table != nullptr) serving_copies(fd_bool<true>{}, k_s, v_s, tile, j);
-            else serving_copies(fd_bool<false>{}, k_s, v_s, tile, j);
+            // A thread's copies from a paged cache (paged: fd_bool<true>) or a
+            // contiguous one, each layout a straight run of cp.async: a layout
+            // test per key would split the copies into blocks of their own,
+            // which the compiler cannot interleave.
+            auto copies = [&](auto paged) {
+                int page[C::kCopiesPerThread];  // this thread's keys' pages, read first
+                if constexpr (decltype(paged)::value) {
+#pragma unroll
+                    for (int i = 0; i < C::kCopiesPerThread; ++i)
+                        page[i] = pages.page_id(j, copy_key + i * (C::kThreads / C::kChunks));
+                }
+#pragma unroll
+                for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                    const int key = copy_key + i * (C::kThreads / C::kChunks);
+                    const int gkey = tile * C::kKeys + key;
+                    const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
+                    long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+                    if constexpr (decltype(paged)::value) {
+                        pages.offsets(p, page[i], gkey, k_off, v_off);  // branch-free: cp.async skips an invalid key
+                    } else {
+                        k_off += (long long)gkey * p.k_seq_stride;
+                        v_off += (long long)gkey * p.v_seq_stride;
+                    }
+                    const int s_off = fd_swizzle<D>(key, copy_chunk);
+                    fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+                    fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+                }
+            };
+            if (p.block_table != nullptr) copies(fd_bool<true>{});
+            else copies(fd_bool<false>{});
             pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, lo, len);
         } else {
 #pragma unroll
@@ -601,10 +601,6 @@ struct fd_serving_divider {
 template <bool kServing, int KEYS, int AHEAD>
 struct fd_serving_pages {
     __device__ __forceinline__ fd_serving_pages(const fd_params &, int *) {}
-    // Never called (the plain variants copy without pages); load_tile's
-    // serving lambda names them in every variant.
-    __device__ __forceinline__ int page_id(int, int) const { return 0; }
-    __device__ __forceinline__ void offsets(const fd_params &, int, int, long long &, long long &) const {}
 };
 
 template <int KEYS, int AHEAD>
