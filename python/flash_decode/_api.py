@@ -489,30 +489,32 @@ def _hint(max_seqlen_k, hints, workspace_fn, handle):
         raise ValueError(f"max_seqlen_k must not be negative, got {max_seqlen_k}")
     bucket = min(capacity, 1 << (max_seqlen_k - 1).bit_length() if max_seqlen_k > 0 else 0)
     seqlen = max(0, bucket - new)
-    try:
-        workspace_bytes = workspace_fn(handle, seqlen)
-    except Exception as err:
-        raise _translate(err) from None
-    if len(cache) >= _WORKSPACES_LIMIT:
-        cache.clear()
-    cache[max_seqlen_k] = seqlen, workspace_bytes
-    return seqlen, workspace_bytes
+    return _remember(cache, max_seqlen_k, (seqlen, _workspace_bytes(workspace_fn, handle, seqlen)))
 
 
 def _workspace(workspace_fn, handle, workspaces, seqlen):
     """The workspace bytes for an int cache_seqlens value the layout has not
-    met yet, from the Go core (workspace_fn: Workspace or WorkspaceServing,
-    which refuse a value above seqlen_cache), kept in workspaces (a bounded
-    dict)."""
+    met yet, kept in workspaces (a bounded dict)."""
     _check_length("cache_seqlens", seqlen)
+    return _remember(workspaces, seqlen, _workspace_bytes(workspace_fn, handle, seqlen))
+
+
+def _workspace_bytes(workspace_fn, handle, seqlen):
+    """The workspace a call planned for seqlen keys needs, from the Go core
+    (workspace_fn: Workspace or WorkspaceServing, which refuse a value above
+    seqlen_cache)."""
     try:
-        workspace_bytes = workspace_fn(handle, seqlen)
+        return workspace_fn(handle, seqlen)
     except Exception as err:
         raise _translate(err) from None
-    if len(workspaces) >= _WORKSPACES_LIMIT:
-        workspaces.clear()
-    workspaces[seqlen] = workspace_bytes
-    return workspace_bytes
+
+
+def _remember(cache, key, value):
+    """cache[key] = value in a dict bounded by _WORKSPACES_LIMIT; returns value."""
+    if len(cache) >= _WORKSPACES_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
