@@ -23,6 +23,8 @@ NO_DRIVER = "flash_decode needs an NVIDIA GPU with a CUDA driver"
 needs_fakecuda = pytest.mark.skipif(not (FAKECUDA / "libcuda.so.1").exists(),
                                     reason=f"no stand-in driver at {FAKECUDA}/libcuda.so.1")
 needs_extension = pytest.mark.skipif(not has_extension(), reason="native extension not built/installed")
+needs_fake_device = pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(),
+                                       reason=f"no fake-device driver at {FAKEDEVICE}")
 
 
 def test_public_api():
@@ -89,6 +91,18 @@ def test_plan_checks_arguments_first():
         flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen=-2)
 
 
+
+def launch_on_fake_device(script, tmp_path):
+    """Runs script in a child on the fake-device driver; returns the JSON of
+    its last line of output and the logged launches, one list of fields per
+    launch: kernel gx gy gz threads shared cluster pdl."""
+    log = tmp_path / "launches.log"
+    child = run_python(script, LD_LIBRARY_PATH=str(FAKEDEVICE), FLASH_DECODE_FORCE_NATIVE=None,
+                       FAKECUDA_LAUNCH_LOG=str(log))
+    assert child.returncode == 0, child.stderr[-2000:]
+    return json.loads(child.stdout.splitlines()[-1]), [line.split() for line in log.read_text().splitlines()]
+
+
 _LAUNCH_THROUGH_THE_BINDING = """
 import json
 import flash_decode
@@ -103,19 +117,15 @@ print(json.dumps(dict(flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=32, 
 
 
 @needs_extension
-@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+@needs_fake_device
 def test_binding_launches_the_plan_on_a_fake_device(tmp_path):
     # Python -> the gopy extension (Run keeps the GIL) -> the Go core -> the driver, on a
     # stand-in whose one device launches nothing and logs each launch: the split kernel and
     # the combine, with the plan's grids and programmatic dependent launch.
-    log = tmp_path / "launches.log"
-    child = run_python(_LAUNCH_THROUGH_THE_BINDING, LD_LIBRARY_PATH=str(FAKEDEVICE), FLASH_DECODE_FORCE_NATIVE=None,
-                       FAKECUDA_LAUNCH_LOG=str(log))
-    assert child.returncode == 0, child.stderr[-2000:]
-    plan = json.loads(child.stdout.splitlines()[-1])
+    plan, launches = launch_on_fake_device(_LAUNCH_THROUGH_THE_BINDING, tmp_path)
     assert plan["ran"] == plan["num_splits"] == 32 and plan["ws"] == plan["workspace_bytes"] > 0
     grid = " ".join(map(str, plan["grid"]))
-    assert log.read_text().splitlines() == [
+    assert [" ".join(launch) for launch in launches] == [
         f"{plan['kernel']} {grid} {plan['threads']} {plan['shared_bytes']} 1 1",
         f"{plan['combine']} {plan['combine_grid']} 1 1 {plan['combine_threads']} 0 1 1"]
 
@@ -142,17 +152,12 @@ print(json.dumps(dict(splits=splits, ws=ws)))
 
 
 @needs_extension
-@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+@needs_fake_device
 def test_serving_binding_launches_append_then_stage_1(tmp_path):
     # The serving path through the binding (the layout as JSON, then RunServing): the append
     # kernel, then the serving stage 1 with as many splits as RunServing reports, then the
     # combine where it splits; all with programmatic dependent launch.
-    log = tmp_path / "launches.log"
-    child = run_python(_SERVING_LAUNCH_THROUGH_THE_BINDING, LD_LIBRARY_PATH=str(FAKEDEVICE),
-                       FLASH_DECODE_FORCE_NATIVE=None, FAKECUDA_LAUNCH_LOG=str(log))
-    assert child.returncode == 0, child.stderr[-2000:]
-    ran = json.loads(child.stdout.splitlines()[-1])
-    launches = [line.split() for line in log.read_text().splitlines()]
+    ran, launches = launch_on_fake_device(_SERVING_LAUNCH_THROUGH_THE_BINDING, tmp_path)
     names = [launch[0] for launch in launches]
     assert names[:2] == ["fd_append_kv_f16", "fd_split_kv_serving_f16_d128_r16"], names
     assert int(launches[1][1]) == ran["splits"] and launches[1][2:4] == ["8", "2"]  # grid (splits, 8 heads, 2)
@@ -177,17 +182,13 @@ print(json.dumps([[p["kernel"], p["grid"], p["cluster"], p["combine"]] for p in 
 
 
 @needs_extension
-@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+@needs_fake_device
 def test_a_length_bound_launches_its_own_plan(tmp_path):
     # With a cache_seqlens tensor, Run's seqlen is the planner's bound (max_seqlen_k's): the
     # launch follows the plan for it, not the capacity's (the kernel reads the lengths).
-    log = tmp_path / "launches.log"
-    child = run_python(_HINTED_LAUNCH, LD_LIBRARY_PATH=str(FAKEDEVICE), FLASH_DECODE_FORCE_NATIVE=None,
-                       FAKECUDA_LAUNCH_LOG=str(log))
-    assert child.returncode == 0, child.stderr[-2000:]
-    (full, bounded) = json.loads(child.stdout.splitlines()[-1])
+    (full, bounded), launches = launch_on_fake_device(_HINTED_LAUNCH, tmp_path)
     assert full != bounded  # 32768 keys: the combine; 1024: clusters
-    splits = [line.split() for line in log.read_text().splitlines() if line.startswith("fd_split_kv_")]
+    splits = [launch for launch in launches if launch[0].startswith("fd_split_kv_")]
     assert [[s[0], [int(x) for x in s[1:4]], int(s[6])] for s in splits] == [full[:3], bounded[:3]]
 
 

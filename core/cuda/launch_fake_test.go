@@ -87,10 +87,10 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			switch ok := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
+			takes := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
 				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
-				"wide": pl.Combine == pl.Variant.CombineWide, "append": pl.Append != ""}[tc.want]; {
-			case !ok:
+				"wide": pl.Combine == pl.Variant.CombineWide, "append": pl.Append != ""}
+			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}
 			launched(t, log)
