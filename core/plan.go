@@ -183,6 +183,12 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 			splits, whole = m, w
 		} else {
 			splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, merging)
+			// A serving block (page lookups, per-row key ranges) streams
+			// slower alone than a plain one, which only a cluster merge's
+			// one-wave grid makes up for; other plans fill every slot.
+			if v.Serving && (splits < 2 || merging(splits) != mergeCluster) {
+				splits = autoSplits(blocks, sms*blocksPerSM, sms*blocksPerSM, tiles, maxN, merging)
+			}
 		}
 	}
 

@@ -396,3 +396,37 @@ func TestServingPlanJSONAndString(t *testing.T) {
 		}
 	}
 }
+
+// A serving variant plans like the plain one where its splits merge in
+// clusters, and fills both slots of an SM otherwise: alone, a serving block
+// streams slower than a plain one.
+func TestServingPlansFillBothSlotsUnlessClustered(t *testing.T) {
+	for _, tt := range []struct {
+		name                   string
+		batch, seqlen          int
+		splits, cluster, plain int // plain: the plain plan's splits
+	}{
+		{"b=8, 4096 keys: clusters of 2, as plain", 8, 4096, 2, 2, 2},
+		{"b=8, 32768 keys: 4 splits and the combine", 8, 32768, 4, 1, 2},
+		{"b=1, 32768 keys", 1, 32768, 31, 1, 16},
+		{"b=32, 8192 keys: unsplit", 32, 8192, 1, 1, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := Shape{DType: Float16, Batch: tt.batch, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
+				SeqlenCache: tt.seqlen, Seqlen: -1}
+			plain, err := MakePlan(s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Serving = true
+			p, err := MakePlan(s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.NumSplits != tt.splits || p.Cluster != tt.cluster || plain.NumSplits != tt.plain {
+				t.Errorf("serving %v, plain %v: want %d splits in clusters of %d, plain %d splits",
+					p, plain, tt.splits, tt.cluster, tt.plain)
+			}
+		})
+	}
+}

@@ -245,13 +245,10 @@ func tailSplit(blocks, resident, maxN int) (whole, m int) {
 }
 
 // targetBlocks is how many resident blocks of v per SM the heuristic fills:
-// enough for targetWarpsPerSM warps, at least one, at most blocksPerSM. A
-// serving variant fills every slot: its per-tile work (page lookups, masks)
-// leaves a lone block short of bytes in flight, which a second block covers.
+// enough for targetWarpsPerSM warps, at least one, at most blocksPerSM.
+// (planVariant gives a serving variant that only for a plan that merges in
+// clusters, else every slot: see there.)
 func targetBlocks(v Variant, blocksPerSM int) int {
-	if v.Serving {
-		return max(1, blocksPerSM)
-	}
 	warps := max(1, ceilDiv(v.Threads, 32))
 	return max(1, min(blocksPerSM, ceilDiv(targetWarpsPerSM, warps)))
 }
