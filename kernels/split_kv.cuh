@@ -165,6 +165,20 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     if (p.early_dependents) fd_pdl_launch_dependents();
     FD_TRACE(1);
 
+    // Serving: where the keys of a tile are (fd_serving_pages). A paged
+    // cache with no left padding and no window starts every split at key 0,
+    // so the page ids of the prologue's tiles are fetched now, in flight
+    // with the length: the first keys then wait on one read, not two.
+    fd_serving_pages<kServing, C::kKeys, C::kStages - 1> pages(p, page_ring);
+    bool pages_early = false;
+    if constexpr (kServing) {
+        pages_early = p.block_table != nullptr && p.window_left < 0 && p.cache_leftpad == nullptr;
+        if (pages_early) {
+#pragma unroll
+            for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, split + s * num_splits, s, 0, p.seqlen_cache);
+        }
+    }
+
     // This split's keys, from the actual length (never from the host): its
     // i-th tile is tile split + i * num_splits of the sequence's `tiles`
     // (serving: counted from first_tile).
@@ -220,7 +234,6 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
     // Serving: keys outside [lo, len) are zero-filled (masked, and never NaN
     // in P V), and the pages come from the ring (fd_serving_pages).
-    fd_serving_pages<kServing, C::kKeys, C::kStages - 1> pages(p, page_ring);
     auto load_tile = [&](int tile, int stage, int j) {  // j: the split's j-th tile
         T *k_s = smem + stage * 2 * C::kTileElems;
         T *v_s = k_s + C::kTileElems;
@@ -230,27 +243,34 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             // test per key would split the copies into blocks of their own,
             // which the compiler cannot interleave.
             auto copies = [&](auto paged) {
-                int page[C::kCopiesPerThread];  // this thread's keys' pages, read first
+                // A paged key's row is the same for the kChunks threads that
+                // copy its chunks: lane l works out the row of its copy
+                // l % kCopiesPerThread, and the others take it by shuffle.
+                unsigned long long k_mine = 0, v_mine = 0;  // the row's address
                 if constexpr (decltype(paged)::value) {
-#pragma unroll
-                    for (int i = 0; i < C::kCopiesPerThread; ++i)
-                        page[i] = pages.page_id(j, copy_key + i * (C::kThreads / C::kChunks));
+                    const int key = copy_key + lane % C::kCopiesPerThread * (C::kThreads / C::kChunks);
+                    long long k_off = 0, v_off = 0;  // branch-free: cp.async skips an invalid key
+                    pages.offsets(p, pages.page_id(j, key), tile * C::kKeys + key, k_off, v_off);
+                    k_mine = reinterpret_cast<unsigned long long>(k_base + k_off);
+                    v_mine = reinterpret_cast<unsigned long long>(v_base + v_off);
                 }
 #pragma unroll
                 for (int i = 0; i < C::kCopiesPerThread; ++i) {
                     const int key = copy_key + i * (C::kThreads / C::kChunks);
                     const int gkey = tile * C::kKeys + key;
                     const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
-                    long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+                    const T *k_src, *v_src;
                     if constexpr (decltype(paged)::value) {
-                        pages.offsets(p, page[i], gkey, k_off, v_off);  // branch-free: cp.async skips an invalid key
+                        const int from = (lane & ~(C::kChunks - 1) & 31) | i;  // the lane of copy i of this key group
+                        k_src = reinterpret_cast<const T *>(__shfl_sync(0xffffffffu, k_mine, from)) + copy_chunk * 8;
+                        v_src = reinterpret_cast<const T *>(__shfl_sync(0xffffffffu, v_mine, from)) + copy_chunk * 8;
                     } else {
-                        k_off += (long long)gkey * p.k_seq_stride;
-                        v_off += (long long)gkey * p.v_seq_stride;
+                        k_src = k_base + (long long)gkey * p.k_seq_stride + copy_chunk * 8;
+                        v_src = v_base + (long long)gkey * p.v_seq_stride + copy_chunk * 8;
                     }
                     const int s_off = fd_swizzle<D>(key, copy_chunk);
-                    fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
-                    fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+                    fd_cp_async_16(k_s + s_off, k_src, valid);
+                    fd_cp_async_16(v_s + s_off, v_src, valid);
                 }
             };
             if (p.block_table != nullptr) copies(fd_bool<true>{});
@@ -295,8 +315,10 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // power of two), and the blocks end closer together.
     const auto tile_of = [&](int i) { return first_tile + split + i * num_splits; };
     if constexpr (kServing) {  // the pages of the prologue's tiles, before it loads them
+        if (!pages_early) {
 #pragma unroll
-        for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, tile_of(s), s, lo, len);
+            for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, tile_of(s), s, lo, len);
+        }
         fd_cp_async_commit();
         fd_cp_async_wait<0>();
         __syncthreads();

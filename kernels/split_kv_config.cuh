@@ -53,6 +53,8 @@ struct fd_split_kv_config {
     static constexpr bool kPushMerge = kItems <= 4 * kThreads;
     static constexpr int kInboxBytes = kMaxCluster * ROWS * 4 + (kItems + kMaxCluster) * 16;
     static_assert(kThreads % kChunks == 0, "a thread copies the same chunk of every key it copies");
+    static_assert(32 % kChunks == 0 && kChunks % kCopiesPerThread == 0,
+                  "a warp's lanes of one key group cover its copies (the paged offsets' shuffle)");
     static_assert(kMergeBytes + kParkBytes <= kSharedBytes, "merge scratch must fit in the pipeline buffers");
     static_assert(!kPushMerge || kSharedBytes + kInboxBytes <= 120 * 1024, "the inbox must fit a cluster launch");
 };
