@@ -483,7 +483,7 @@ def paged(k_cache, v_cache, page_size, extra_blocks=3, seed=0):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("page_size", [1, 16, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("headdim", [64, 128])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
 def test_paged(dtype, page_size, causal, headdim):
     q, k, v, _, _ = make(4, 3, 16, 4, headdim, 515, dtype)
     k_paged, v_paged, block_table = paged(k, v, page_size)
