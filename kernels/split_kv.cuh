@@ -646,18 +646,19 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
     }
 
     // Key `key`'s page id from the ring, for the split's j-th tile of a paged
-    // cache. load_tile reads all of a thread's ids before its first copy:
-    // cp.async's asm is a compiler barrier, so a read left next to its copy
-    // would wait out the shared-memory latency once per key.
+    // cache. load_tile reads a lane's one id before its first copy: cp.async's
+    // asm is a compiler barrier, so a read between copies would wait out the
+    // shared-memory latency there.
     __device__ __forceinline__ int page_id(int j, int key) const { return ring[(j % kRing) * KEYS + key]; }
 
     // Adds the offset from k_base / v_base of key gkey of a paged cache (page
     // the key's page_id): its row in its page, the page clamped to the cache.
-    // It runs for every key a thread copies, so a page's offset is one
-    // 32 x 32 -> 64-bit multiply and a row's a 32-bit one: the layout check
-    // (core, validateServing) keeps page strides below 2^32 elements and a
-    // page's rows below 2^31. Keys outside [lo, len) get an offset too
-    // (their ring entry is 0), which is never read.
+    // Each lane runs it once a tile (load_tile shares the result by shuffle),
+    // so a page's offset is one 32 x 32 -> 64-bit multiply and a row's a
+    // 32-bit one: the layout check (core, validateServing) keeps page strides
+    // below 2^32 elements and a page's rows below 2^31. Keys outside
+    // [lo, len) get an offset too (their ring entry is 0, or the table's
+    // entry where the prologue's ids were fetched early), which is never read.
     __device__ __forceinline__ void offsets(const fd_params &p, int page, int gkey, long long &k_off,
                                             long long &v_off) const {
         const uint32_t pg = static_cast<uint32_t>(min(max(page, 0), p.num_pages - 1));
