@@ -63,6 +63,10 @@ typedef struct fd_params {
     long long block_table_stride;  // elements between sequences in block_table
     int page_size;                 // keys per page when block_table is set
     int num_pages;                 // pages in k/v (ids clamped to [0, num_pages - 1] on read)
+    // key / page_size == (umulhi(key, page_div_m) + key) >> page_div_l for keys below 2^31
+    // (the round-up method of Granlund and Montgomery; set by the core with page_size).
+    unsigned int page_div_m;
+    int page_div_l;
     const int *cache_batch_idx;    // (batch,) int32, or NULL: sequence b uses cache row b
     int cache_batch;               // k/v's batch dimension (cache rows) for clamping it
     const int *cache_leftpad;      // (batch,) int32, or NULL: keys start at 0

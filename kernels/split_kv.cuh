@@ -147,10 +147,13 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 
     // Where this block reads, computed before the PDL wait so that the
     // argument loads behind it overlap the wait (fd_touch_params, ptx.cuh).
+    // The serving variants also read the serving fields (cache_batch's line
+    // and seqlen_new's) right after the wait.
     const T *q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
     const T *k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
     const T *v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
-    fd_touch_params(q_base, k_base, v_base, p.seqlen);
+    if constexpr (kServing) fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
+    else fd_touch_params(q_base, k_base, v_base, p.seqlen);
 
     // With programmatic dependent launch: wait for the kernel that wrote q
     // (or the lengths), then, if the plan says so (core.Plan.EarlyDependents:
@@ -594,17 +597,12 @@ __device__ __forceinline__ void fd_serving_bases(const fd_params &p, int b, int 
     }
 }
 
-// n / d for 0 <= n < 2^31 and a d >= 1 known at run time only, as a
-// multiply and a shift (Granlund and Montgomery's round-up method):
-// q = (umulhi(n, m) + n) >> l with l = ceil(log2 d) and
-// m = floor(2^(32 + l) / d) - 2^32 + 1, set up once per block.
+// key / page_size for 0 <= key < 2^31 as a multiply and a shift, with the
+// magic numbers the core worked out (params.h: page_div_m, page_div_l).
 struct fd_serving_divider {
-    int l;
     uint32_t m;
-    __device__ __forceinline__ explicit fd_serving_divider(int d) {
-        l = 32 - __clz(d - 1);
-        m = static_cast<uint32_t>((1ull << (32 + l)) / static_cast<unsigned long long>(d) - (1ull << 32) + 1);
-    }
+    int l;
+    __device__ __forceinline__ explicit fd_serving_divider(const fd_params &p) : m(p.page_div_m), l(p.page_div_l) {}
     __device__ __forceinline__ int div(int n) const {
         return static_cast<int>((__umulhi(static_cast<uint32_t>(n), m) + static_cast<uint32_t>(n)) >> l);
     }
@@ -632,7 +630,7 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
     fd_serving_divider page_size;
 
     __device__ __forceinline__ fd_serving_pages(const fd_params &p, int *page_ring)
-        : ring(page_ring), page_size(p.block_table ? p.page_size : 1) {}
+        : ring(page_ring), page_size(p) {}
 
     // Starts copying the pages of the keys of `tile`, the split's j-th, into
     // its slot: thread t < KEYS copies key t's (0 for a key outside [lo, len),

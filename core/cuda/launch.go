@@ -54,6 +54,7 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
@@ -176,6 +177,15 @@ func plainParams(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params 
 	return k
 }
 
+// pageDivider returns the magic numbers that divide a key n (0 <= n < 2^31)
+// by d >= 1 on the device as (umulhi(n, m) + n) >> l, without a division
+// there (Granlund and Montgomery's round-up method): l = ceil(log2 d),
+// m = floor(2^(32+l) / d) - 2^32 + 1.
+func pageDivider(d int) (m uint32, l int) {
+	l = bits.Len32(uint32(d - 1))
+	return uint32((uint64(1)<<(32+l))/uint64(d) - (1 << 32) + 1), l
+}
+
 // servingParams fills the fields the serving and append kernels read. The
 // window is (-1, -1) without one, and causal makes its right side 0.
 func servingParams(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) {
@@ -183,6 +193,10 @@ func servingParams(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uin
 	k.block_table_stride = C.longlong(p.BlockTableStride)
 	k.page_size = C.int(p.PageSize)
 	k.num_pages = C.int(p.NumPages)
+	if p.PageSize > 0 {
+		m, l := pageDivider(p.PageSize)
+		k.page_div_m, k.page_div_l = C.uint(m), C.int(l)
+	}
 	setPtr(unsafe.Pointer(&k.cache_batch_idx), p.CacheBatchIdx)
 	k.cache_batch = C.int(p.Batch)
 	if p.CacheBatch > 0 {

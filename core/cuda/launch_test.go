@@ -1,0 +1,31 @@
+package cuda
+
+import "testing"
+
+// The device's page division must equal n / d for every key below 2^31; the
+// hard cases are the keys at and just below each multiple of d, and the
+// largest keys.
+func TestPageDivider(t *testing.T) {
+	for _, d := range []int{1, 2, 3, 7, 15, 16, 17, 100, 255, 256, 257, 1000, 4096, 65535, 1 << 20, 1<<31 - 1} {
+		m, l := pageDivider(d)
+		div := func(n uint32) uint32 { return uint32((uint64(n)*uint64(m))>>32+uint64(n)) >> l }
+		check := func(n uint32) {
+			if got, want := div(n), n/uint32(d); got != want {
+				t.Fatalf("d=%d: %d / d = %d, want %d (m=%d, l=%d)", d, n, got, want, m, l)
+			}
+		}
+		for n := uint32(0); n < 1<<14; n++ {
+			check(n)
+		}
+		for q := uint64(1); q*uint64(d) < 1<<31; q = q*3 + 1 {
+			for _, n := range []uint64{q*uint64(d) - 1, q * uint64(d), q*uint64(d) + 1} {
+				if n < 1<<31 {
+					check(uint32(n))
+				}
+			}
+		}
+		for n := uint32(1<<31 - 1); n > 1<<31-1<<12; n-- {
+			check(n)
+		}
+	}
+}
