@@ -92,6 +92,18 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
     stamp(ts, t0, t1);
 }
 
+// The serving variant of the same stage 1 (a cache_batch_idx, or pages).
+__global__ void __launch_bounds__(128, 2) tr_split_serving(const fd_params p, u64 *ts) {
+    const u64 t0 = gtime();
+    if (threadIdx.x == 0) fd_trace_ts = ts;
+    __syncthreads();
+    fd_pdl_wait();
+    const u64 t1 = gtime();
+    fd_split_kv_serving<half, 128, 16>(p);
+    __syncthreads();
+    stamp(ts, t0, t1);
+}
+
 template <int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) tr_combine(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
@@ -202,6 +214,9 @@ struct Scenario {
     int read_blocks = 0, read_unroll = 4;
     bool pdl = true;
     bool interleave = false;  // read in 32 KB chunks dealt round robin to the blocks, not one run each
+    // 0 the plain kernel; the serving kernel on the same cache, 1 through
+    // cache_batch_idx = arange, 2 as pages of 16 keys in order (b=1 only).
+    int serving = 0;
 };
 
 static void run(const Scenario &sc) {
@@ -249,8 +264,19 @@ static void run(const Scenario &sc) {
     CK(cudaMemset(ts, 0, per_call * kCalls * 8));
 
     const int smem = sc.cluster > 1 ? 122880 : 98304;
-    CK(cudaFuncSetAttribute(tr_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 122880));
-    CK(cudaFuncSetAttribute(tr_split, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    for (auto fn : {tr_split, tr_split_serving}) {
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 122880));
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
+    // The serving kernel's indices: cache rows 0..batch-1, or pages 0..L/16-1.
+    int *idx;
+    const int n_idx = std::max(sc.batch, sc.L / 16);
+    CK(cudaMalloc(&idx, n_idx * 4));
+    {
+        std::vector<int> h(n_idx);
+        for (int i = 0; i < n_idx; ++i) h[i] = i;
+        CK(cudaMemcpy(idx, h.data(), n_idx * 4, cudaMemcpyHostToDevice));
+    }
 
     // As core.Plan.EarlyDependents: the next kernel is let in at stage 1's
     // start when the combine follows or the grid has no more blocks than SMs.
@@ -300,8 +326,20 @@ static void run(const Scenario &sc) {
         p.early_dependents = early_dependents;
         p.scale = 0.088f;
         p.scale_log2 = 0.088f * 1.4427f;
+        p.window_left = p.window_right = -1;
+        p.cache_batch = sc.batch;
+        if (sc.serving == 1) p.cache_batch_idx = idx;
+        if (sc.serving == 2) {  // (b, h, s, d) seen as pages of 16 keys of every head
+            p.block_table = idx;
+            p.page_size = 16;
+            p.num_pages = sc.L / 16;
+            p.page_div_m = 1;  // n / 16 = (umulhi(n, 1) + n) >> 4
+            p.page_div_l = 4;
+            p.k_batch_stride = p.v_batch_stride = 16 * d;
+        }
         if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
-        launch(tr_split, dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl, sc.cluster, p, t);
+        launch(sc.serving ? tr_split_serving : tr_split, dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl,
+               sc.cluster, p, t);
         if (combine) {
             if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
                 launch(tr_combine<16>, dim3(rows), 512, 0, s, sc.pdl, 1, p, t + NS * g1);
@@ -471,6 +509,7 @@ static void run(const Scenario &sc) {
     CK(cudaFree(out));
     if (ws) CK(cudaFree(ws));
     CK(cudaFree(partial));
+    CK(cudaFree(idx));
     CK(cudaFree(ts));
     CK(cudaStreamDestroy(s));
 }
@@ -502,6 +541,18 @@ int main(int argc, char **argv) {
     };
     const long long MB134 = 2LL * 32768 * 8 * 128 * 2;  // b=1, 8 KV heads, 32K tokens
     att("b=1 1K, 8 splits in clusters of 8", 1, 1024, 8, 8);
+    // The serving kernel on the same caches: through cache_batch_idx, and paged.
+    for (int sv : {1, 2}) {
+        att("", 1, 1024, 8, 8);
+        v.back().name = sv == 1 ? "b=1 1K, 8 splits in clusters of 8, serving" : "b=1 1K, 8 splits in clusters of 8, paged 16";
+        v.back().serving = sv;
+    }
+    att("b=1 4K, 8 splits in clusters of 8", 1, 4096, 8, 8);
+    for (int sv : {1, 2}) {
+        att("", 1, 4096, 8, 8);
+        v.back().name = sv == 1 ? "b=1 4K, 8 splits in clusters of 8, serving" : "b=1 4K, 8 splits in clusters of 8, paged 16";
+        v.back().serving = sv;
+    }
     att("b=1 1K, 16 splits + combine", 1, 1024, 16, 1);
     att("b=8 1K, 2 splits in clusters of 2", 8, 1024, 2, 2);
     att("b=8 1K, 2 splits + combine", 8, 1024, 2, 1);
