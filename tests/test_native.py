@@ -91,7 +91,6 @@ def test_plan_checks_arguments_first():
         flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen=-2)
 
 
-
 def launch_on_fake_device(script, tmp_path):
     """Runs script in a child on the fake-device driver; returns the JSON of
     its last line of output and the logged launches, one list of fields per

@@ -81,25 +81,16 @@ __device__ __forceinline__ void stamp(u64 *ts, u64 t0, u64 t1) {
     }
 }
 
+// Stage 1, plain or (kServing: a cache_batch_idx, or pages) the serving variant.
+template <bool kServing>
 __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
     __syncthreads();
     fd_pdl_wait();
     const u64 t1 = gtime();
-    fd_split_kv<half, 128, 16>(p);
-    __syncthreads();
-    stamp(ts, t0, t1);
-}
-
-// The serving variant of the same stage 1 (a cache_batch_idx, or pages).
-__global__ void __launch_bounds__(128, 2) tr_split_serving(const fd_params p, u64 *ts) {
-    const u64 t0 = gtime();
-    if (threadIdx.x == 0) fd_trace_ts = ts;
-    __syncthreads();
-    fd_pdl_wait();
-    const u64 t1 = gtime();
-    fd_split_kv_serving<half, 128, 16>(p);
+    if constexpr (kServing) fd_split_kv_serving<half, 128, 16>(p);
+    else fd_split_kv<half, 128, 16>(p);
     __syncthreads();
     stamp(ts, t0, t1);
 }
@@ -264,7 +255,7 @@ static void run(const Scenario &sc) {
     CK(cudaMemset(ts, 0, per_call * kCalls * 8));
 
     const int smem = sc.cluster > 1 ? 122880 : 98304;
-    for (auto fn : {tr_split, tr_split_serving}) {
+    for (auto fn : {tr_split<false>, tr_split<true>}) {
         CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 122880));
         CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
@@ -338,7 +329,7 @@ static void run(const Scenario &sc) {
             p.k_batch_stride = p.v_batch_stride = 16 * d;
         }
         if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
-        launch(sc.serving ? tr_split_serving : tr_split, dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl,
+        launch(sc.serving ? tr_split<true> : tr_split<false>, dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl,
                sc.cluster, p, t);
         if (combine) {
             if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
@@ -540,19 +531,15 @@ int main(int argc, char **argv) {
         v.push_back(s);
     };
     const long long MB134 = 2LL * 32768 * 8 * 128 * 2;  // b=1, 8 KV heads, 32K tokens
-    att("b=1 1K, 8 splits in clusters of 8", 1, 1024, 8, 8);
-    // The serving kernel on the same caches: through cache_batch_idx, and paged.
-    for (int sv : {1, 2}) {
-        att("", 1, 1024, 8, 8);
-        v.back().name = sv == 1 ? "b=1 1K, 8 splits in clusters of 8, serving" : "b=1 1K, 8 splits in clusters of 8, paged 16";
-        v.back().serving = sv;
-    }
-    att("b=1 4K, 8 splits in clusters of 8", 1, 4096, 8, 8);
-    for (int sv : {1, 2}) {
-        att("", 1, 4096, 8, 8);
-        v.back().name = sv == 1 ? "b=1 4K, 8 splits in clusters of 8, serving" : "b=1 4K, 8 splits in clusters of 8, paged 16";
-        v.back().serving = sv;
-    }
+    // The plain kernel, then the serving kernel on the same caches: through
+    // cache_batch_idx, and paged.
+    for (int L : {1024, 4096})
+        for (int sv : {0, 1, 2}) {
+            att("", 1, L, 8, 8);
+            v.back().name = "b=1 " + std::to_string(L / 1024) + "K, 8 splits in clusters of 8" +
+                            (sv == 1 ? ", serving" : sv == 2 ? ", paged 16" : "");
+            v.back().serving = sv;
+        }
     att("b=1 1K, 16 splits + combine", 1, 1024, 16, 1);
     att("b=8 1K, 2 splits in clusters of 2", 8, 1024, 2, 2);
     att("b=8 1K, 2 splits + combine", 8, 1024, 2, 1);
