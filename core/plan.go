@@ -143,14 +143,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	if s.HeadsKV*rowTiles > maxGridYZ {
 		return Plan{}, unsupported(op, "nheads_kv", fmt.Sprintf("%d heads x %d row tiles exceed the launch grid's y limit %d", s.HeadsKV, rowTiles, maxGridYZ))
 	}
-	length := s.SeqlenCache
-	if s.Seqlen >= 0 {
-		length = min(s.Seqlen+s.SeqlenNew, s.SeqlenCache)
-	}
-	if s.WindowKeys > 0 {
-		length = min(length, s.WindowKeys)
-	}
-	tiles := ceilDiv(length, v.KeysPerTile)
+	tiles := ceilDiv(s.plannedKeys(), v.KeysPerTile)
 
 	// Unsplit, the grid has `blocks` blocks; split n ways, as many clusters
 	// of n, which merge their splits themselves if they all run at once
@@ -234,6 +227,20 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.Append, p.AppendGrid, p.AppendThreads = v.Append, [2]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch}, appendThreads
 	}
 	return p, nil
+}
+
+// plannedKeys is the keys per sequence a plan of s is sized for: Seqlen +
+// SeqlenNew (at most SeqlenCache) if Seqlen >= 0, else SeqlenCache, and at
+// most WindowKeys when that is set.
+func (s Shape) plannedKeys() int {
+	length := s.SeqlenCache
+	if s.Seqlen >= 0 {
+		length = min(s.Seqlen+s.SeqlenNew, s.SeqlenCache)
+	}
+	if s.WindowKeys > 0 {
+		length = min(length, s.WindowKeys)
+	}
+	return length
 }
 
 // combineFor is the combine kernel (name and threads) that merges n splits

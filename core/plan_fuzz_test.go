@@ -1,0 +1,187 @@
+package core
+
+import (
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+// planInput is one planner input drawn by TestPlanInvariants or
+// FuzzMakePlan: sizes in and just outside the valid ranges.
+type planInput struct {
+	dtype, batch, seqlenQ, headsKV, group, headDim int
+	seqlenCache, seqlen, numSplits, seqlenNew      int
+	windowKeys, sms                                int
+	serving, rotary, clusters                      bool
+}
+
+func (in planInput) shape() (Shape, Device) {
+	s := Shape{
+		DType: DType(in.dtype), Batch: in.batch, SeqlenQ: in.seqlenQ, HeadsQ: in.headsKV * in.group,
+		HeadsKV: in.headsKV, HeadDim: in.headDim, SeqlenCache: in.seqlenCache, Seqlen: in.seqlen,
+		NumSplits: in.numSplits, Serving: in.serving, SeqlenNew: in.seqlenNew, WindowKeys: in.windowKeys,
+		RotaryQ: in.rotary,
+	}
+	d := Device{SMs: in.sms}
+	if in.clusters {
+		d.Clusters = DefaultClusters
+	}
+	return s, d
+}
+
+// checkPlanInvariants plans in and checks what every plan must satisfy
+// for the kernels to run it: refusals are *Errors of the two kinds, and an
+// accepted shape gets a grid within CUDA's limits that covers every row,
+// a merge that matches its split count, and a workspace that holds what
+// the merge and the rotated q need.
+func checkPlanInvariants(t *testing.T, in planInput) {
+	t.Helper()
+	s, d := in.shape()
+	p, err := MakePlan(s, d)
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) || e.Op != "plan" || !(errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnsupported)) {
+			t.Fatalf("%+v: MakePlan refused with %T %v; want an *Error wrapping ErrInvalid or ErrUnsupported", in, err, err)
+		}
+		return
+	}
+	fail := func(what string) { t.Helper(); t.Fatalf("%+v: %s\nplan %v", in, what, p) }
+	if again, err := MakePlan(s, d); err != nil || again != p {
+		fail("a second MakePlan differs")
+	}
+	if _, err := json.Marshal(p); err != nil || p.String() == "" {
+		fail("the plan does not print")
+	}
+	v := p.Variant
+	if v.DType != s.DType || v.HeadDim < s.HeadDim || v.Serving != s.Serving {
+		fail("the variant does not run the shape")
+	}
+	tiles := ceilDiv(s.plannedKeys(), v.KeysPerTile)
+	if p.NumSplits < 1 || p.NumSplits > MaxSplits || p.NumSplits > max(1, tiles) {
+		fail("split count out of [1, min(MaxSplits, key tiles)]")
+	}
+	if s.NumSplits > 0 && p.NumSplits != clampSplits(s.NumSplits, tiles) {
+		fail("a requested split count is not clamped as documented")
+	}
+	packed := s.HeadsQ / s.HeadsKV * s.SeqlenQ
+	if p.RowTiles*v.Rows < packed || (p.RowTiles-1)*v.Rows >= packed {
+		fail("row tiles do not cover the packed rows exactly")
+	}
+	items := s.Batch * s.HeadsKV * p.RowTiles
+	switch {
+	case p.WholeItems == 0 && p.Grid != [3]int{p.NumSplits, s.HeadsKV * p.RowTiles, s.Batch}:
+		fail("grid is not (splits, heads x row tiles, batch)")
+	case p.WholeItems > 0 && (p.WholeItems >= items || p.Grid != [3]int{p.WholeItems + (items-p.WholeItems)*p.NumSplits, 1, 1}):
+		fail("a tail-split grid does not hold the whole items and the split rest")
+	case p.Grid[0] < 1 || p.Grid[1] < 1 || p.Grid[2] < 1 || p.Grid[1] > maxGridYZ || p.Grid[2] > maxGridYZ || p.Grid[0] > 1<<31-1:
+		fail("grid outside CUDA's limits")
+	}
+	if p.Threads != v.Threads || p.Threads%32 != 0 || p.Threads > 1024 || p.SharedBytes > 227*1024 {
+		fail("block size or shared memory outside sm_90's limits")
+	}
+	rows := s.Batch * s.HeadsQ * s.SeqlenQ
+	combines := p.NumSplits > 1 && p.Cluster == 1
+	switch {
+	case p.Cluster != 1 && (p.Cluster != p.NumSplits || p.Cluster > MaxCluster || d.Clusters == nil || p.WholeItems > 0):
+		fail("a cluster is not one cluster of every split")
+	case combines != (p.CombineGrid > 0) || combines != (p.Combine != ""):
+		fail("the combine runs exactly when splits are not merged in stage 1")
+	case combines && (p.CombineGrid*v.CombineRows < rows-p.CombineRow0 || (p.CombineGrid-1)*v.CombineRows >= rows-p.CombineRow0):
+		fail("the combine grid does not cover the split rows exactly")
+	case p.WholeItems == 0 && p.CombineRow0 != 0, p.CombineRow0 < 0 || p.CombineRow0 >= max(rows, 1):
+		fail("the combine's first row is outside the rows")
+	}
+	end := 0 // the end of the partials
+	if combines {
+		if p.LSEPartialOffset%256 != 0 || p.LSEPartialOffset < p.NumSplits*rows*s.HeadDim*4 {
+			fail("lse_partial overlaps o_partial or is misaligned")
+		}
+		end = p.LSEPartialOffset + p.NumSplits*rows*4
+	}
+	if s.RotaryQ {
+		if p.QRotBytes != rows*s.HeadDim*s.DType.Size() || p.QRotOffset%256 != 0 || p.QRotOffset < end {
+			fail("the rotated q's room is misplaced or the wrong size")
+		}
+		end = p.QRotOffset + p.QRotBytes
+	} else if p.QRotBytes != 0 || p.QRotOffset != 0 {
+		fail("room for a rotated q without rotary")
+	}
+	if p.WorkspaceBytes != end {
+		fail("the workspace is not exactly the partials and the rotated q")
+	}
+	if (s.SeqlenNew > 0) != (p.Append != "") || (p.Append != "" && (p.AppendGrid[1] != s.Batch || p.AppendGrid[0] < 1 || p.AppendThreads < 1)) {
+		fail("the append kernel runs exactly when tokens are appended, over every sequence")
+	}
+	if p.SMs != d.SMs || p.BlocksPerSM < 1 {
+		fail("the plan does not record the device it was made for")
+	}
+	_ = p.EarlyDependents()
+}
+
+// drawPlanInput draws sizes around the planner's boundaries: each valid
+// most of the time, now and then one step outside its limit.
+func drawPlanInput(r *rand.Rand) planInput {
+	pick := func(xs ...int) int { return xs[r.IntN(len(xs))] }
+	// or returns one of bad once in 32 draws, else v.
+	or := func(v int, bad ...int) int {
+		if r.IntN(32) == 0 {
+			return pick(bad...)
+		}
+		return v
+	}
+	in := planInput{
+		dtype:       or(pick(int(Float16), int(BFloat16)), 0, 7),
+		batch:       or(pick(1, 1, 2, 3, 8, 33, 256, 4096, 65535), 0, 65536),
+		seqlenQ:     or(pick(1, 1, 1, 2, 4, 7, 16), 0, 17),
+		headsKV:     pick(1, 2, 8, 8, 32, 48, 128),
+		group:       pick(1, 1, 4, 8, 16, 64),
+		headDim:     or(pick(64, 128, 128, 256, 8, 72, 136), 0, 100, 264),
+		seqlenCache: or(pick(0, 1, 15, 16, 255, 1024, 4096, 32768, 131072, 1<<20, MaxSeqlenCache), -1, MaxSeqlenCache+1),
+		numSplits:   or(pick(0, 0, 0, 1, 2, 3, 16, 128, 129, 1000), -1),
+		sms:         or(pick(132, 132, 132, 1, 7, 108, 264), 0),
+		serving:     r.IntN(2) == 0,
+		clusters:    r.IntN(4) != 0,
+	}
+	in.seqlen = or(pick(-1, -1, 0, 1, in.seqlenCache/3, in.seqlenCache), in.seqlenCache+1)
+	if in.serving {
+		in.seqlenNew = or(pick(0, 0, 1, 1, 4, 16, 17, in.seqlenCache), in.seqlenCache+1, -1)
+		in.windowKeys = or(pick(0, 0, 1, 100, 4097), -1)
+		in.rotary = in.seqlenNew > 0 && r.IntN(2) == 0 || r.IntN(32) == 0
+	}
+	return in
+}
+
+// TestPlanInvariants plans thousands of drawn shapes (a fixed seed, so a
+// failure repeats) and checks each plan's invariants.
+func TestPlanInvariants(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	n := 20000
+	if testing.Short() {
+		n = 2000
+	}
+	for range n {
+		checkPlanInvariants(t, drawPlanInput(r))
+	}
+}
+
+// FuzzMakePlan checks the same invariants on inputs the fuzzer chooses
+// (go test -fuzz FuzzMakePlan ./core); without -fuzz it runs the seeds.
+func FuzzMakePlan(f *testing.F) {
+	f.Add(int(Float16), 1, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 132, false, false, true)
+	f.Add(int(BFloat16), 8, 4, 8, 8, 256, 4096, 1000, 0, 1, 0, 132, true, true, true)
+	f.Add(int(Float16), 64, 1, 1, 64, 64, 131072, -1, 0, 0, 4097, 132, true, false, true)
+	f.Add(int(Float16), 3, 16, 2, 1, 72, 16, 15, 3, 16, 0, 7, true, true, false)
+	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false)
+	f.Fuzz(func(t *testing.T, dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
+		seqlenNew, windowKeys, sms int, serving, rotary, clusters bool) {
+		in := planInput{dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
+			seqlenNew, windowKeys, sms, serving, rotary, clusters}
+		// Sizes beyond these only repeat the limits Validate checks, and
+		// would make the checker's products overflow.
+		if headsKV < 1 || headsKV > 1<<16 || group < 1 || group > 1<<16 || sms > 1<<12 || windowKeys > 1<<31 {
+			t.Skip()
+		}
+		checkPlanInvariants(t, in)
+	})
+}
