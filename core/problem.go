@@ -197,8 +197,9 @@ func (s Shape) validate(op string) error {
 // null when SeqlenCache is 0), 16-byte aligned, with non-negative strides
 // that are multiples of 8 elements (the kernels load 8 elements at a time)
 // and whose largest element offset fits in 64 bits; out does not overlap
-// itself; out and lse share no memory with the other tensors; lse and
-// cache_seqlens are 4-byte aligned; the scale is finite and not negative.
+// itself; out and lse (and with an append the caches) share no memory
+// with the other tensors; lse and cache_seqlens are 4-byte aligned; the
+// scale is finite and not negative.
 // What cannot be checked from the host (that the memory is allocated, on
 // the right device, and large enough) is the caller's part. Validate is
 // ValidateLayout then CheckPointers.
@@ -247,8 +248,9 @@ func (p *Problem) ValidateLayout() error {
 // non-null and 16-byte aligned (k_cache and v_cache may be null when
 // SeqlenCache is 0: nothing is read), lse and cache_seqlens (optional)
 // 4-byte aligned, and that what the kernels write shares no byte with
-// anything else: out with q, k_cache, v_cache and cache_seqlens, lse with
-// all of those and out. The check compares byte ranges (from the address
+// anything else: out and lse with every other tensor of the call, and,
+// with an append, k_cache and v_cache with every tensor but each other
+// (they may interleave in one buffer). The check compares byte ranges (from the address
 // to the end of the last element), so it also refuses two tensors that
 // interleave in one buffer without sharing an element. p's layout must be
 // valid (ValidateLayout).
@@ -316,30 +318,55 @@ func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
 	return byteRange{name, uint64(ptr), end}
 }
 
-// checkOverlaps refuses out or lse sharing a byte with another tensor of p
-// (see CheckPointers).
+// checkOverlaps refuses what the kernels write sharing a byte with another
+// tensor of p (see CheckPointers): out and lse, and with an append the
+// caches, which then must not share memory with anything the call reads.
+// k_cache and v_cache may interleave (one buffer of both), since the
+// append writes each key's row in both together.
 func (p *Problem) checkOverlaps(op string) error {
 	s := p.Shape
 	el := s.DType.Size()
 	rows, seq := p.cacheDims() // paged caches hold NumPages pages of PageSize keys
 	out := tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el)
 	lse := spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4)
+	kCache := tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el)
+	vCache := tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el)
+	var table, slopes uint64 // elements of a rotary table and of alibi_slopes
+	if p.Rotary.Dim > 0 && p.Rotary.Rows > 0 {
+		table = uint64(p.Rotary.Rows-1)*uint64(p.Rotary.Stride) + uint64(p.Rotary.Dim/2)
+	}
+	if p.Alibi {
+		slopes = uint64(max(s.Batch-1, 0))*uint64(p.AlibiBatchStride) + uint64(s.HeadsQ)
+	}
 	inputs := [...]byteRange{
 		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
-		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
-		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
+		kCache,
+		vCache,
 		spanOf("cache_seqlens", p.CacheSeqlens, uint64(s.Batch), 4),
 		tensorRange("k", p.New.K, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
 		tensorRange("v", p.New.V, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
+		spanOf("rotary_cos", p.Rotary.Cos, table, el),
+		spanOf("rotary_sin", p.Rotary.Sin, table, el),
 		spanOf("block_table", p.BlockTable, uint64(max(s.Batch-1, 0))*uint64(p.BlockTableStride)+uint64(p.MaxPages), 4),
 		spanOf("cache_batch_idx", p.CacheBatchIdx, uint64(s.Batch), 4),
 		spanOf("cache_leftpad", p.CacheLeftpad, uint64(s.Batch), 4),
+		spanOf("alibi_slopes", p.AlibiSlopes, slopes, 4),
 		out,
 	}
 	for _, w := range [...]byteRange{out, lse} {
 		for _, r := range inputs {
 			if r.name != w.name && w.overlaps(r) {
 				return invalid(op, w.name, fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); what the kernels write must not share memory with another tensor", w.lo, w.hi, r.name, r.lo, r.hi))
+			}
+		}
+	}
+	if p.New.Seqlen == 0 {
+		return nil
+	}
+	for _, w := range [...]byteRange{kCache, vCache} {
+		for _, r := range inputs {
+			if r.name != "k_cache" && r.name != "v_cache" && w.overlaps(r) {
+				return invalid(op, r.name, fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); the append writes into the caches, which must not share memory with what the call reads (new keys already in the cache: pass k=None and count them in cache_seqlens)", r.lo, r.hi, w.name, w.lo, w.hi))
 			}
 		}
 	}

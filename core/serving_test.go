@@ -134,6 +134,32 @@ func TestServingValidate(t *testing.T) {
 		{"rotary_cos null", appendProblem, func(p *Problem) { p.Rotary.Cos = 0 }, "rotary_cos", ErrInvalid},
 		{"rotary_sin misaligned", appendProblem, func(p *Problem) { p.Rotary.Sin += 4 }, "rotary_sin", ErrUnsupported},
 		{"rotary_cos without rotary_dim", appendProblem, func(p *Problem) { p.Rotary.Dim = 0 }, "rotary_cos", ErrInvalid},
+
+		// An append writes into the caches (k_cache [0x1000000, 0x2000000),
+		// v_cache [0x3000000, 0x4000000)): nothing the call reads may lie
+		// there, but the caches may interleave.
+		{"k inside k_cache", appendProblem, func(p *Problem) { p.New.K.Ptr = 0x1800000 }, "k", ErrInvalid},
+		{"v inside v_cache", appendProblem, func(p *Problem) { p.New.V.Ptr = 0x4000000 - 0x1000 }, "v", ErrInvalid},
+		{"k inside v_cache", appendProblem, func(p *Problem) { p.New.K.Ptr = 0x3000000 }, "k", ErrInvalid},
+		{"k right after k_cache", appendProblem, func(p *Problem) { p.New.K.Ptr = 0x2000000 }, "", nil},
+		{"q inside k_cache", appendProblem, func(p *Problem) { p.Q.Ptr = 0x1000000 }, "q", ErrInvalid},
+		{"rotary_sin inside v_cache", appendProblem, func(p *Problem) { p.Rotary.Sin = 0x3100000 }, "rotary_sin", ErrInvalid},
+		{"cache_seqlens inside k_cache", appendProblem, func(p *Problem) { p.CacheSeqlens = 0x1000100 }, "cache_seqlens", ErrInvalid},
+		{"block_table inside k_cache", func() Problem {
+			p := pagedProblem()
+			p.New, p.CacheSeqlens = appendProblem().New, 0x11000000
+			return p
+		}, func(p *Problem) { p.BlockTable = 0x1000000 }, "block_table", ErrInvalid},
+		{"cache_leftpad inside v_cache", allProblem, func(p *Problem) { p.CacheLeftpad = 0x3000040 }, "cache_leftpad", ErrInvalid},
+		{"alibi_slopes inside k_cache", allProblem, func(p *Problem) { p.AlibiSlopes = 0x1000000 }, "alibi_slopes", ErrInvalid},
+		{"caches interleaved", appendProblem, func(p *Problem) {
+			p.K.BatchStride, p.K.SeqStride = 2*p.K.BatchStride, 2*p.K.SeqStride
+			p.V, p.V.Ptr = p.K, p.K.Ptr+8*128*2
+		}, "", nil},
+		{"no append: q inside k_cache", pagedProblem, func(p *Problem) { p.Q.Ptr = 0x1000000 }, "", nil},
+		{"out over rotary_sin", appendProblem, func(p *Problem) { p.Out.Ptr = 0x15000000 + 0x1000 }, "out", ErrInvalid},
+		{"out right after rotary_cos", appendProblem, func(p *Problem) { p.Out.Ptr = 0x14000000 + (8191*32+32)*2 }, "", nil},
+		{"lse inside alibi_slopes", allProblem, func(p *Problem) { p.LSE = 0x18000000 + 4*33 }, "lse", ErrInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -307,6 +307,17 @@ def on_cpu(name):
     return lambda a: a.update({name: a[name].cpu()})
 
 
+def inside(name, cache):
+    """args[name]'s values in the first elements of args[cache], which the
+    append writes into."""
+    def mutate(a):
+        t, c = a[name], a[cache]
+        view = c.view(-1)[:t.numel()].view(t.shape)
+        view.copy_(t)
+        a[name] = view
+    return mutate
+
+
 def unpaged(a):
     """Contiguous caches with cache_batch_idx in place of the block table."""
     c = valid_args(a["q"].device, a["q"].dtype, paged=False)
@@ -400,6 +411,11 @@ CASES = [
     ("block_table-strided", strided_last("block_table"), ValueError, "block_table", False),
     ("rotary_cos-strided", strided_last("rotary_cos"), ValueError, "rotary_cos", False),
     ("alibi_slopes-strided", strided_last("alibi_slopes"), ValueError, "alibi_slopes", False),
+    # Decided by the Go core: what the append reads must not lie in the caches it writes.
+    ("k-inside-k_cache", inside("k", "k_cache"), ValueError, "k", False),
+    ("v-inside-k_cache", inside("v", "k_cache"), ValueError, "v", False),
+    ("q-inside-v_cache", inside("q", "v_cache"), ValueError, "q", False),
+    ("rotary_sin-inside-v_cache", inside("rotary_sin", "v_cache"), ValueError, "rotary_sin", False),
 ]
 IDS = [c[0] for c in CASES]
 
