@@ -250,8 +250,9 @@ func ReferenceAppend(h *HostProblem) (k, v, q []float32, err error) {
 
 // appendNew is ReferenceAppend for a checked problem with new tokens: token
 // t of sequence b goes to key cachedLength(b) + t when that is in
-// [0, SeqlenCache) and, paged, on a page in range; sequences write in
-// order, so where two share a slot the later one's token stays.
+// [0, SeqlenCache) and, paged, on a page in range. Where two sequences'
+// tokens share a slot the kernels leave either one; the reference writes
+// in order, so the later one's stays (tests give sequences their own slots).
 func (h *HostProblem) appendNew() (k, v, q []float32) {
 	s, d := h.Shape, h.HeadDim
 	k, v = append([]float32(nil), h.K...), append([]float32(nil), h.V...)
