@@ -185,3 +185,47 @@ func FuzzMakePlan(f *testing.F) {
 		checkPlanInvariants(t, in)
 	})
 }
+
+// FuzzProblemValidate edits the serving problems of the table tests with the
+// fuzzer's values and checks that Validate never panics and refuses with an
+// *Error of the two kinds, and that a problem it accepts plans, or is
+// refused by the planner the same way.
+func FuzzProblemValidate(f *testing.F) {
+	// Seeds the checks accept: paged with a window; every feature but
+	// paging; an append of 16 tokens rotated over all channels.
+	f.Add(uint8(0), 16, 600, 256, int64(256), 0, 255, 0, float32(30), int64(0), 0, 0, 0, int64(0), int64(1024), uint64(1))
+	f.Add(uint8(1), 0, 0, 0, int64(0), 5, 255, 0, float32(30), int64(32), 3, 64, 8192, int64(32), int64(1024), uint64(15))
+	f.Add(uint8(2), 0, 0, 0, int64(0), 0, -1, -1, float32(0), int64(0), 16, 128, 1, int64(64), int64(1024), uint64(24|100<<32))
+	f.Fuzz(func(t *testing.T, base uint8, pageSize, numPages, maxPages int, tableStride int64, cacheBatch, left, right int,
+		softcap float32, alibiStride int64, seqlenNew, rotaryDim, rotaryRows int, rotaryStride, kSeqStride int64, flags uint64) {
+		p := [...]func() Problem{pagedProblem, allProblem, appendProblem}[int(base)%3]()
+		if pageSize != 0 || p.PageSize != 0 {
+			p.PageSize, p.NumPages, p.MaxPages, p.BlockTableStride = pageSize, numPages, maxPages, tableStride
+			p.SeqlenCache = max(0, min(pageSize*maxPages, 1<<31))
+		}
+		if p.PageSize == 0 {
+			p.CacheBatch = cacheBatch
+		}
+		p.Window = Window{Enabled: flags&1 != 0, Left: left, Right: right}
+		p.Softcap, p.Alibi, p.AlibiBatchStride = softcap, flags&2 != 0, alibiStride
+		p.New.Seqlen = seqlenNew
+		p.Rotary.Dim, p.Rotary.Rows, p.Rotary.Stride = rotaryDim, rotaryRows, rotaryStride
+		p.K.SeqStride, p.Leftpad, p.Causal = kSeqStride, flags&4 != 0, flags&8 != 0
+		if flags&16 != 0 {
+			p.CacheSeqlens, p.Seqlen = 0, int(flags>>32)%(p.SeqlenCache+1)
+		}
+		kind := func(err error) bool {
+			var e *Error
+			return errors.As(err, &e) && (errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnsupported))
+		}
+		if err := p.Validate(); err != nil {
+			if !kind(err) {
+				t.Fatalf("Validate refused with %T %v", err, err)
+			}
+			return
+		}
+		if _, err := MakePlan(p.PlanShape(), H200); err != nil && !kind(err) {
+			t.Fatalf("MakePlan of an accepted problem refused with %T %v", err, err)
+		}
+	})
+}
