@@ -6,6 +6,7 @@ loads the stand-in the wheel carries. The extension must carry no build-machine 
 path and no symbol tables, and the wheel the licenses of what it links.
 """
 
+import inspect
 import json
 import pathlib
 import re
@@ -125,3 +126,19 @@ def test_licenses_are_shipped():
     assert dist.metadata["License-Expression"] == "Apache-2.0"
     license_file = next(f for f in dist.files if f.name == "LICENSE" and "dist-info" in str(f))
     assert "Apache License" in license_file.read_text()
+
+
+def test_public_api_is_typed():
+    # PEP 561: the marker ships with the package, and every annotation of the public
+    # functions resolves (they are strings until asked for).
+    import typing
+
+    import torch
+    assert (PACKAGE / "py.typed").is_file()
+    for fn in (flash_decode.flash_decode, flash_decode.plan, flash_decode.merge_states, flash_decode.merge_state):
+        hints = typing.get_type_hints(fn)
+        params = [p for p in inspect.signature(fn).parameters]
+        assert set(params) | {"return"} == set(hints), fn.__name__
+    hints = typing.get_type_hints(flash_decode.flash_decode)
+    assert hints["q"] is torch.Tensor and hints["cache_seqlens"] == int | torch.Tensor | None
+    assert hints["return"] == torch.Tensor | tuple[torch.Tensor, torch.Tensor]

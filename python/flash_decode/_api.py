@@ -7,10 +7,13 @@ fault. A plain call runs through Prepare / Run; one with any serving argument
 softcap, ALiBi) through PrepareServing, which takes the layout as JSON, and
 RunServing. Under torch.compile the call is a custom op (see _ops)."""
 
+from __future__ import annotations
+
 import json
 import math
 import operator
 import re
+from typing import Any, Literal, overload
 
 import torch
 
@@ -40,11 +43,43 @@ def _current_stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def flash_decode(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary_sin=None,
-                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                 rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                 return_softmax_lse=False, out=None, max_seqlen_k=None):
+# The return type follows return_softmax_lse: out, or (out, lse).
+@overload
+def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
+                 rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                 cache_seqlens: int | torch.Tensor | None = None, cache_batch_idx: torch.Tensor | None = None,
+                 cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                 softmax_scale: float | None = None, causal: bool = False,
+                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                 rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
+                 num_splits: int = 0, return_softmax_lse: Literal[False] = False,
+                 out: torch.Tensor | None = None, max_seqlen_k: int | None = None) -> torch.Tensor: ...
+
+
+@overload
+def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
+                 rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                 cache_seqlens: int | torch.Tensor | None = None, cache_batch_idx: torch.Tensor | None = None,
+                 cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                 softmax_scale: float | None = None, causal: bool = False,
+                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                 rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
+                 num_splits: int = 0, return_softmax_lse: Literal[True],
+                 out: torch.Tensor | None = None, max_seqlen_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
+                 rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                 cache_seqlens: int | torch.Tensor | None = None, cache_batch_idx: torch.Tensor | None = None,
+                 cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                 softmax_scale: float | None = None, causal: bool = False,
+                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                 rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
+                 num_splits: int = 0, return_softmax_lse: bool = False, out: torch.Tensor | None = None,
+                 max_seqlen_k: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
     The arguments are FlashAttention 2's ``flash_attn_with_kvcache``, with the
@@ -517,8 +552,9 @@ def _remember(cache, key, value):
     return value
 
 
-def plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, *,
-         dtype=torch.float16, num_splits=0, device=None, seqlen=None):
+def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int, seqlen_cache: int, *,
+         dtype: torch.dtype = torch.float16, num_splits: int = 0, device: int | str | torch.device | None = None,
+         seqlen: int | None = None) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes, from the Go core.
 
     This answers "what does num_splits=0 pick": the planner's split count,

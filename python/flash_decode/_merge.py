@@ -2,6 +2,8 @@
 computed in parts (cascade / shared-prefix attention, keys split across
 devices): argument checks, the outputs, then one call into the Go core."""
 
+from __future__ import annotations
+
 import torch
 
 from . import _native
@@ -13,7 +15,8 @@ _MAX_ROW_DIMS = 3   # core.MergeRowDims
 _MAX_HEADDIM = 256  # core.MaxMergeHeadDim
 
 
-def merge_states(outs, lses):
+def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...],
+                 lses: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge attention states computed over disjoint key sets into the
     attention over all their keys.
 
@@ -84,7 +87,8 @@ def merge_states(outs, lses):
     return _merge(outs, lses, None, None)
 
 
-def merge_state(out_a, lse_a, out_b, lse_b):
+def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two attention states: :func:`merge_states` of ``[out_a, out_b]``
     and ``[lse_a, lse_b]``.
 
