@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
 	"github.com/flash-decode/flash-decode/core/cuda"
@@ -50,24 +51,124 @@ func ExampleDecode() {
 	fmt.Println(plan)
 }
 
+// A Go serving loop: a paged cache (pages of 16 keys, in any order), each
+// step appending one token per sequence and attending over its keys. The
+// layout is checked once by Prepare; each step only hands over the device
+// addresses. Here the lengths advance on the host and are copied over; a
+// real loop keeps them on the device.
+func ExamplePrepare() {
+	const batch, headsQ, headsKV, dim, page, pagesPerSeq = 2, 32, 8, 128, 16, 64 // up to 1024 keys a sequence
+	const row, numPages = headsKV * dim, batch * pagesPerSeq
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	dev, _ := cu.Device(0).RetainPrimaryCtx()
+	cu.SetCurrentContext(dev)
+
+	tensor := func(seq, heads int) core.Tensor { // contiguous (batch, seq, heads, dim), no address yet
+		return core.Tensor{BatchStride: int64(seq * heads * dim), SeqStride: int64(heads * dim), HeadStride: dim}
+	}
+	pages := core.Tensor{BatchStride: page * row, SeqStride: row, HeadStride: dim} // (num_pages, page, heads, dim)
+	p := core.Problem{
+		Shape: core.Shape{DType: core.Float16, Batch: batch, SeqlenQ: 1, HeadsQ: headsQ, HeadsKV: headsKV,
+			HeadDim: dim, SeqlenCache: pagesPerSeq * page, Seqlen: -1},
+		Q: tensor(1, headsQ), K: pages, V: pages, Out: tensor(1, headsQ), Causal: true,
+		PageSize: page, NumPages: numPages, MaxPages: pagesPerSeq, BlockTableStride: pagesPerSeq,
+		New: core.Append{K: tensor(1, headsKV), V: tensor(1, headsKV), Seqlen: 1},
+	}
+	prepared, err := cuda.Prepare(&p, 0)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	plan, err := cuda.PlanFor(p.PlanShape(), 0)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	alloc := func(bytes int) cu.DevicePtr { d, _ := cu.MemAlloc(int64(max(bytes, 1))); return d }
+	q, out := alloc(batch*headsQ*dim*2), alloc(batch*headsQ*dim*2)
+	kNew, vNew := alloc(batch*row*2), alloc(batch*row*2)
+	kCache, vCache := alloc(numPages*page*row*2), alloc(numPages*page*row*2)
+	table, seqlens, ws := alloc(batch*pagesPerSeq*4), alloc(batch*4), alloc(plan.WorkspaceBytes)
+	cu.MemsetD16(q, 0, batch*headsQ*dim) // q = 0: every key weighs the same
+	cu.MemsetD16(kNew, 0x3c00, batch*row) // 1.0 in fp16
+	cu.MemsetD16(vNew, 0x4000, batch*row) // 2.0
+	cu.MemsetD16(kCache, 0, numPages*page*row)
+	cu.MemsetD16(vCache, 0, numPages*page*row)
+	ids := make([]int32, batch*pagesPerSeq) // the pages in reverse order
+	for i := range ids {
+		ids[i] = int32(numPages - 1 - i)
+	}
+	cu.MemcpyHtoD(table, unsafe.Pointer(&ids[0]), int64(len(ids)*4))
+
+	lens := []int32{100, 7} // keys cached so far
+	for step := 0; step < 3; step++ {
+		cu.MemcpyHtoD(seqlens, unsafe.Pointer(&lens[0]), int64(len(lens)*4))
+		_, err := prepared.Run(&cuda.Args{Q: uintptr(q), K: uintptr(kCache), V: uintptr(vCache), Out: uintptr(out),
+			CacheSeqlens: uintptr(seqlens), BlockTable: uintptr(table), KNew: uintptr(kNew), VNew: uintptr(vNew),
+			Seqlen: -1, Workspace: uintptr(ws), WorkspaceBytes: plan.WorkspaceBytes}, 0)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		for b := range lens {
+			lens[b]++ // this step's token is in the cache now
+		}
+	}
+
+	// Sequence 0's last key, 102, is row 102 % 16 of its page 102 / 16.
+	var key uint16
+	at := (int(ids[102/page])*page + 102%page) * row * 2
+	cu.MemcpyDtoH(unsafe.Pointer(&key), kCache+cu.DevicePtr(at), 2)
+	var o uint16 // the mean of v over its 103 keys: 3 new ones of 2.0, 100 of 0
+	cu.MemcpyDtoH(unsafe.Pointer(&o), out, 2)
+	fmt.Printf("%s: key 102 %#x, out %#x\n", plan.Variant.Kernel, key, o)
+}
+
+// TestExamplePrepare runs ExamplePrepare where there is a GPU: the last
+// appended key is in its page, and out is 6/103 (0x2b75 in fp16, within a
+// few units in the last place).
+func TestExamplePrepare(t *testing.T) {
+	if n, err := cu.NumDevices(); err != nil || n == 0 {
+		t.Skip("no CUDA device")
+	}
+	printed := captureStdout(t, ExamplePrepare)
+	var kernel string
+	var key, out uint16
+	if _, err := fmt.Sscanf(printed, "%s key 102 %v, out %v", &kernel, &key, &out); err != nil {
+		t.Fatalf("ExamplePrepare printed %q: %v", printed, err)
+	}
+	if !strings.HasPrefix(kernel, "fd_split_kv_serving_f16_d128") || key != 0x3c00 || out < 0x2b71 || out > 0x2b79 {
+		t.Fatalf("ExamplePrepare printed %q: want the serving kernel, key 0x3c00 and out 0x2b75 (6/103)", printed)
+	}
+}
+
 // TestExampleDecode runs ExampleDecode where there is a GPU (examples without
 // an Output comment are only compiled by go test).
 func TestExampleDecode(t *testing.T) {
 	if n, err := cu.NumDevices(); err != nil || n == 0 {
 		t.Skip("no CUDA device")
 	}
+	printed := captureStdout(t, ExampleDecode)
+	if !strings.Contains(printed, "fd_split_kv_f16_d128") {
+		t.Fatalf("ExampleDecode printed %q, want its plan", printed)
+	}
+}
+
+// captureStdout runs fn and returns what it printed.
+func captureStdout(t *testing.T, fn func()) string {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	stdout := os.Stdout
 	os.Stdout = w
-	ExampleDecode()
+	fn()
 	os.Stdout = stdout
 	w.Close()
 	printed, _ := io.ReadAll(r)
-	t.Logf("ExampleDecode printed: %s", printed)
-	if !strings.Contains(string(printed), "fd_split_kv_f16_d128") {
-		t.Fatalf("ExampleDecode printed %q, want its plan", printed)
-	}
+	t.Logf("printed: %s", printed)
+	return string(printed)
 }
