@@ -91,7 +91,7 @@ func ExamplePrepare() {
 	kNew, vNew := alloc(batch*row*2), alloc(batch*row*2)
 	kCache, vCache := alloc(numPages*page*row*2), alloc(numPages*page*row*2)
 	table, seqlens, ws := alloc(batch*pagesPerSeq*4), alloc(batch*4), alloc(plan.WorkspaceBytes)
-	cu.MemsetD16(q, 0, batch*headsQ*dim) // q = 0: every key weighs the same
+	cu.MemsetD16(q, 0, batch*headsQ*dim)  // q = 0: every key weighs the same
 	cu.MemsetD16(kNew, 0x3c00, batch*row) // 1.0 in fp16
 	cu.MemsetD16(vNew, 0x4000, batch*row) // 2.0
 	cu.MemsetD16(kCache, 0, numPages*page*row)
