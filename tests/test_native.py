@@ -44,7 +44,7 @@ def test_public_api():
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
-        "dtype", "num_splits", "device", "seqlen"}
+        "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary"}
     for fn in (flash_decode.flash_decode, flash_decode.plan):
         assert "Example" in fn.__doc__ and ">>>" in fn.__doc__
 
@@ -261,9 +261,19 @@ report["plan_1"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=1, devi
 report["plan_4"] = flash_decode.plan(2, 4, 40, 8, 128, 1024, num_splits=4, device=-1,
                                      dtype=__import__("torch").bfloat16)
 report["plan_40"] = flash_decode.plan(2, 4, 40, 8, 128, 32768, num_splits=40, device=-1)
+report["plan_serving"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, serving=True, device=-1)
+report["plan_append"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, device=-1)
+report["plan_rotary"] = flash_decode.plan(2, 1, 32, 8, 128, 4096, seqlen_new=1, rotary=True, device=-1)
+report["plan_window"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, window_size=(255, 0), device=-1)
+report["plan_257"] = flash_decode.plan(1, 1, 32, 8, 128, 257, serving=True, device=-1)
+report["plan_readme_serving"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, seqlen_new=1, device=-1)
 for name, args, kw in [("heads", (1, 1, 12, 5, 128, 1024), {}), ("batch", (0, 1, 32, 8, 128, 1024), {}),
                        ("splits", (1, 1, 32, 8, 128, 1024), {"num_splits": -2}),
-                       ("headdim", (1, 1, 32, 8, 100, 1024), {})]:
+                       ("headdim", (1, 1, 32, 8, 100, 1024), {}),
+                       ("rotary", (1, 1, 32, 8, 128, 1024), {"rotary": True}),
+                       ("window", (1, 1, 32, 8, 128, 1024), {"window_size": (-2, 0)}),
+                       ("serving", (1, 1, 32, 8, 128, 1024), {"serving": 1}),
+                       ("seqlen_new", (1, 1, 32, 8, 128, 1024), {"seqlen_new": 2000})]:
     try:
         flash_decode.plan(*args, device=-1, **kw)
     except Exception as err:
@@ -327,6 +337,23 @@ def test_binding_with_fake_driver():
     # more than 32 splits: the 16-warp combine, which loads them all in one round trip
     assert p["combine"].endswith("_w16") and p["combine_threads"] == 512
     assert p["workspace_bytes"] >= 40 * (2 * 40 * 4) * 128 * 4  # splits * rows * headdim * fp32
+
+    # Serving plans: the serving kernels; an append adds its kernel, rotary the rotated q's room;
+    # a left window plans for the keys it lets a row see (255 + 1 + 1), whatever the cache.
+    assert report["plan_serving"]["kernel"] == "fd_split_kv_serving_f16_d128_r16"
+    assert "append" not in report["plan_serving"]
+    assert report["plan_append"]["append"] == "fd_append_kv_f16"
+    p = report["plan_rotary"]
+    assert p["q_rot_bytes"] == 2 * 32 * 128 * 2 and p["workspace_bytes"] >= p["q_rot_bytes"]
+    assert {k: report["plan_window"][k] for k in ("num_splits", "cluster", "grid")} == \
+        {k: report["plan_257"][k] for k in ("num_splits", "cluster", "grid")}
+    readme = {"num_splits": 31, "grid": [31, 8, 1], "cluster": 1, "kernel": "fd_split_kv_serving_f16_d128_r16",
+              "append": "fd_append_kv_f16"}  # the README's serving answer
+    assert {k: report["plan_readme_serving"][k] for k in readme} == readme
+    assert report["error_rotary"][0] == "ValueError" and "rotary_cos" in report["error_rotary"][1]
+    assert report["error_window"][0] == "ValueError" and report["error_window"][1].startswith("window_size")
+    assert report["error_serving"][0] == "TypeError" and report["error_serving"][1].startswith("serving")
+    assert report["error_seqlen_new"][0] == "ValueError" and "exceed seqlen_cache" in report["error_seqlen_new"][1]
 
     assert report["error_heads"][0] == "ValueError" and "invalid argument" in report["error_heads"][1]
     assert report["error_batch"][0] == "ValueError"

@@ -33,6 +33,30 @@ func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, 
 	return string(b), err
 }
 
+// PlanServing is Plan for a call that runs the serving kernels
+// (fd_split_kv_serving_*, which any of a paged cache, cache_batch_idx,
+// cache_leftpad, a window, softcap, ALiBi or an append selects): with
+// seqlenNew tokens appended, the window (windowLeft, windowRight; -1 is an
+// unbounded side, both -1 no window) and, with rotary, the rotated q kept in
+// the workspace. The other serving features do not change the plan.
+func PlanServing(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, seqlenNew,
+	windowLeft, windowRight int, rotary bool, device int) (plan string, err error) {
+	defer recoverError(&err)
+	p := core.Problem{Shape: shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits),
+		New: core.Append{Seqlen: seqlenNew}}
+	if windowLeft != -1 || windowRight != -1 {
+		p.Window = core.Window{Enabled: true, Left: windowLeft, Right: windowRight}
+	}
+	s := p.PlanShape()
+	s.Serving, s.RotaryQ = true, rotary
+	pl, err := cuda.PlanFor(s, device)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(pl)
+	return string(b), err
+}
+
 // Version returns the flash-decode version.
 func Version() (version string, err error) {
 	defer recoverError(&err)

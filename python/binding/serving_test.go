@@ -255,3 +255,43 @@ func TestServingPanicIsAnError(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanServing checks PlanServing against the core's plans of the same
+// serving shapes (on an H200 without a GPU), and that it refuses what the
+// planner refuses.
+func TestPlanServing(t *testing.T) {
+	base := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
+		SeqlenCache: 32768, Seqlen: -1, Serving: true}
+	tests := []struct {
+		name                   string
+		seqlenNew, left, right int
+		rotary                 bool
+		want                   func(s core.Shape) core.Shape
+	}{
+		{"serving kernels alone", 0, -1, -1, false, func(s core.Shape) core.Shape { return s }},
+		{"append", 1, -1, -1, false, func(s core.Shape) core.Shape { s.SeqlenNew = 1; return s }},
+		{"append with rotary", 4, -1, -1, true, func(s core.Shape) core.Shape { s.SeqlenNew, s.RotaryQ = 4, true; return s }},
+		{"left window", 0, 1000, 0, false, func(s core.Shape) core.Shape { s.WindowKeys = 1000 + 1 + 1; return s }},
+		{"right window only", 0, -1, 5, false, func(s core.Shape) core.Shape { return s }},
+	}
+	for _, tt := range tests {
+		got, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, tt.seqlenNew, tt.left, tt.right, tt.rotary, -1)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		want, err := cuda.PlanFor(tt.want(base), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantJSON, _ := json.Marshal(want)
+		if got != string(wantJSON) || !strings.Contains(got, "fd_split_kv_serving_") {
+			t.Errorf("%s: PlanServing = %s\nwant %s", tt.name, got, wantJSON)
+		}
+	}
+	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, 0, -1, -1, true, -1); !errors.Is(err, core.ErrInvalid) {
+		t.Errorf("rotary without an append: %v, want ErrInvalid", err)
+	}
+	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 1024, -1, 0, 2000, -1, -1, false, -1); !errors.Is(err, core.ErrInvalid) {
+		t.Errorf("more new tokens than the cache holds: %v, want ErrInvalid", err)
+	}
+}

@@ -484,11 +484,7 @@ def _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                              f"({batch}, {nheads_q}), got {tuple(alibi_slopes.shape)}")
         layout.update(alibi=True, alibi_slopes=strides)
 
-    if not isinstance(window_size, (tuple, list)):
-        raise TypeError(f"window_size must be a tuple of two ints (left, right), got {type(window_size).__name__}")
-    if len(window_size) != 2:
-        raise ValueError(f"window_size must be a tuple of two ints (left, right), got {tuple(window_size)}")
-    layout.update(window_size=[_check_int("window_size", w) for w in window_size])
+    layout.update(window_size=_check_window(window_size))
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     layout.update(softcap=_finite("softcap", softcap))
@@ -554,7 +550,8 @@ def _remember(cache, key, value):
 
 def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int, seqlen_cache: int, *,
          dtype: torch.dtype = torch.float16, num_splits: int = 0, device: int | str | torch.device | None = None,
-         seqlen: int | None = None) -> dict[str, Any]:
+         seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
+         window_size: tuple[int, int] = (-1, -1), rotary: bool = False) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes, from the Go core.
 
     This answers "what does num_splits=0 pick": the planner's split count,
@@ -572,6 +569,16 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             without asking a GPU.
         seqlen: the valid length the planner assumes (an int cache_seqlens);
             None plans for the whole cache, as with a cache_seqlens tensor.
+        serving: plan the serving kernels (``fd_split_kv_serving_*``), which
+            a call with any serving argument runs: block_table,
+            cache_batch_idx, cache_leftpad, softcap, alibi_slopes, a window
+            or k/v. Of those only the next three change the plan, and any of
+            them implies serving.
+        seqlen_new: the tokens a call appends (k.shape[1]).
+        window_size: as in :func:`flash_decode`; a left bound caps the keys
+            the split is planned for.
+        rotary: rotary tables given (with seqlen_new): the workspace also
+            holds the rotated q.
 
     Returns:
         dict: the core's plan, with at least ``num_splits``, ``grid``,
@@ -593,6 +600,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024)
         >>> p["num_splits"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
         (8, 8, 0)
+        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1)  # a paged call appending a token
+        >>> p["kernel"], p["append"]  # doctest: +SKIP
+        ('fd_split_kv_serving_f16_d128_r16', 'fd_append_kv_f16')
     """
     if dtype not in _DTYPE_CODES:
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
@@ -601,11 +611,24 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         ("nheads_kv", nheads_kv), ("headdim", headdim), ("seqlen_cache", seqlen_cache))]
     seqlen = -1 if seqlen is None else _check_length("seqlen", _check_int("seqlen", seqlen))
     num_splits = _check_int("num_splits", num_splits)
+    seqlen_new = _check_length("seqlen_new", _check_int("seqlen_new", seqlen_new))
+    window = _check_window(window_size)
+    if min(window) < -1:
+        raise ValueError(f"window_size must be (left, right) with each side -1 (unbounded) or at least 0, "
+                         f"got {tuple(window)}")
+    for name, flag in (("serving", serving), ("rotary", rotary)):
+        if type(flag) is not bool:
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     device = _device_index(device)
     # device < 0 plans for a default H200 in pure Go: no GPU or driver needed.
     native = _native.binding(planner_only=device < 0)
     try:
-        result = json.loads(native.Plan(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, device))
+        if serving or seqlen_new or window != [-1, -1] or rotary:
+            plan_json = native.PlanServing(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, seqlen_new, *window,
+                                           rotary, device)
+        else:
+            plan_json = native.Plan(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, device)
+        result = json.loads(plan_json)
     except Exception as err:
         raise _translate(err) from None
     result.setdefault("kernel", result["variant"]["kernel"])
@@ -614,6 +637,15 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
 
 # The text of a core.Error: "flashdecode: <op>: <argument>: <sentinel>: <what>".
 _CORE_ERROR = re.compile(r"flashdecode: \w+: (?:\w+: )?(invalid argument|not supported)\b")
+
+
+def _check_window(window_size):
+    """window_size as a list of two ints (the Go core checks their values)."""
+    if not isinstance(window_size, (tuple, list)):
+        raise TypeError(f"window_size must be a tuple of two ints (left, right), got {type(window_size).__name__}")
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be a tuple of two ints (left, right), got {tuple(window_size)}")
+    return [_check_int("window_size", w) for w in window_size]
 
 
 def _translate(err):
