@@ -25,12 +25,7 @@ import (
 // bfloat16; seqlen < 0 plans for the whole cache.
 func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, device int) (plan string, err error) {
 	defer recoverError(&err)
-	pl, err := cuda.PlanFor(shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits), device)
-	if err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(pl)
-	return string(b), err
+	return planJSON(shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits), device)
 }
 
 // PlanServing is Plan for a call that runs the serving kernels
@@ -43,18 +38,29 @@ func PlanServing(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, s
 	windowLeft, windowRight int, rotary bool, device int) (plan string, err error) {
 	defer recoverError(&err)
 	p := core.Problem{Shape: shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits),
-		New: core.Append{Seqlen: seqlenNew}}
-	if windowLeft != -1 || windowRight != -1 {
-		p.Window = core.Window{Enabled: true, Left: windowLeft, Right: windowRight}
-	}
+		New: core.Append{Seqlen: seqlenNew}, Window: window(windowLeft, windowRight)}
 	s := p.PlanShape()
 	s.Serving, s.RotaryQ = true, rotary
+	return planJSON(s, device)
+}
+
+// planJSON is the plan of s on device, as JSON.
+func planJSON(s core.Shape, device int) (string, error) {
 	pl, err := cuda.PlanFor(s, device)
 	if err != nil {
 		return "", err
 	}
 	b, err := json.Marshal(pl)
 	return string(b), err
+}
+
+// window is window_size (left, right) as a core.Window: disabled (the zero
+// value) for (-1, -1).
+func window(left, right int) core.Window {
+	if left == -1 && right == -1 {
+		return core.Window{}
+	}
+	return core.Window{Enabled: true, Left: left, Right: right}
 }
 
 // Version returns the flash-decode version.

@@ -108,10 +108,6 @@ func (l *servingLayout) problem() (core.Problem, error) {
 		return core.Problem{}, &core.Error{Op: "decode", Arg: "softcap", Err: core.ErrInvalid,
 			Msg: fmt.Sprintf("%v; a positive softcap must be a finite nonzero float32, at most %g", l.Softcap, math.MaxFloat32)}
 	}
-	var window core.Window // disabled: the zero value, as in Prepare's problems
-	if l.Window != [2]int{-1, -1} {
-		window = core.Window{Enabled: true, Left: l.Window[0], Right: l.Window[1]}
-	}
 	tensor := func(s [4]int64) core.Tensor { return core.Tensor{BatchStride: s[0], SeqStride: s[1], HeadStride: s[2]} }
 	return core.Problem{
 		Shape:            shape(l.DType, l.Batch, l.SeqlenQ, l.HeadsQ, l.HeadsKV, l.HeadDim, l.SeqlenCache, -1, l.NumSplits),
@@ -127,7 +123,7 @@ func (l *servingLayout) problem() (core.Problem, error) {
 		MaxPages:         l.MaxPages,
 		CacheBatch:       l.CacheBatch,
 		Leftpad:          l.Leftpad,
-		Window:           window,
+		Window:           window(l.Window[0], l.Window[1]),
 		Softcap:          softcap,
 		Alibi:            l.Alibi,
 		AlibiBatchStride: l.AlibiSlopes[0],
