@@ -43,10 +43,12 @@ type Plan struct {
 	QRotBytes        int `json:"q_rot_bytes,omitzero"`
 	// Append, when not "", is the kernel (Variant.Append) that runs before
 	// stage 1 to write the new tokens into the cache and, with rotary, the
-	// rotated q into the workspace: grid (AppendGrid[0], AppendGrid[1]) =
-	// (max(SeqlenNew, SeqlenQ), Batch) blocks of AppendThreads.
+	// rotated q into the workspace: grid AppendGrid = (max(SeqlenNew,
+	// SeqlenQ), Batch, parts) blocks of AppendThreads, a token's 16-byte
+	// chunks of k and v (and of q with rotary) dealt over its parts blocks,
+	// one chunk a thread (appendParts).
 	Append        string `json:"append,omitzero"`
-	AppendGrid    [2]int `json:"append_grid,omitzero"`
+	AppendGrid    [3]int `json:"append_grid,omitzero"`
 	AppendThreads int    `json:"append_threads,omitzero"`
 	// WholeItems > 0 makes the stage-1 grid one-dimensional (Grid =
 	// (WholeItems + rest*NumSplits, 1, 1)): its first WholeItems blocks
@@ -224,9 +226,24 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	}
 	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows, s.HeadDim, p.QRotBytes)
 	if s.SeqlenNew > 0 {
-		p.Append, p.AppendGrid, p.AppendThreads = v.Append, [2]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch}, appendThreads
+		p.Append, p.AppendThreads = v.Append, appendThreads
+		p.AppendGrid = [3]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch, s.appendParts()}
 	}
 	return p, nil
+}
+
+// appendParts is the blocks the append kernel gives each token: enough for
+// one 16-byte chunk a thread of the token's new k and v rows and, with
+// rotary, its q rows. The chunks' loads then all wait on one memory round
+// trip instead of one per chunk a thread, which at batch 1 and 32 query
+// heads was five in a row.
+func (s Shape) appendParts() int {
+	chunks := s.HeadDim / 8
+	items := s.HeadsKV * chunks
+	if s.RotaryQ {
+		items += s.HeadsQ * chunks
+	}
+	return max(1, ceilDiv(items, appendThreads))
 }
 
 // plannedKeys is the keys per sequence a plan of s is sized for: Seqlen +

@@ -10,7 +10,7 @@ import (
 func (p Plan) String() string {
 	var b strings.Builder
 	if p.Append != "" {
-		fmt.Fprintf(&b, "%s grid (%d,%d) x %d threads, then ", p.Append, p.AppendGrid[0], p.AppendGrid[1], p.AppendThreads)
+		fmt.Fprintf(&b, "%s grid (%d,%d,%d) x %d threads, then ", p.Append, p.AppendGrid[0], p.AppendGrid[1], p.AppendGrid[2], p.AppendThreads)
 	}
 	fmt.Fprintf(&b, "%s grid (%d,%d,%d) x %d threads, %d B shared, %d/SM on %d SMs",
 		p.Variant.Kernel, p.Grid[0], p.Grid[1], p.Grid[2], p.Threads, p.SharedBytes, p.BlocksPerSM, p.SMs)

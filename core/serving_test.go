@@ -221,18 +221,18 @@ func TestServingPlans(t *testing.T) {
 	for _, tt := range []struct {
 		name        string
 		edit        func(*Shape)
-		splits      int // 0: autoSplits, below
-		appendGrid  [2]int
-		qRot, total int // 0: the plain plan's workspace, no q_rot
+		splits      int    // 0: autoSplits, below
+		appendGrid  [3]int // 128 chunks of k and v a token (one block), 512 of q with rotary (four more)
+		qRot, total int    // 0: the plain plan's workspace, no q_rot
 	}{
-		{"serving alone", func(s *Shape) {}, 0, [2]int{}, 0, 0},
-		{"append", func(s *Shape) { s.SeqlenNew = 5 }, 0, [2]int{5, 3}, 0, 0},
-		{"append 1 of 2 rows", func(s *Shape) { s.SeqlenNew = 1 }, 0, [2]int{2, 3}, 0, 0},
-		{"append and rotary, 1 split", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits = 2, true, 1 }, 1, [2]int{2, 3}, 0, rows * 128 * 2},
-		{"append and rotary, combine", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits = 2, true, 40 }, 40, [2]int{2, 3},
+		{"serving alone", func(s *Shape) {}, 0, [3]int{}, 0, 0},
+		{"append", func(s *Shape) { s.SeqlenNew = 5 }, 0, [3]int{5, 3, 1}, 0, 0},
+		{"append 1 of 2 rows", func(s *Shape) { s.SeqlenNew = 1 }, 0, [3]int{2, 3, 1}, 0, 0},
+		{"append and rotary, 1 split", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits = 2, true, 1 }, 1, [3]int{2, 3, 5}, 0, rows * 128 * 2},
+		{"append and rotary, combine", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits = 2, true, 40 }, 40, [3]int{2, 3, 5},
 			40*rows*128*4 + 40*rows*4, 40*rows*128*4 + 40*rows*4 + rows*128*2},
-		{"rotary, head dim 72", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits, s.HeadDim = 2, true, 1, 72 }, 1, [2]int{2, 3}, 0, rows * 72 * 2},
-		{"window of 100 keys: 2 tiles", func(s *Shape) { s.WindowKeys, s.NumSplits = 100, 9 }, 2, [2]int{}, 0, 0},
+		{"rotary, head dim 72", func(s *Shape) { s.SeqlenNew, s.RotaryQ, s.NumSplits, s.HeadDim = 2, true, 1, 72 }, 1, [3]int{2, 3, 3}, 0, rows * 72 * 2},
+		{"window of 100 keys: 2 tiles", func(s *Shape) { s.WindowKeys, s.NumSplits = 100, 9 }, 2, [3]int{}, 0, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := base
@@ -381,7 +381,7 @@ func TestServingPlanJSONAndString(t *testing.T) {
 		splits int
 		want   []string
 	}{
-		{0, []string{"fd_append_kv_f16 grid (1,1) x 128 threads, then fd_split_kv_serving_f16_d128_r16 grid (31,8,1)",
+		{0, []string{"fd_append_kv_f16 grid (1,1,5) x 128 threads, then fd_split_kv_serving_f16_d128_r16 grid (31,8,1)",
 			"lse_partial at 507904, q_rot at 512000"}},
 		{1, []string{"1 split, no combine; workspace 8192 B (q_rot)"}},
 	} {
@@ -408,7 +408,7 @@ func TestServingPlanJSONAndString(t *testing.T) {
 			v["serving"] != true || v["append"] != "fd_append_kv_f16" {
 			t.Errorf("JSON %s lacks the serving fields", b)
 		}
-		if g, _ := m["append_grid"].([]any); len(g) != 2 || g[0] != 1.0 || g[1] != 1.0 {
+		if g, _ := m["append_grid"].([]any); len(g) != 3 || g[0] != 1.0 || g[1] != 1.0 || g[2] != 5.0 {
 			t.Errorf("JSON %s: append_grid %v", b, m["append_grid"])
 		}
 	}

@@ -67,7 +67,7 @@ const (
 	combineWideThreads = 512 // fd_combine_<dtype>_w16: 16 warps
 	combineRows        = 1   // one output row per combine block
 	combineUnroll      = 8   // kernels/combine.cuh FD_COMBINE_UNROLL: splits a warp loads at once
-	appendThreads      = 128 // fd_append_kv_<dtype>: threads per block (one block per token and sequence)
+	appendThreads      = 128 // fd_append_kv_<dtype>: threads per block (Shape.appendParts blocks per token and sequence)
 
 	// oneBlockPerSMBytes is shared memory of which an sm_90 SM (228 KB,
 	// 1 KB reserved per block) holds one block only. A cluster's blocks are

@@ -16,18 +16,23 @@
 // become (x0 cos - x1 sin, x0 sin + x1 cos) with cos[m], sin[m] of the
 // position's row; dims past rotary_dim are copied.
 //
-// Launch shape. grid (max(seqlen_new, seqlen_q), batch), 128 threads: block
-// (t, b) takes token t of sequence b, its threads striding over the token's
-// (head, 16-byte chunk) items in one loop: heads_kv x head_dim / 8 of k and
-// v (while t < seqlen_new), then heads_q x head_dim / 8 of q (with rotary,
-// while t < seqlen_q). An interleaved pair lies within a chunk; a
-// non-interleaved one reads its other half element by element.
+// Launch shape. grid (max(seqlen_new, seqlen_q), batch, parts), 128
+// threads: the parts blocks (t, b, *) take token t of sequence b, their
+// threads striding over the token's (head, 16-byte chunk) items: heads_kv x
+// head_dim / 8 of k and v (while t < seqlen_new), then heads_q x head_dim / 8
+// of q (with rotary, while t < seqlen_q). The planner gives a token enough
+// parts for one item a thread (core's Shape.appendParts). An interleaved
+// pair lies within a chunk; a non-interleaved one reads its other half
+// element by element.
 //
 // Why this way. The work is a few tokens' worth of copies, so what matters
 // is not delaying stage 1: the kernel waits for the one before it
 // (fd_pdl_wait: it may have written q, k_new, v_new or the lengths), then
 // lets stage 1 be scheduled at once (fd_pdl_launch_dependents); stage 1's
-// own fd_pdl_wait holds its loads until these writes are visible.
+// own fd_pdl_wait holds its loads until these writes are visible. One item
+// a thread, because a thread's items run one after the other: each one's
+// store may alias the next one's loads, so every item would wait out its
+// own round trip to memory.
 #ifndef FLASHDECODE_APPEND_KV_CUH
 #define FLASHDECODE_APPEND_KV_CUH
 
@@ -122,7 +127,8 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
     // One loop over the token's k/v items, then its q items.
     const int kv_items = write ? p.heads_kv * chunks : 0;
     const int q_items = rotary && t < p.seqlen_q ? p.heads_q * chunks : 0;
-    for (int idx = threadIdx.x; idx < kv_items + q_items; idx += kFdAppendThreads) {
+    const int stride = kFdAppendThreads * gridDim.z;
+    for (int idx = blockIdx.z * kFdAppendThreads + threadIdx.x; idx < kv_items + q_items; idx += stride) {
         if (idx < kv_items) {
             const int h = idx / chunks;
             const int d0 = (idx % chunks) * 8;

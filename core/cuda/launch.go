@@ -253,7 +253,7 @@ func (d *device) launch(k *C.fd_params, pd *planned, stream uintptr) error {
 	}
 	// The error's text is built only on failure: this runs every call.
 	if pl.Append != "" {
-		r := C.fd_launch(C.CUfunction(pd.appendKV), C.uint(pl.AppendGrid[0]), C.uint(pl.AppendGrid[1]), 1,
+		r := C.fd_launch(C.CUfunction(pd.appendKV), C.uint(pl.AppendGrid[0]), C.uint(pl.AppendGrid[1]), C.uint(pl.AppendGrid[2]),
 			C.uint(pl.AppendThreads), 0, s, pdl, 1, k)
 		if r != C.CUDA_SUCCESS {
 			return check("launch "+pl.Append, r)

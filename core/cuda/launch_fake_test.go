@@ -99,7 +99,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			}
 			var want []string
 			if pl.Append != "" {
-				want = append(want, launchLine(pl.Append, pl.AppendGrid[0], pl.AppendGrid[1], 1, pl.AppendThreads, 0, 1, 1))
+				want = append(want, launchLine(pl.Append, pl.AppendGrid[0], pl.AppendGrid[1], pl.AppendGrid[2], pl.AppendThreads, 0, 1, 1))
 			}
 			want = append(want, launchLine(pl.Variant.Kernel, pl.Grid[0], pl.Grid[1], pl.Grid[2], pl.Threads, pl.SharedBytes, pl.Cluster, 1))
 			if pl.CombineGrid > 0 {

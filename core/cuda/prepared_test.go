@@ -130,7 +130,7 @@ func TestPlanForServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if pl.Variant.Kernel != "fd_split_kv_serving_f16_d128_r16" || pl.Append != "fd_append_kv_f16" ||
-		pl.AppendGrid != [2]int{1, 2} || pl.WorkspaceBytes != 2*32*128*2 || pl.QRotOffset != 0 {
+		pl.AppendGrid != [3]int{1, 2, 5} || pl.WorkspaceBytes != 2*32*128*2 || pl.QRotOffset != 0 {
 		t.Fatalf("PlanFor = %v", pl)
 	}
 	if plain, err := PlanFor(p.Shape, -1); err != nil || plain.Variant.Serving || plain.WorkspaceBytes != 0 {
