@@ -32,7 +32,9 @@
 // own fd_pdl_wait holds its loads until these writes are visible. One item
 // a thread, because a thread's items run one after the other: each one's
 // store may alias the next one's loads, so every item would wait out its
-// own round trip to memory.
+// own round trip to memory. And an item's new row is loaded before the
+// length arrives, which only says where to store it: the store waits on
+// one round trip, or two for a page id or a cos/sin row, not one more.
 #ifndef FLASHDECODE_APPEND_KV_CUH
 #define FLASHDECODE_APPEND_KV_CUH
 
@@ -45,41 +47,69 @@ constexpr int kFdAppendThreads = 128;
 __device__ __forceinline__ float fd_to_float(half x) { return __half2float(x); }
 __device__ __forceinline__ float fd_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// Copies the 8 elements of a row at src (its dims d0..d0+7) to dst, rotated
-// with the cos/sin row at element offset cs (-1: copied as they are).
+// Eight elements of a new row (its dims d0..d0+7), as loaded before their
+// position is known: the chunk itself and, for a non-interleaved rotation,
+// the element each one pairs with (d0 + j +- rotary_dim / 2), which lies in
+// another chunk.
+struct fd_append_chunk {
+    uint4 u;
+    float other[8];
+};
+
+// Loads the chunk at src (dims d0..); `rotate`: it will be rotated.
 template <typename T>
-__device__ __forceinline__ void fd_append_chunk(const fd_params &p, T *dst, const T *src, int d0, long long cs) {
-    uint4 u = *reinterpret_cast<const uint4 *>(src);
+__device__ __forceinline__ fd_append_chunk fd_append_load(const fd_params &p, const T *src, int d0, bool rotate) {
+    fd_append_chunk c = {};
+    c.u = *reinterpret_cast<const uint4 *>(src);
+    if (rotate && !p.rotary_interleaved && d0 < p.rotary_dim) {
+        const int half_dim = p.rotary_dim / 2;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {  // branch-free, so the eight loads go out together
+            const int d = d0 + j;
+            c.other[j] = fd_to_float(src[j + (d >= p.rotary_dim ? 0 : d < half_dim ? half_dim : -half_dim)]);
+        }
+    }
+    return c;
+}
+
+// Stores chunk c (dims d0..d0+7) at dst, rotated with the cos/sin row at
+// element offset cs (-1: as it is).
+template <typename T>
+__device__ __forceinline__ void fd_append_store(const fd_params &p, T *dst, fd_append_chunk c, int d0, long long cs) {
     if (cs >= 0 && d0 < p.rotary_dim) {
         const T *cos_row = static_cast<const T *>(p.rotary_cos) + cs;
         const T *sin_row = static_cast<const T *>(p.rotary_sin) + cs;
-        uint32_t *w = reinterpret_cast<uint32_t *>(&u);
+        uint32_t *w = reinterpret_cast<uint32_t *>(&c.u);
         float x[8];
 #pragma unroll
         for (int j = 0; j < 4; ++j) fd_dtype<T>::unpack(w[j], x[2 * j], x[2 * j + 1]);
-        // Dim d0 + j pairs with d0 + j + other[j] (x0 then x1 when other > 0) and
-        // rotates with cos/sin column m[j]; past rotary_dim it stays as it is.
+        // Dim d0 + j is x0 or x1 of its pair and rotates with cos/sin column
+        // m; past rotary_dim it stays as it is. Every cos/sin load first,
+        // none behind a branch: the math then waits on one round trip, not
+        // one per dim (a dim past rotary_dim loads a column it ignores).
         const bool inter = p.rotary_interleaved;
         const int half_dim = p.rotary_dim / 2;
+        float cos_m[8], sin_m[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int d = min(d0 + j, p.rotary_dim - 1);
+            const int m = inter ? d / 2 : d < half_dim ? d : d - half_dim;
+            cos_m[j] = fd_to_float(cos_row[m]);
+            sin_m[j] = fd_to_float(sin_row[m]);
+        }
         float y[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int d = d0 + j;
             const bool first = inter ? j % 2 == 0 : d < half_dim;  // x0 of its pair
-            const int m = inter ? d / 2 : first ? d : d - half_dim;
-            const int other = inter ? (first ? 1 : -1) : (first ? half_dim : -half_dim);
-            if (d < p.rotary_dim) {
-                const float c = fd_to_float(cos_row[m]), s = fd_to_float(sin_row[m]);
-                const float x_other = inter ? x[j ^ 1] : fd_to_float(src[j + other]);
-                y[j] = first ? x[j] * c - x_other * s : x_other * s + x[j] * c;
-            } else {
-                y[j] = x[j];
-            }
+            const float x_other = inter ? x[j ^ 1] : c.other[j];
+            const float rotated = first ? x[j] * cos_m[j] - x_other * sin_m[j] : x_other * sin_m[j] + x[j] * cos_m[j];
+            y[j] = d < p.rotary_dim ? rotated : x[j];
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) w[j] = fd_dtype<T>::pack(y[2 * j], y[2 * j + 1]);
     }
-    *reinterpret_cast<uint4 *>(dst) = u;
+    *reinterpret_cast<uint4 *>(dst) = c.u;
 }
 
 // The element offset of cos/sin row `pos`, clamped to the table.
@@ -94,61 +124,57 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
     fd_pdl_wait();
     fd_pdl_launch_dependents();
 
-    const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;  // L: new token t goes to key L + t
     const bool rotary = p.rotary_cos != nullptr;
     const int chunks = p.head_dim / 8;
+    // The token's items, k/v's then q's, fixed by the launch: an item's new
+    // row is loaded in flight with the length, which only its store needs.
+    const int kv_items = t < p.seqlen_new ? p.heads_kv * chunks : 0;
+    const int q_items = rotary && t < p.seqlen_q ? p.heads_q * chunks : 0;
+    const int stride = kFdAppendThreads * gridDim.z;
+    for (int idx = blockIdx.z * kFdAppendThreads + threadIdx.x; idx < kv_items + q_items; idx += stride) {
+        const bool is_kv = idx < kv_items;
+        const int h = (is_kv ? idx : idx - kv_items) / chunks;
+        const int d0 = ((is_kv ? idx : idx - kv_items) % chunks) * 8;
+        fd_append_chunk c0, c1;  // k and v, or q
+        if (is_kv) {
+            c0 = fd_append_load(p, static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
+                                       h * p.k_new_head_stride + d0, d0, rotary);
+            c1 = fd_append_load(p, static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
+                                       h * p.v_new_head_stride + d0, d0, false);
+        } else {
+            c0 = fd_append_load(p, static_cast<const T *>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride +
+                                       h * p.q_head_stride + d0, d0, true);
+        }
 
-    // The cache row of key L + t: a row of cache row b (or
-    // cache_batch_idx[b]), or a row of the page block_table gives it.
-    const int key = base + t;
-    bool write = false;
-    long long k_row = 0, v_row = 0;  // element offsets of the key's row in k and v
-    if (t < p.seqlen_new && key >= 0 && key < p.seqlen_cache) {
+        const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;  // L: new token t goes to key L + t
+        if (!is_kv) {
+            const bool by_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
+            T *q_dst = static_cast<T *>(p.q_rot) + (((long long)b * p.seqlen_q + t) * p.heads_q + h) * p.head_dim + d0;
+            fd_append_store(p, q_dst, c0, d0, fd_rotary_row(p, by_row ? base + t : base));
+            continue;
+        }
+        // Key L + t's row: a row of cache row b (or cache_batch_idx[b]), or
+        // a row of the page block_table gives it; none outside the cache.
+        const int key = base + t;
+        if (key < 0 || key >= p.seqlen_cache) continue;
+        long long k_row, v_row;  // element offsets of the key's row in k and v
         if (p.block_table != nullptr) {
             const int slot = key / p.page_size;
             const int page = p.block_table[b * p.block_table_stride + slot];
+            if (page < 0 || page >= p.num_pages) continue;
             const long long row = key - slot * p.page_size;
-            if (page >= 0 && page < p.num_pages) {
-                write = true;
-                k_row = page * p.k_batch_stride + row * p.k_seq_stride;
-                v_row = page * p.v_batch_stride + row * p.v_seq_stride;
-            }
+            k_row = page * p.k_batch_stride + row * p.k_seq_stride;
+            v_row = page * p.v_batch_stride + row * p.v_seq_stride;
         } else {
-            write = true;
             const long long cb = p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
             k_row = cb * p.k_batch_stride + (long long)key * p.k_seq_stride;
             v_row = cb * p.v_batch_stride + (long long)key * p.v_seq_stride;
         }
-    }
-    const long long k_cs = rotary ? fd_rotary_row(p, key) : -1;
-    const bool by_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
-    const long long q_cs = rotary ? fd_rotary_row(p, by_row ? base + t : base) : -1;
-
-    // One loop over the token's k/v items, then its q items.
-    const int kv_items = write ? p.heads_kv * chunks : 0;
-    const int q_items = rotary && t < p.seqlen_q ? p.heads_q * chunks : 0;
-    const int stride = kFdAppendThreads * gridDim.z;
-    for (int idx = blockIdx.z * kFdAppendThreads + threadIdx.x; idx < kv_items + q_items; idx += stride) {
-        if (idx < kv_items) {
-            const int h = idx / chunks;
-            const int d0 = (idx % chunks) * 8;
-            const T *k_src = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
-                             h * p.k_new_head_stride + d0;
-            const T *v_src = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
-                             h * p.v_new_head_stride + d0;
-            // The cache is const to stage 1, which only reads it.
-            T *k_dst = static_cast<T *>(const_cast<void *>(p.k)) + k_row + h * p.k_head_stride + d0;
-            T *v_dst = static_cast<T *>(const_cast<void *>(p.v)) + v_row + h * p.v_head_stride + d0;
-            fd_append_chunk(p, k_dst, k_src, d0, k_cs);
-            fd_append_chunk(p, v_dst, v_src, d0, -1LL);
-        } else {
-            const int h = (idx - kv_items) / chunks;
-            const int d0 = ((idx - kv_items) % chunks) * 8;
-            const T *q_src = static_cast<const T *>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride +
-                             h * p.q_head_stride + d0;
-            T *q_dst = static_cast<T *>(p.q_rot) + (((long long)b * p.seqlen_q + t) * p.heads_q + h) * p.head_dim + d0;
-            fd_append_chunk(p, q_dst, q_src, d0, q_cs);
-        }
+        // The cache is const to stage 1, which only reads it.
+        T *k_dst = static_cast<T *>(const_cast<void *>(p.k)) + k_row + h * p.k_head_stride + d0;
+        T *v_dst = static_cast<T *>(const_cast<void *>(p.v)) + v_row + h * p.v_head_stride + d0;
+        fd_append_store(p, k_dst, c0, d0, rotary ? fd_rotary_row(p, key) : -1LL);
+        fd_append_store(p, v_dst, c1, d0, -1LL);
     }
 }
 
