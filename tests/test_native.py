@@ -487,6 +487,10 @@ _SIGINT_WITH_THREADS = """
 import os, signal, sys, threading, time
 import flash_decode
 
+# Ctrl-C's handler, as a program started from a terminal has it (a job a shell starts in the
+# background inherits SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 calls = [0]
 def loop():
     while True:

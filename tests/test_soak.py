@@ -186,9 +186,13 @@ def start_child(code):
 # stops and joins them. It prints "ready" once every thread has made calls,
 # and "interrupted" the moment KeyboardInterrupt reaches it.
 SIGINT_CHILD = f"""
-import sys, threading, time
+import signal, sys, threading, time
 import torch
 import flash_decode
+
+# Ctrl-C's handler, as a program started from a terminal has it (a job a shell starts in the
+# background inherits SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 q = torch.randn({BATCH}, 1, {HEADS_Q}, {HEADDIM}, device="cuda", dtype=torch.float16)
 k = torch.randn({BATCH}, {SEQLEN_CACHE}, {HEADS_KV}, {HEADDIM}, device="cuda", dtype=torch.float16)
