@@ -83,11 +83,8 @@ def test_eager_calls_hold_host_and_device_memory():
 THREADS = 8
 CALLS_PER_THREAD = 2_000
 # The threads test's cache: short enough that a call's GPU time stays below its host
-# time, so that the test measures the host path's contention, not how eight streams
-# share the GPU.
+# time, so that the threads' calls overlap on the host, where they contend.
 SEQLEN_THREADS = 512
-# How much slower than one thread the eight may measure in one run of the test.
-THREADS_SLACK = 1.2
 
 
 def decode_loop(q, k, v, lens, out, stream, calls, errors):
@@ -102,7 +99,7 @@ def decode_loop(q, k, v, lens, out, stream, calls, errors):
         errors.append(err)
 
 
-def test_threads_on_streams_match_one_thread_and_keep_its_throughput():
+def test_threads_on_streams_match_one_thread():
     inputs = [make_inputs(seed=10 * t, seqlen_cache=SEQLEN_THREADS) for t in range(THREADS)]
     lens = [length_tensors(7, seed=t, seqlen_cache=SEQLEN_THREADS) for t in range(THREADS)]
     # One thread, the default stream: the expected results, after each
@@ -113,18 +110,14 @@ def test_threads_on_streams_match_one_thread_and_keep_its_throughput():
     torch.cuda.synchronize()
 
     def one_thread():
-        # On a stream of its own like each thread's: the legacy default stream
-        # costs the host more per launch (about 15.8 against 11.4 us a call).
         outs = [torch.empty_like(q) for q, _, _ in inputs]
         stream = torch.cuda.Stream()
         errors = []
-        torch.cuda.synchronize()
-        start = time.perf_counter()
         for t in range(THREADS):
             decode_loop(*inputs[t], lens[t], outs[t], stream, CALLS_PER_THREAD, errors)
         torch.cuda.synchronize()
         assert not errors, errors
-        return time.perf_counter() - start, outs
+        return outs
 
     def many_threads():
         outs = [torch.empty_like(q) for q, _, _ in inputs]
@@ -134,35 +127,21 @@ def test_threads_on_streams_match_one_thread_and_keep_its_throughput():
                                                               CALLS_PER_THREAD, errors))
                    for t in range(THREADS)]
         torch.cuda.synchronize()
-        start = time.perf_counter()
         for th in threads:
             th.start()
         for th in threads:
             th.join()
         torch.cuda.synchronize()
         assert not errors, errors
-        return time.perf_counter() - start, outs
+        return outs
 
-    one_thread()  # warm-up of the layout cache and the allocator
-    many_threads()
-    best_one = best_many = float("inf")
-    for _ in range(3):  # the best of three of each, against scheduling noise
-        elapsed, outs = one_thread()
-        best_one = min(best_one, elapsed)
-        for got, want in zip(outs, expected):
-            assert torch.equal(got, want)
-        elapsed, outs = many_threads()
-        best_many = min(best_many, elapsed)
-        for got, want in zip(outs, expected):
-            assert torch.equal(got, want)
-    # The throughput criterion itself (8 threads no slower than one) is
-    # measured by dev/threads.py over interleaved rounds (docs/reliability.md):
-    # one run of this test moves by several percent with the host. This bound
-    # catches contention that grows with the threads, as releasing the GIL
-    # around each launch did (1.6x).
-    calls = THREADS * CALLS_PER_THREAD
-    assert best_many <= best_one * THREADS_SLACK, (f"{THREADS} threads on {THREADS} streams: {best_many / calls * 1e6:.1f} us per call "
-                                   f"in aggregate, one thread: {best_one / calls * 1e6:.1f} us")
+    # Every thread's results are one thread's, round after round. The throughput (8 threads
+    # against one) is a benchmark's to show, not a test's: dev/threads.py measures it over
+    # interleaved rounds (docs/reliability.md), where one run of a test moves with the host.
+    for _ in range(3):
+        for outs in (one_thread(), many_threads()):
+            for got, want in zip(outs, expected):
+                assert torch.equal(got, want)
 
 
 def readline(child, timeout):
