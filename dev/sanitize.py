@@ -18,9 +18,13 @@ memory) and prints the plan of each from flash_decode.plan(..., device=-1),
 for an H200. plan() plans the plain kernels: a serving call (any serving
 argument) runs the serving variant of the same head dim and rows, whose
 split count the appended tokens or the window may change.
+
+--only REGEX runs only the paths whose names match it, e.g. --only 'paged|merge'
+for racecheck, which takes minutes over all of them.
 """
 
 import argparse
+import re
 import sys
 
 import torch
@@ -141,10 +145,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true",
                     help="build the arguments on the meta device and print the plans; no GPU")
+    ap.add_argument("--only", metavar="REGEX", type=re.compile,
+                    help="only the paths whose names match (racecheck over every path takes minutes)")
     args = ap.parse_args()
+    wanted = (lambda name: True) if args.only is None else (lambda name: args.only.search(name) is not None)
     dev = "meta" if args.dry_run else "cuda"
     torch.manual_seed(0)
     for name, (b, sq, hq, hkv, d, n, dtype, splits, seqlen), call, want in cases():
+        if not wanted(name):
+            continue
         p = flash_decode.plan(b, sq, hq, hkv, d, n, dtype=dtype, num_splits=splits, seqlen=seqlen, device=-1)
         check_traits(name, p, want)
         kw = call(dev)
@@ -159,18 +168,21 @@ def main():
         if not torch.isfinite(out).all():
             sys.exit(f"{name}: non-finite output")
     for name, call in merge_cases():
+        if not wanted(name):
+            continue
         outs, lses = call(dev)
         print(name, flush=True)
         if args.dry_run:
             continue
         flash_decode.merge_states(outs, lses)
         torch.cuda.synchronize()
-    lses = [torch.randn(4, 32, device=dev) for _ in range(2)]
-    outs = [torch.randn(4, 32, 128, device=dev).half() for _ in range(2)]
-    print("merge_state", flush=True)
-    if not args.dry_run:
-        flash_decode.merge_state(outs[0], lses[0], outs[1], lses[1])
-        torch.cuda.synchronize()
+    if wanted("merge_state"):
+        lses = [torch.randn(4, 32, device=dev) for _ in range(2)]
+        outs = [torch.randn(4, 32, 128, device=dev).half() for _ in range(2)]
+        print("merge_state", flush=True)
+        if not args.dry_run:
+            flash_decode.merge_state(outs[0], lses[0], outs[1], lses[1])
+            torch.cuda.synchronize()
     print("done", flush=True)
 
 

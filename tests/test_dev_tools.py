@@ -32,6 +32,16 @@ def test_sanitize_dry_run_reaches_every_path():
     assert any("whole_items 0," not in line for line in plans)
 
 
+@pytest.mark.skipif(not has_extension(), reason="native extension not built/installed")
+def test_sanitize_only_runs_the_paths_it_names():
+    child = run("dev/sanitize.py", "--dry-run", "--only", "^paged|merge_state$")
+    assert child.returncode == 0, child.stderr[-2000:]
+    names = [line.split(":")[0] for line in child.stdout.splitlines()]
+    assert names[-1] == "done" and "merge_state" in names
+    paths = [name for name in names if name not in ("done", "merge_state")]
+    assert paths and all(name.startswith("paged") for name in paths), names
+
+
 def test_threads_tool_parses_its_arguments():
     child = run("dev/threads.py", "--help")
     assert child.returncode == 0, child.stderr[-2000:]
