@@ -60,8 +60,16 @@ type Plan struct {
 	// one, whose blocks then fill the slots as the full waves end.
 	WholeItems  int `json:"whole_items"`
 	CombineRow0 int `json:"combine_row0"`
-	SMs         int `json:"sms"`           // SM count planned for
-	BlocksPerSM int `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
+	// PrefetchTiles, when not 0, is how many key tiles (all of its split's)
+	// each block of a plain stage 1 sends into L2 before it waits on the
+	// kernel before it (programmatic dependent launch), so that they stream
+	// while that kernel ends. Set where the splits merge in clusters and are
+	// at most the pipeline's depth: such a block's keys are all of its
+	// work, and it would otherwise load them only after the wait. Longer
+	// splits gain nothing from it, and on some shapes lose.
+	PrefetchTiles int `json:"prefetch_tiles,omitzero"`
+	SMs           int `json:"sms"`           // SM count planned for
+	BlocksPerSM   int `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
 }
 
 // EarlyDependents reports whether stage 1 lets the next kernel in the
@@ -78,6 +86,11 @@ type Plan struct {
 func (p Plan) EarlyDependents() bool {
 	return p.CombineGrid > 0 || p.Grid[0]*p.Grid[1]*p.Grid[2] <= p.SMs
 }
+
+// prefetchMaxTiles is the longest split whose tiles a plain stage 1 sends
+// into L2 before its PDL wait (Plan.PrefetchTiles): the tiles its pipeline
+// loads first, so the prefetch covers the split's loads and no more.
+const prefetchMaxTiles = splitKVStages - 1
 
 // MakePlan picks the kernel variant for s (SelectVariant) and plans its
 // launch on device d with PlanVariant.
@@ -213,6 +226,9 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	case merging(splits) == mergeCluster:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterSharedBytes
+		if perSplit := ceilDiv(tiles, splits); !v.Serving && perSplit <= prefetchMaxTiles {
+			p.PrefetchTiles = perSplit
+		}
 	case merging(splits) == mergePairs:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterDenseSharedBytes

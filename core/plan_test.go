@@ -480,6 +480,43 @@ func TestEarlyDependents(t *testing.T) {
 	}
 }
 
+// TestPrefetchTiles: a plain stage 1 sends its split's tiles into L2 before
+// the PDL wait only where its splits merge in clusters and are at most the
+// pipeline's depth.
+func TestPrefetchTiles(t *testing.T) {
+	gqa := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 1024, Seqlen: -1}
+	with := func(keys, splits int, serving bool) Shape {
+		s := gqa
+		s.SeqlenCache, s.NumSplits, s.Serving = keys, splits, serving
+		return s
+	}
+	tests := []struct {
+		name     string
+		s        Shape
+		d        Device
+		cluster  int
+		prefetch int
+	}{
+		{"1024 keys, 8 splits of 2 tiles in clusters", with(1024, 8, false), H200, 8, 2},
+		{"512 keys, 8 splits of 1 tile in clusters", with(512, 8, false), H200, 8, 1},
+		{"4096 keys, 8 splits of 8 tiles in clusters", with(4096, 8, false), H200, 8, 0},
+		{"serving kernel, 1024 keys in clusters", with(1024, 8, true), H200, 8, 0},
+		{"no clusters: the combine", with(1024, 8, false), Device{SMs: 132}, 1, 0},
+		{"unsplit", with(1024, 1, false), H200, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := MakePlan(tt.s, tt.d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Cluster != tt.cluster || p.PrefetchTiles != tt.prefetch {
+				t.Errorf("%v: cluster %d, PrefetchTiles %d; want %d, %d", p, p.Cluster, p.PrefetchTiles, tt.cluster, tt.prefetch)
+			}
+		})
+	}
+}
+
 func TestTailSplit(t *testing.T) {
 	for _, tt := range []struct{ blocks, resident, maxN, whole, m int }{
 		{384, 264, 64, 264, 2},   // 48/48 b=8: 120 items left, in 2 splits

@@ -109,6 +109,12 @@ __device__ __forceinline__ void fd_touch_params(const V &...v) {
     __threadfence_block();  // keeps the store (and the loads it needs) before what follows
 }
 
+// Starts moving the 128-byte line at ptr from HBM into L2; no register
+// waits on it, and a later load of that line reads what it always would.
+__device__ __forceinline__ void fd_prefetch_l2(const void *ptr) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
+
 __device__ __forceinline__ void fd_pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

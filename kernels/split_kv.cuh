@@ -155,6 +155,28 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     if constexpr (kServing) fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
     else fd_touch_params(q_base, k_base, v_base, p.seqlen);
 
+    // Where a plan's splits are a tile or two (core.Plan.PrefetchTiles), the
+    // block's keys start on their way into L2 now, while the kernel before
+    // it still runs, instead of after the wait: the lengths are not known
+    // yet, so it sends the tiles of the planned length.
+    if constexpr (!kServing) {
+        if (p.prefetch_tiles > 0) {
+            const int planned = p.cache_seqlens ? p.seqlen_cache : min(p.seqlen, p.seqlen_cache);
+            const int chunk = threadIdx.x % C::kChunks;
+            for (int s = 0; s < p.prefetch_tiles && s < C::kStages - 1; ++s) {
+#pragma unroll
+                for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                    const int key = (split + s * num_splits) * C::kKeys + threadIdx.x / C::kChunks +
+                                    i * (C::kThreads / C::kChunks);
+                    if (key < planned && chunk * 8 < p.head_dim) {
+                        fd_prefetch_l2(k_base + (long long)key * p.k_seq_stride + chunk * 8);
+                        fd_prefetch_l2(v_base + (long long)key * p.v_seq_stride + chunk * 8);
+                    }
+                }
+            }
+        }
+    }
+
     // With programmatic dependent launch: wait for the kernel that wrote q
     // (or the lengths), then, if the plan says so (core.Plan.EarlyDependents:
     // a combine follows, or this grid has no more blocks than SMs), let the

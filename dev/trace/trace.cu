@@ -274,6 +274,10 @@ static void run(const Scenario &sc) {
     int num_sms = 0;
     CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
     const bool early_dependents = combine || g1 <= num_sms;
+    // As core.Plan.PrefetchTiles: the plain kernel's splits of at most two
+    // tiles that merge in clusters go into L2 before the PDL wait.
+    const int split_tiles = (sc.L / 64 + sc.splits - 1) / sc.splits;
+    const int prefetch_tiles = sc.cluster > 1 && sc.serving == 0 && split_tiles <= 2 ? split_tiles : 0;
 
     auto call = [&](int i) {
         u64 *t = ts + per_call * i;
@@ -315,6 +319,7 @@ static void run(const Scenario &sc) {
         p.num_splits = sc.splits;
         p.row_tiles = 1;
         p.early_dependents = early_dependents;
+        p.prefetch_tiles = prefetch_tiles;
         p.scale = 0.088f;
         p.scale_log2 = 0.088f * 1.4427f;
         p.window_left = p.window_right = -1;
