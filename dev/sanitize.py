@@ -73,6 +73,8 @@ def cases():
         ("split + combine (16 warps)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
          dict(combine="fd_combine_f16_w16")),
         ("cluster merge", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=lens(4096, 1234)), dict(cluster=True)),
+        ("cluster merge, keys prefetched into L2", *plain(2, 1, 32, 8, 128, 1024, cache_seqlens=lens(1024, 300)),
+         dict(cluster=True, prefetch=True)),
         ("whole_items, split tail", *plain(40, 1, 32, 8, 128, 8192), dict(whole_items=True)),
         ("d64, split + combine", *plain(1, 1, 8, 8, 64, 262144), dict(combine="fd_combine_f16")),
         ("d64, cluster", *plain(3, 1, 8, 8, 64, 2048), dict(cluster=True)),
@@ -129,14 +131,16 @@ def merge_cases():
 
 def describe(p):
     return (f"{p['kernel']}, {p['num_splits']} splits, grid {p['grid']}, cluster {p['cluster']}, "
-            f"combine {p['combine'] or '-'}, whole_items {p['whole_items']}, workspace {p['workspace_bytes']} B")
+            f"combine {p['combine'] or '-'}, whole_items {p['whole_items']}, prefetch_tiles {p.get('prefetch_tiles', 0)}, "
+            f"workspace {p['workspace_bytes']} B")
 
 
 def check_traits(name, p, want):
     """Fails where a case no longer reaches the path it is named for."""
     ok = (("combine" not in want or p["combine"] == want["combine"])
           and ("cluster" not in want or p["cluster"] > 1)
-          and ("whole_items" not in want or p["whole_items"] > 0))
+          and ("whole_items" not in want or p["whole_items"] > 0)
+          and ("prefetch" not in want or p.get("prefetch_tiles", 0) > 0))
     if not ok:
         sys.exit(f"{name}: the plan {describe(p)} misses the path {want}")
 

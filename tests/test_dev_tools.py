@@ -30,6 +30,7 @@ def test_sanitize_dry_run_reaches_every_path():
     assert any("combine fd_combine_f16_w16" in line for line in plans)
     assert any("cluster 1," not in line and "combine -" in line for line in plans)
     assert any("whole_items 0," not in line for line in plans)
+    assert any("prefetch_tiles 0," not in line for line in plans)
 
 
 @pytest.mark.skipif(not has_extension(), reason="native extension not built/installed")
