@@ -73,7 +73,7 @@ def cases():
         ("split + combine (16 warps)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
          dict(combine="fd_combine_f16_w16")),
         ("cluster merge", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=lens(4096, 1234)), dict(cluster=True)),
-        ("cluster merge, keys prefetched into L2", *plain(2, 1, 32, 8, 128, 1024, cache_seqlens=lens(1024, 300)),
+        ("cluster merge, keys prefetched into L2", *plain(1, 1, 32, 8, 128, 1024, cache_seqlens=lens(700)),
          dict(cluster=True, prefetch=True)),
         ("whole_items, split tail", *plain(40, 1, 32, 8, 128, 8192), dict(whole_items=True)),
         ("d64, split + combine", *plain(1, 1, 8, 8, 64, 262144), dict(combine="fd_combine_f16")),
