@@ -62,7 +62,13 @@
 // holds two tiles ahead (fd_serving_pages). Scores are softcapped, then get
 // ALiBi's -slope |pos_i - j|. q is read from q_rot (rotated by
 // fd_append_kv, append_kv.cuh, which also wrote the new keys) when rotary
-// is on.
+// is on. The paged variants (fd_split_kv_paged_*, kPaged) are the serving
+// kernel for its most common call: a paged cache whose pages hold a
+// multiple of 8 keys, appended keys and a rotated q, nothing else. A
+// thread there copies its chunk of 8 (4 at D 64) consecutive keys, which
+// lie in one page, so it looks up one page id a tile instead of sharing
+// one lookup a key by shuffle, and its tiles skip the other features'
+// per-tile work: a paged call then runs about as fast as a contiguous one.
 #ifndef FLASHDECODE_SPLIT_KV_CUH
 #define FLASHDECODE_SPLIT_KV_CUH
 
@@ -101,11 +107,21 @@ struct fd_bool {
     static constexpr bool value = B;
 };
 
-template <typename T, int D, int ROWS, bool kServing>
+// Stage 1's forms (fd_split_kv_body's FORM): the plain kernel; the paged
+// kernel, for a paged cache whose pages hold a multiple of 8 keys, with or
+// without appended keys and a rotated q, and nothing else (no
+// cache_batch_idx, leftpad, window, softcap or ALiBi); and the serving
+// kernel, with every feature.
+enum fd_form { fd_form_plain, fd_form_paged, fd_form_serving };
+
+template <typename T, int D, int ROWS, int FORM>
 __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg,
                                                  int *page_ring) {
     using C = fd_split_kv_config<D, ROWS>;
     using DT = fd_dtype<T>;
+    constexpr bool kServing = FORM == fd_form_serving;  // every serving feature
+    constexpr bool kPaged = FORM == fd_form_paged;      // pages of a multiple of 8 keys, appends, q_rot
+    constexpr bool kCache = kServing || kPaged;         // the fields both read: pages, appended keys, q_rot
 
     // This block's item (sequence b, K/V head, row tile) and split of it.
     int split = blockIdx.x, item_y = blockIdx.y, b = blockIdx.z, num_splits = p.num_splits;
@@ -152,14 +168,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const T *q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
     const T *k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
     const T *v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
-    if constexpr (kServing) fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
+    if constexpr (kCache) fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
     else fd_touch_params(q_base, k_base, v_base, p.seqlen);
 
     // Where a plan's splits are a tile or two (core.Plan.PrefetchTiles), the
     // block's keys start on their way into L2 now, while the kernel before
     // it still runs, instead of after the wait: the lengths are not known
     // yet, so it sends the tiles of the planned length.
-    if constexpr (!kServing) {
+    if constexpr (!kCache) {
         if (p.prefetch_tiles > 0) {
             const int planned = p.cache_seqlens ? p.seqlen_cache : min(p.seqlen, p.seqlen_cache);
             const int chunk = threadIdx.x % C::kChunks;
@@ -191,13 +207,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     FD_TRACE(1);
 
     // Serving: where the keys of a tile are (fd_serving_pages). A paged
-    // cache with no left padding and no window starts every split at key 0,
-    // so the page ids of the prologue's tiles are fetched now, in flight
-    // with the length: the first keys then wait on one read, not two.
-    fd_serving_pages<kServing, C::kKeys, C::kStages - 1> pages(p, page_ring);
+    // cache with no left padding and no window (always, in the paged form)
+    // starts every split at key 0, so the page ids of the prologue's tiles
+    // are fetched now, in flight with the length: the first keys then wait
+    // on one read, not two.
+    fd_serving_pages<kCache, C::kKeys, C::kStages - 1> pages(p, page_ring);
     bool pages_early = false;
-    if constexpr (kServing) {
-        pages_early = p.block_table != nullptr && p.window_left < 0 && p.cache_leftpad == nullptr;
+    if constexpr (kCache) {
+        pages_early = kPaged || (p.block_table != nullptr && p.window_left < 0 && p.cache_leftpad == nullptr);
         if (pages_early) {
 #pragma unroll
             for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, split + s * num_splits, s, 0, p.seqlen_cache);
@@ -208,17 +225,17 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // i-th tile is tile split + i * num_splits of the sequence's `tiles`
     // (serving: counted from first_tile).
     int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
-    if constexpr (kServing) len += p.seqlen_new;  // the appended tokens are keys too
+    if constexpr (kCache) len += p.seqlen_new;  // the appended tokens are keys too
     len = min(max(len, 0), p.seqlen_cache);
     // Serving: keys before lo (the left padding) are never visible, and the
     // block starts at the tile of the first key any of its rows sees.
     int lo = 0, first_tile = 0;
-    fd_serving_q<kServing> q_strides;
+    fd_serving_q<kCache> q_strides;
     if constexpr (kServing) {
         lo = p.cache_leftpad ? min(max(p.cache_leftpad[b], 0), len) : 0;
         first_tile = fd_serving_first_key(p, len, lo, row0, min(ROWS, packed_rows - row0)) / C::kKeys;
-        fd_serving_bases(p, b, kv_head, q_base, k_base, v_base, q_strides);
     }
+    if constexpr (kCache) fd_serving_bases(p, b, kv_head, q_base, k_base, v_base, q_strides);
     const int tiles = (len + C::kKeys - 1) / C::kKeys - first_tile;
     const int n_tiles = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
 
@@ -301,6 +318,23 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             if (p.block_table != nullptr) copies(fd_bool<true>{});
             else copies(fd_bool<false>{});
             pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, lo, len);
+        } else if constexpr (kPaged) {
+            // A thread copies its chunk of kCopiesPerThread consecutive keys,
+            // which lie in one page (pages hold a multiple of them): one page
+            // lookup a thread, and each further key a stride on.
+            const int key0 = copy_key * C::kCopiesPerThread;
+            const int gkey0 = tile * C::kKeys + key0;
+            long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+            pages.offsets(p, pages.page_id(j, key0), gkey0, k_off, v_off);
+            const T *k_src = k_base + k_off, *v_src = v_base + v_off;
+#pragma unroll
+            for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                const int s_off = fd_swizzle<D>(key0 + i, copy_chunk);
+                const bool valid = chunk_in_dim && gkey0 + i < len;
+                fd_cp_async_16(k_s + s_off, k_src + i * p.k_seq_stride, valid);
+                fd_cp_async_16(v_s + s_off, v_src + i * p.v_seq_stride, valid);
+            }
+            pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, 0, len);
         } else {
 #pragma unroll
             for (int i = 0; i < C::kCopiesPerThread; ++i) {
@@ -339,7 +373,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // neighbouring tiles instead of addresses a whole split apart (often a
     // power of two), and the blocks end closer together.
     const auto tile_of = [&](int i) { return first_tile + split + i * num_splits; };
-    if constexpr (kServing) {  // the pages of the prologue's tiles, before it loads them
+    if constexpr (kCache) {  // the pages of the prologue's tiles, before it loads them
         if (!pages_early) {
 #pragma unroll
             for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, tile_of(s), s, lo, len);
@@ -558,16 +592,17 @@ template <typename T, int D, int ROWS>
 __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     __shared__ uint64_t merge_bar;
     __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
-    fd_split_kv_body<T, D, ROWS, false>(p, merge_bar, xchg, nullptr);
+    fd_split_kv_body<T, D, ROWS, fd_form_plain>(p, merge_bar, xchg, nullptr);
 }
 
-template <typename T, int D, int ROWS>
+// The paged and the serving forms (FORM), with the page ring.
+template <typename T, int D, int ROWS, int FORM>
 __device__ __forceinline__ void fd_split_kv_serving(const fd_params &p) {
     __shared__ uint64_t merge_bar;
     __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
     using C = fd_split_kv_config<D, ROWS>;
     __shared__ int page_ring[2 * (C::kStages - 1) * C::kKeys];  // fd_serving_pages
-    fd_split_kv_body<T, D, ROWS, true>(p, merge_bar, xchg, page_ring);
+    fd_split_kv_body<T, D, ROWS, FORM>(p, merge_bar, xchg, page_ring);
 }
 
 // The serving helpers (declared above the kernel), in the order the kernel

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
     __syncthreads();
     fd_pdl_wait();
     const u64 t1 = gtime();
-    if constexpr (kServing) fd_split_kv_serving<half, 128, 16>(p);
+    if constexpr (kServing) fd_split_kv_serving<half, 128, 16, fd_form_serving>(p);
     else fd_split_kv<half, 128, 16>(p);
     __syncthreads();
     stamp(ts, t0, t1);
