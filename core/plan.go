@@ -113,7 +113,7 @@ func MakePlan(s Shape, d Device) (Plan, error) {
 	if d.SMs < 1 {
 		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", d.SMs))
 	}
-	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Serving)
+	v, err := selectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Serving, s.Paged)
 	if err != nil {
 		return Plan{}, &Error{Op: op, Arg: "headdim", Err: ErrUnsupported,
 			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}
@@ -295,6 +295,8 @@ func checkVariant(s Shape, v Variant) error {
 		return fmt.Errorf("%s is for head dims up to %d, not %d", v.Kernel, v.HeadDim, s.HeadDim)
 	case v.Serving != s.Serving:
 		return fmt.Errorf("%s is not the kernel of a shape with Serving %v", v.Kernel, s.Serving)
+	case v.Paged != s.Paged:
+		return fmt.Errorf("%s is not the kernel of a shape with Paged %v", v.Kernel, s.Paged)
 	case s.SeqlenNew > 0 && v.Append == "":
 		return fmt.Errorf("%s has no append kernel for the new tokens", v.Kernel)
 	case v.Rows < 1 || v.Threads < 1 || v.KeysPerTile < 1 || v.SharedBytes < 0 ||

@@ -48,6 +48,10 @@ type Shape struct {
 	SeqlenNew  int  // tokens appended to each sequence before attention (Problem.New.Seqlen)
 	WindowKeys int  // > 0: a sliding window lets a sequence's rows see at most this many keys
 	RotaryQ    bool // the rotated q is kept in the workspace (Problem.Rotary.Dim > 0)
+	// Paged runs the paged form of the serving kernel: Serving, with a
+	// paged cache of pages of a multiple of 8 keys and no serving feature
+	// but an append and rotary (Problem.PagedForm).
+	Paged bool
 }
 
 // Tensor locates a 4-D (batch, seq, heads, head_dim) tensor in device memory.

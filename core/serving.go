@@ -54,16 +54,27 @@ func (p *Problem) Serving() bool {
 		p.Alibi || p.New.Seqlen != 0 || p.Rotary.Dim != 0
 }
 
+// PagedForm reports whether p runs the paged form of the serving kernel
+// (Shape.Paged): a paged cache whose pages hold a multiple of 8 keys, so
+// that the 8 (or 4) consecutive keys a thread copies lie in one page, and
+// no serving feature besides an append and rotary.
+func (p *Problem) PagedForm() bool {
+	return p.PageSize > 0 && p.PageSize%8 == 0 && p.CacheBatch == 0 && !p.Leftpad && !p.Window.Enabled &&
+		p.Softcap == 0 && !p.Alibi
+}
+
 // PlanShape is the Shape p is planned with: p.Shape with its serving fields
 // set from p's, so that MakePlan, cuda.PlanFor and the plan cache see
 // everything the plan depends on. Serving is kept when p.Shape already
-// has it (the serving kernels then run without any feature on).
+// has it (the serving kernels then run without any feature on); Paged is
+// always p.PagedForm().
 func (p *Problem) PlanShape() Shape {
 	s := p.Shape
 	s.Serving = s.Serving || p.Serving()
 	s.SeqlenNew = p.New.Seqlen
 	s.WindowKeys = windowKeys(p.Window, p.SeqlenQ)
 	s.RotaryQ = p.Rotary.Dim > 0
+	s.Paged = p.PagedForm()
 	return s
 }
 
@@ -93,6 +104,8 @@ func (s Shape) validateServing(op string) error {
 		return invalid(op, "k", "an append needs Shape.Serving (the serving kernels)")
 	case !s.Serving && s.WindowKeys > 0:
 		return invalid(op, "window_size", "a window needs Shape.Serving (the serving kernels)")
+	case s.Paged && (!s.Serving || s.WindowKeys > 0):
+		return invalid(op, "block_table", "the paged form needs Shape.Serving and no window")
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -183,7 +184,7 @@ func TestServingAndPlanShape(t *testing.T) {
 	}{
 		{"plain", validProblem(), false, func(*Shape) {}},
 		{"causal alone is plain", func() Problem { p := validProblem(); p.Causal = true; return p }(), false, func(*Shape) {}},
-		{"paged", pagedProblem(), true, func(s *Shape) { s.Serving = true }},
+		{"paged", pagedProblem(), true, func(s *Shape) { s.Serving, s.Paged = true, true }},
 		{"append with rotary", appendProblem(), true, func(s *Shape) { s.Serving, s.SeqlenNew, s.RotaryQ = true, 3, true }},
 		{"every feature", allProblem(), true, func(s *Shape) { s.Serving, s.SeqlenNew, s.RotaryQ, s.WindowKeys = true, 3, true, 257 }},
 		{"softcap", func() Problem { p := validProblem(); p.Softcap = 5; return p }(), true, func(s *Shape) { s.Serving = true }},
@@ -327,28 +328,38 @@ func TestServingPlanErrors(t *testing.T) {
 	checkErr(t, err, "variant", ErrInvalid)
 }
 
-// TestServingVariantTable: every plain variant has a serving form with the
-// same launch facts, and the table names them as kernels/flashdecode.cu
-// instantiates them.
+// TestServingVariantTable: every plain variant has a serving form and a
+// paged form with the same launch facts, and the table names them as
+// kernels/flashdecode.cu instantiates them.
 func TestServingVariantTable(t *testing.T) {
-	plain, serving := map[string]Variant{}, map[string]Variant{}
+	plain, serving, paged := map[string]Variant{}, map[string]Variant{}, map[string]Variant{}
 	for _, v := range Variants() {
-		if v.Serving {
+		switch {
+		case v.Paged:
+			paged[v.Kernel] = v
+		case v.Serving:
 			serving[v.Kernel] = v
-		} else {
+		default:
 			plain[v.Kernel] = v
 		}
 	}
 	want := []string{"fd_split_kv_serving_f16_d64_r16", "fd_split_kv_serving_f16_d128_r16", "fd_split_kv_serving_f16_d128_r32",
 		"fd_split_kv_serving_f16_d256_r16", "fd_split_kv_serving_bf16_d64_r16", "fd_split_kv_serving_bf16_d128_r16",
 		"fd_split_kv_serving_bf16_d128_r32", "fd_split_kv_serving_bf16_d256_r16"}
-	if len(serving) != len(want) || len(plain) != len(want) {
-		t.Fatalf("%d plain and %d serving variants, want %d each", len(plain), len(serving), len(want))
+	if len(serving) != len(want) || len(plain) != len(want) || len(paged) != len(want) {
+		t.Fatalf("%d plain, %d serving and %d paged variants, want %d each", len(plain), len(serving), len(paged), len(want))
 	}
 	for _, name := range want {
 		v, ok := serving[name]
 		if !ok {
 			t.Fatalf("no variant %s", name)
+		}
+		pv, ok := paged[strings.Replace(name, "_serving_", "_paged_", 1)]
+		if !ok {
+			t.Fatalf("no paged form of %s", name)
+		}
+		if pv.Kernel, pv.Paged = v.Kernel, false; pv != v {
+			t.Errorf("%s: the paged form's launch facts %+v differ from %+v", name, pv, v)
 		}
 		p := plain[strings.Replace(name, "_serving", "", 1)]
 		v.Kernel, v.Serving, v.Append = p.Kernel, false, ""
@@ -454,5 +465,69 @@ func TestServingPlansFillBothSlotsUnlessClustered(t *testing.T) {
 					p, plain, tt.splits, tt.cluster, tt.plain)
 			}
 		})
+	}
+}
+
+// TestPagedForm: a paged cache of pages of a multiple of 8 keys runs the
+// paged form (with an append and rotary too), and any other serving feature,
+// or pages of other sizes, the serving form, on the same plan otherwise.
+func TestPagedForm(t *testing.T) {
+	withPages := func(n int) func(*Problem) { return func(p *Problem) { p.PageSize = n } }
+	tests := []struct {
+		name  string
+		edit  func(*Problem)
+		paged bool
+	}{
+		{"pages of 16", func(*Problem) {}, true},
+		{"pages of 8", withPages(8), true},
+		{"pages of 24", withPages(24), true},
+		{"pages of 256", withPages(256), true},
+		{"pages of 1", withPages(1), false},
+		{"pages of 4", withPages(4), false},
+		{"pages of 12", withPages(12), false},
+		{"append with rotary", func(p *Problem) {
+			a := appendProblem()
+			p.New, p.Rotary, p.CacheSeqlens = a.New, a.Rotary, a.CacheSeqlens
+		}, true},
+		{"leftpad", func(p *Problem) { p.Leftpad, p.CacheLeftpad = true, 0x17000000 }, false},
+		{"window", func(p *Problem) { p.Window = Window{Enabled: true, Left: 255, Right: 0} }, false},
+		{"right window only", func(p *Problem) { p.Window = Window{Enabled: true, Left: -1, Right: 3} }, false},
+		{"softcap", func(p *Problem) { p.Softcap = 30 }, false},
+		{"alibi", func(p *Problem) { p.Alibi, p.AlibiSlopes = true, 0x18000000 }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := pagedProblem()
+			tt.edit(&p)
+			if got := p.PagedForm(); got != tt.paged {
+				t.Fatalf("PagedForm() = %v, want %v", got, tt.paged)
+			}
+			s := p.PlanShape()
+			pl, err := MakePlan(s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pl.Variant.Paged != tt.paged || !pl.Variant.Serving || strings.Contains(pl.Variant.Kernel, "_paged_") != tt.paged {
+				t.Errorf("kernel %s (Paged %v), want the paged form %v", pl.Variant.Kernel, pl.Variant.Paged, tt.paged)
+			}
+			s.Paged = !s.Paged // the other form: the same plan but for the kernel
+			other, err := MakePlan(s, H200)
+			if s.Paged && s.WindowKeys > 0 {
+				if !errors.Is(err, ErrInvalid) {
+					t.Errorf("the paged form with a window: %v, want ErrInvalid", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			other.Variant = pl.Variant
+			if other != pl {
+				t.Errorf("the two forms plan differently:\n%v\n%v", pl, other)
+			}
+		})
+	}
+	if _, err := MakePlan(Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 8, HeadDim: 128, SeqlenCache: 64, Seqlen: -1, Paged: true}, H200); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Paged without Serving: %v, want ErrInvalid", err)
 	}
 }

@@ -46,6 +46,12 @@ type Variant struct {
 	// write the new tokens into the cache (and the rotated q into the
 	// workspace) when they append (fd_append_kv_<dtype>); "" otherwise.
 	Append string
+	// Paged marks the paged form of a serving variant
+	// (fd_split_kv_paged_*): a paged cache whose pages hold a multiple of
+	// 8 keys, with or without an append and rotary, and no other serving
+	// feature (Shape.Paged). Its copies look up one page per 8 keys
+	// instead of one per key; same launch facts as the serving form.
+	Paged bool
 }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv_config.cuh,
@@ -132,6 +138,15 @@ func servingKV(dt DType, headDim, rows int) Variant {
 	return v
 }
 
+// pagedKV describes the paged form of servingKV(dt, headDim, rows),
+// fd_split_kv_paged_<dtype>_d<headDim>_r<rows>.
+func pagedKV(dt DType, headDim, rows int) Variant {
+	v := servingKV(dt, headDim, rows)
+	v.Kernel = strings.Replace(v.Kernel, "_serving_", "_paged_", 1)
+	v.Paged = true
+	return v
+}
+
 // combineSplitsPerStep is how many splits a combine of `threads` threads
 // loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
 // round trip adds to every call, so plans with more splits than the 4-warp
@@ -141,12 +156,14 @@ func servingKV(dt DType, headDim, rows int) Variant {
 func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }
 
 // variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
-// these): SelectVariant takes the plain or the serving form, then the
-// smallest HeadDim >= the head dim, then the smallest Rows >= the packed
-// rows, else the largest Rows with more row tiles. Rows are whole 16-row
+// these): SelectVariant takes the plain or the serving form (MakePlan: or
+// the paged form), then the smallest HeadDim >= the head dim, then the
+// smallest Rows >= the packed rows, else the largest Rows with more row
+// tiles. Rows are whole 16-row
 // tensor-core tiles; 32 rows exist only for head dim 128, where they still
 // fit two blocks per SM in registers. Each plain kernel has a serving form
-// (fd_split_kv_serving_*) with the same launch facts.
+// (fd_split_kv_serving_*) and a paged form (fd_split_kv_paged_*, which
+// Shape.Paged selects) with the same launch facts.
 //
 //	kernel                       threads  keys/tile  smem   registers (sm_90)
 //	fd_split_kv_*_d64_r16          256       128     98304  120
@@ -170,16 +187,30 @@ var variants = []Variant{
 	servingKV(BFloat16, 128, 16),
 	servingKV(BFloat16, 128, 32),
 	servingKV(BFloat16, 256, 16),
+	pagedKV(Float16, 64, 16),
+	pagedKV(Float16, 128, 16),
+	pagedKV(Float16, 128, 32),
+	pagedKV(Float16, 256, 16),
+	pagedKV(BFloat16, 64, 16),
+	pagedKV(BFloat16, 128, 16),
+	pagedKV(BFloat16, 128, 32),
+	pagedKV(BFloat16, 256, 16),
 }
 
 // SelectVariant returns the kernel variant that runs the given dtype, head dim
 // and number of packed query rows (query heads per K/V head x seqlen_q), in
 // its serving form when serving is set (Shape.Serving).
 func SelectVariant(dt DType, headDim, rows int, serving bool) (Variant, error) {
+	return selectVariant(dt, headDim, rows, serving, false)
+}
+
+// selectVariant is SelectVariant, in the paged form when paged is set
+// (Shape.Paged).
+func selectVariant(dt DType, headDim, rows int, serving, paged bool) (Variant, error) {
 	var best *Variant
 	for i := range variants {
 		v := &variants[i]
-		if v.DType != dt || v.HeadDim < headDim || v.Serving != serving {
+		if v.DType != dt || v.HeadDim < headDim || v.Serving != serving || v.Paged != paged {
 			continue
 		}
 		if best != nil && v.HeadDim > best.HeadDim {
