@@ -10,14 +10,15 @@ allocator every tensor is its own allocation, so memcheck sees a read past
 one. The paths: split + combine (4 and 16 warps), the cluster merge,
 whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal,
 ragged lengths with zeros, odd GQA ratios, int and absent cache_seqlens, the
-paged cache (pages of 1 and 16) with append and rotary, cache_batch_idx,
-cache_leftpad with a window, softcap, ALiBi, and merge_states.
+paged cache (pages of 1 through the serving kernel; of 8 and 16 through its
+paged form, in clusters and with the combine) with and without append and
+rotary, cache_batch_idx, cache_leftpad with a window, softcap, ALiBi, and
+merge_states.
 
 --dry-run builds every call's arguments on the meta device (no GPU, no
 memory) and prints the plan of each from flash_decode.plan(..., device=-1),
-for an H200. plan() plans the plain kernels: a serving call (any serving
-argument) runs the serving variant of the same head dim and rows, whose
-split count the appended tokens or the window may change.
+for an H200, told the serving arguments that change the plan or the kernel
+(serving, seqlen_new, rotary, window_size, page_size).
 
 --only REGEX runs only the paths whose names match it, e.g. --only 'paged|merge'
 for racecheck, which takes minutes over all of them.
@@ -54,17 +55,19 @@ def cases():
         seqlen = extra.get("cache_seqlens")
         return (b, sq, hq, hkv, d, n, dtype, extra.get("num_splits", 0), seqlen if type(seqlen) is int else None), call
 
-    def paged(page, b=2, sq=2, hq=32, hkv=8, d=128, n=4096, interleaved=False):
+    def paged(page, b=2, sq=2, hq=32, hkv=8, d=128, n=4096, interleaved=False, append=True):
         pages = b * n // page
 
         def call(dev):
             table = torch.randperm(pages, device=dev).to(torch.int32).view(b, n // page)
-            half = 32  # rotary_dim 64
-            return dict(q=rand(dev, b, sq, hq, d), k_cache=rand(dev, pages, page, hkv, d),
-                        v_cache=rand(dev, pages, page, hkv, d), k=rand(dev, b, 2, hkv, d), v=rand(dev, b, 2, hkv, d),
-                        rotary_cos=rand(dev, n, half), rotary_sin=rand(dev, n, half),
-                        rotary_interleaved=interleaved, block_table=table,
-                        cache_seqlens=ints(dev, [n - 2, 17][:b]), causal=True, return_softmax_lse=True)
+            kw = dict(q=rand(dev, b, sq, hq, d), k_cache=rand(dev, pages, page, hkv, d),
+                      v_cache=rand(dev, pages, page, hkv, d), block_table=table,
+                      cache_seqlens=ints(dev, [n - 2, 17][:b]), causal=True, return_softmax_lse=True)
+            if append:
+                half = 32  # rotary_dim 64
+                kw.update(k=rand(dev, b, 2, hkv, d), v=rand(dev, b, 2, hkv, d), rotary_cos=rand(dev, n, half),
+                          rotary_sin=rand(dev, n, half), rotary_interleaved=interleaved)
+            return kw
         return (b, sq, hq, hkv, d, n, F16, 0, None), call
 
     lens = lambda *v: lambda dev: ints(dev, list(v))  # noqa: E731
@@ -86,8 +89,13 @@ def cases():
         ("GQA 7 (28/4)", *plain(3, 1, 28, 4, 128, 5000, cache_seqlens=lens(5000, 0, 4999)), {}),
         ("MQA 7/1", *plain(2, 1, 7, 1, 128, 700), {}),
         ("int cache_seqlens", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=1000), {}),
-        ("paged, page 16, append + rotary", *paged(16), {}),
-        ("paged, page 1, append + interleaved rotary", *paged(1, n=1024, interleaved=True), {}),
+        ("paged, page 16, append + rotary", *paged(16), dict(kernel="fd_split_kv_paged_")),
+        ("paged, page 16, cluster merge", *paged(16, b=1, sq=1, n=1024, append=False),
+         dict(kernel="fd_split_kv_paged_", cluster=True)),
+        ("paged, page 8, d64", *paged(8, b=1, sq=1, hq=8, hkv=8, d=64, n=16384, append=False),
+         dict(kernel="fd_split_kv_paged_")),
+        ("paged, page 1, append + interleaved rotary", *paged(1, n=1024, interleaved=True),
+         dict(kernel="fd_split_kv_serving_")),
         ("cache_batch_idx", *plain(2, 1, 32, 8, 128, 2048, cache_seqlens=lens(2048, 5),
                                    cache_batch_idx=lens(1, 0)), {}),
         ("cache_leftpad + window", *plain(2, 1, 32, 8, 128, 2048, cache_seqlens=lens(2048, 900),
@@ -137,7 +145,8 @@ def describe(p):
 
 def check_traits(name, p, want):
     """Fails where a case no longer reaches the path it is named for."""
-    ok = (("combine" not in want or p["combine"] == want["combine"])
+    ok = (("kernel" not in want or p["kernel"].startswith(want["kernel"]))
+          and ("combine" not in want or p["combine"] == want["combine"])
           and ("cluster" not in want or p["cluster"] > 1)
           and ("whole_items" not in want or p["whole_items"] > 0)
           and ("prefetch" not in want or p.get("prefetch_tiles", 0) > 0))
@@ -158,13 +167,16 @@ def main():
     for name, (b, sq, hq, hkv, d, n, dtype, splits, seqlen), call, want in cases():
         if not wanted(name):
             continue
-        p = flash_decode.plan(b, sq, hq, hkv, d, n, dtype=dtype, num_splits=splits, seqlen=seqlen, device=-1)
-        check_traits(name, p, want)
         kw = call(dev)
         serving = any(kw.get(key) is not None for key in ("k", "block_table", "cache_batch_idx", "cache_leftpad",
                                                            "alibi_slopes")) or "window_size" in kw or "softcap" in kw
-        note = " [a serving call: plan() shows the plain kernels' plan]" if serving else ""
-        print(f"{name}: {describe(p)}{note}", flush=True)
+        # What plan() is told of a serving call: the arguments that change the plan or the kernel.
+        extra = dict(serving=True, seqlen_new=kw["k"].shape[1] if kw.get("k") is not None else 0,
+                     rotary=kw.get("rotary_cos") is not None, window_size=kw.get("window_size", (-1, -1)),
+                     page_size=kw["k_cache"].shape[1] if kw.get("block_table") is not None else 0) if serving else {}
+        p = flash_decode.plan(b, sq, hq, hkv, d, n, dtype=dtype, num_splits=splits, seqlen=seqlen, device=-1, **extra)
+        check_traits(name, p, want)
+        print(f"{name}: {describe(p)}", flush=True)
         if args.dry_run:
             continue
         out, lse = flash_decode.flash_decode(**kw)

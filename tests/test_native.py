@@ -266,7 +266,11 @@ report["plan_append"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, 
 report["plan_rotary"] = flash_decode.plan(2, 1, 32, 8, 128, 4096, seqlen_new=1, rotary=True, device=-1)
 report["plan_window"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, window_size=(255, 0), device=-1)
 report["plan_257"] = flash_decode.plan(1, 1, 32, 8, 128, 257, serving=True, device=-1)
-report["plan_readme_serving"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, seqlen_new=1, device=-1)
+report["plan_readme_serving"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, seqlen_new=1, page_size=16, device=-1)
+report["plan_paged16"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16, device=-1)
+report["plan_paged1"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=1, device=-1)
+report["plan_paged16_window"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, page_size=16, window_size=(255, 0),
+                                                  device=-1)
 for name, args, kw in [("heads", (1, 1, 12, 5, 128, 1024), {}), ("batch", (0, 1, 32, 8, 128, 1024), {}),
                        ("splits", (1, 1, 32, 8, 128, 1024), {"num_splits": -2}),
                        ("headdim", (1, 1, 32, 8, 100, 1024), {}),
@@ -343,11 +347,19 @@ def test_binding_with_fake_driver():
     assert report["plan_serving"]["kernel"] == "fd_split_kv_serving_f16_d128_r16"
     assert "append" not in report["plan_serving"]
     assert report["plan_append"]["append"] == "fd_append_kv_f16"
+    # Pages of a multiple of 8 keys run the paged form (one page lookup per 8 keys), on the same plan;
+    # pages of 1, or a window, the serving kernel.
+    p16, p1 = report["plan_paged16"], report["plan_paged1"]
+    assert p16["kernel"] == "fd_split_kv_paged_f16_d128_r16" and p16["variant"]["paged"] is True
+    assert p1["kernel"] == "fd_split_kv_serving_f16_d128_r16" and "paged" not in p1["variant"]
+    assert {k: v for k, v in p16.items() if k not in ("kernel", "variant")} == \
+        {k: v for k, v in p1.items() if k not in ("kernel", "variant")}
+    assert report["plan_paged16_window"]["kernel"] == "fd_split_kv_serving_f16_d128_r16"
     p = report["plan_rotary"]
     assert p["q_rot_bytes"] == 2 * 32 * 128 * 2 and p["workspace_bytes"] >= p["q_rot_bytes"]
     assert {k: report["plan_window"][k] for k in ("num_splits", "cluster", "grid")} == \
         {k: report["plan_257"][k] for k in ("num_splits", "cluster", "grid")}
-    readme = {"num_splits": 31, "grid": [31, 8, 1], "cluster": 1, "kernel": "fd_split_kv_serving_f16_d128_r16",
+    readme = {"num_splits": 31, "grid": [31, 8, 1], "cluster": 1, "kernel": "fd_split_kv_paged_f16_d128_r16",
               "append": "fd_append_kv_f16"}  # the README's serving answer
     assert {k: report["plan_readme_serving"][k] for k in readme} == readme
     assert report["error_rotary"][0] == "ValueError" and "rotary_cos" in report["error_rotary"][1]

@@ -497,7 +497,7 @@ def paged(k_cache, v_cache, page_size, extra_blocks=3, seed=0):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("page_size", [1, 16, 256])
+@pytest.mark.parametrize("page_size", [1, 8, 16, 24, 256])  # 1: the serving kernel; multiples of 8: its paged form
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("headdim", [64, 128, 256])
 def test_paged(dtype, page_size, causal, headdim):

@@ -32,13 +32,17 @@ func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, 
 // (fd_split_kv_serving_*, which any of a paged cache, cache_batch_idx,
 // cache_leftpad, a window, softcap, ALiBi or an append selects): with
 // seqlenNew tokens appended, the window (windowLeft, windowRight; -1 is an
-// unbounded side, both -1 no window) and, with rotary, the rotated q kept in
-// the workspace. The other serving features do not change the plan.
+// unbounded side, both -1 no window), with rotary, the rotated q kept in the
+// workspace, and pageSize > 0 a paged cache of pages of that many keys,
+// which runs the paged form (fd_split_kv_paged_*) when a multiple of 8 and
+// no window is given (core.Problem.PagedForm; the call must then have no
+// cache_batch_idx, cache_leftpad, softcap or ALiBi either). The other
+// serving features do not change the plan.
 func PlanServing(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, seqlenNew,
-	windowLeft, windowRight int, rotary bool, device int) (plan string, err error) {
+	windowLeft, windowRight int, rotary bool, pageSize, device int) (plan string, err error) {
 	defer recoverError(&err)
 	p := core.Problem{Shape: shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits),
-		New: core.Append{Seqlen: seqlenNew}, Window: window(windowLeft, windowRight)}
+		New: core.Append{Seqlen: seqlenNew}, Window: window(windowLeft, windowRight), PageSize: pageSize}
 	s := p.PlanShape()
 	s.Serving, s.RotaryQ = true, rotary
 	return planJSON(s, device)

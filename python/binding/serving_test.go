@@ -257,8 +257,9 @@ func TestServingPanicIsAnError(t *testing.T) {
 }
 
 // TestPlanServing checks PlanServing against the core's plans of the same
-// serving shapes (on an H200 without a GPU), and that it refuses what the
-// planner refuses.
+// serving shapes (on an H200 without a GPU), pages of a multiple of 8 keys
+// without a window in the paged form, and that it refuses what the planner
+// refuses.
 func TestPlanServing(t *testing.T) {
 	base := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
 		SeqlenCache: 32768, Seqlen: -1, Serving: true}
@@ -266,16 +267,22 @@ func TestPlanServing(t *testing.T) {
 		name                   string
 		seqlenNew, left, right int
 		rotary                 bool
+		pageSize               int
+		kernel                 string // the stage-1 kernel's name starts with it
 		want                   func(s core.Shape) core.Shape
 	}{
-		{"serving kernels alone", 0, -1, -1, false, func(s core.Shape) core.Shape { return s }},
-		{"append", 1, -1, -1, false, func(s core.Shape) core.Shape { s.SeqlenNew = 1; return s }},
-		{"append with rotary", 4, -1, -1, true, func(s core.Shape) core.Shape { s.SeqlenNew, s.RotaryQ = 4, true; return s }},
-		{"left window", 0, 1000, 0, false, func(s core.Shape) core.Shape { s.WindowKeys = 1000 + 1 + 1; return s }},
-		{"right window only", 0, -1, 5, false, func(s core.Shape) core.Shape { return s }},
+		{"serving kernels alone", 0, -1, -1, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { return s }},
+		{"append", 1, -1, -1, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.SeqlenNew = 1; return s }},
+		{"append with rotary", 4, -1, -1, true, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.SeqlenNew, s.RotaryQ = 4, true; return s }},
+		{"left window", 0, 1000, 0, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.WindowKeys = 1000 + 1 + 1; return s }},
+		{"right window only", 0, -1, 5, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { return s }},
+		{"pages of 16", 0, -1, -1, false, 16, "fd_split_kv_paged_", func(s core.Shape) core.Shape { s.Paged = true; return s }},
+		{"pages of 16, append with rotary", 1, -1, -1, true, 16, "fd_split_kv_paged_", func(s core.Shape) core.Shape { s.SeqlenNew, s.RotaryQ, s.Paged = 1, true, true; return s }},
+		{"pages of 1", 0, -1, -1, false, 1, "fd_split_kv_serving_", func(s core.Shape) core.Shape { return s }},
+		{"pages of 16 with a window", 0, 1000, 0, false, 16, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.WindowKeys = 1000 + 1 + 1; return s }},
 	}
 	for _, tt := range tests {
-		got, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, tt.seqlenNew, tt.left, tt.right, tt.rotary, -1)
+		got, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, tt.seqlenNew, tt.left, tt.right, tt.rotary, tt.pageSize, -1)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
@@ -284,14 +291,14 @@ func TestPlanServing(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantJSON, _ := json.Marshal(want)
-		if got != string(wantJSON) || !strings.Contains(got, "fd_split_kv_serving_") {
+		if got != string(wantJSON) || !strings.Contains(got, `"kernel":"`+tt.kernel) {
 			t.Errorf("%s: PlanServing = %s\nwant %s", tt.name, got, wantJSON)
 		}
 	}
-	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, 0, -1, -1, true, -1); !errors.Is(err, core.ErrInvalid) {
+	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, 0, -1, -1, true, 0, -1); !errors.Is(err, core.ErrInvalid) {
 		t.Errorf("rotary without an append: %v, want ErrInvalid", err)
 	}
-	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 1024, -1, 0, 2000, -1, -1, false, -1); !errors.Is(err, core.ErrInvalid) {
+	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 1024, -1, 0, 2000, -1, -1, false, 0, -1); !errors.Is(err, core.ErrInvalid) {
 		t.Errorf("more new tokens than the cache holds: %v, want ErrInvalid", err)
 	}
 }

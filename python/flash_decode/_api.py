@@ -551,7 +551,7 @@ def _remember(cache, key, value):
 def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int, seqlen_cache: int, *,
          dtype: torch.dtype = torch.float16, num_splits: int = 0, device: int | str | torch.device | None = None,
          seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
-         window_size: tuple[int, int] = (-1, -1), rotary: bool = False) -> dict[str, Any]:
+         window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes, from the Go core.
 
     This answers "what does num_splits=0 pick": the planner's split count,
@@ -579,6 +579,12 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             the split is planned for.
         rotary: rotary tables given (with seqlen_new): the workspace also
             holds the rotated q.
+        page_size: > 0 for a paged cache (block_table) of pages of that
+            many keys; implies serving. Pages of a multiple of 8 keys with
+            no window run the paged form of the serving kernel
+            (``fd_split_kv_paged_*``, one page lookup per 8 keys), provided
+            the call has no cache_batch_idx, cache_leftpad, softcap or
+            alibi_slopes either, which plan() takes it not to have.
 
     Returns:
         dict: the core's plan, with at least ``num_splits``, ``grid``,
@@ -600,9 +606,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024)
         >>> p["num_splits"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
         (8, 8, 0)
-        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1)  # a paged call appending a token
+        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16)  # a paged call appending a token
         >>> p["kernel"], p["append"]  # doctest: +SKIP
-        ('fd_split_kv_serving_f16_d128_r16', 'fd_append_kv_f16')
+        ('fd_split_kv_paged_f16_d128_r16', 'fd_append_kv_f16')
     """
     if dtype not in _DTYPE_CODES:
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
@@ -612,6 +618,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     seqlen = -1 if seqlen is None else _check_length("seqlen", _check_int("seqlen", seqlen))
     num_splits = _check_int("num_splits", num_splits)
     seqlen_new = _check_length("seqlen_new", _check_int("seqlen_new", seqlen_new))
+    page_size = _check_int("page_size", page_size)
+    if page_size < 0:
+        raise ValueError(f"page_size must be 0 (a contiguous cache) or positive, got {page_size}")
     window = _check_window(window_size)
     if min(window) < -1:
         raise ValueError(f"window_size must be (left, right) with each side -1 (unbounded) or at least 0, "
@@ -623,9 +632,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     # device < 0 plans for a default H200 in pure Go: no GPU or driver needed.
     native = _native.binding(planner_only=device < 0)
     try:
-        if serving or seqlen_new or window != [-1, -1] or rotary:
+        if serving or seqlen_new or window != [-1, -1] or rotary or page_size:
             plan_json = native.PlanServing(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, seqlen_new, *window,
-                                           rotary, device)
+                                           rotary, page_size, device)
         else:
             plan_json = native.Plan(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, device)
         result = json.loads(plan_json)
