@@ -44,7 +44,7 @@ def test_public_api():
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
-        "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary"}
+        "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary", "page_size"}
     for fn in (flash_decode.flash_decode, flash_decode.plan):
         assert "Example" in fn.__doc__ and ">>>" in fn.__doc__
 

@@ -139,8 +139,8 @@ func TestExamplePrepare(t *testing.T) {
 	if _, err := fmt.Sscanf(printed, "%s key 102 %v, out %v", &kernel, &key, &out); err != nil {
 		t.Fatalf("ExamplePrepare printed %q: %v", printed, err)
 	}
-	if !strings.HasPrefix(kernel, "fd_split_kv_serving_f16_d128") || key != 0x3c00 || out < 0x2b71 || out > 0x2b79 {
-		t.Fatalf("ExamplePrepare printed %q: want the serving kernel, key 0x3c00 and out 0x2b75 (6/103)", printed)
+	if !strings.HasPrefix(kernel, "fd_split_kv_paged_f16_d128") || key != 0x3c00 || out < 0x2b71 || out > 0x2b79 {
+		t.Fatalf("ExamplePrepare printed %q: want the paged form of the serving kernel, key 0x3c00 and out 0x2b75 (6/103)", printed)
 	}
 }
 
