@@ -154,11 +154,11 @@ print(json.dumps(dict(splits=splits, ws=ws)))
 @needs_fake_device
 def test_serving_binding_launches_append_then_stage_1(tmp_path):
     # The serving path through the binding (the layout as JSON, then RunServing): the append
-    # kernel, then the serving stage 1 with as many splits as RunServing reports, then the
-    # combine where it splits; all with programmatic dependent launch.
+    # kernel, then the paged form of the serving stage 1 (pages of 16) with as many splits as
+    # RunServing reports, then the combine where it splits; all with programmatic dependent launch.
     ran, launches = launch_on_fake_device(_SERVING_LAUNCH_THROUGH_THE_BINDING, tmp_path)
     names = [launch[0] for launch in launches]
-    assert names[:2] == ["fd_append_kv_f16", "fd_split_kv_serving_f16_d128_r16"], names
+    assert names[:2] == ["fd_append_kv_f16", "fd_split_kv_paged_f16_d128_r16"], names
     assert int(launches[1][1]) == ran["splits"] and launches[1][2:4] == ["8", "2"]  # grid (splits, 8 heads, 2)
     assert names[2:] == (["fd_combine_f16"] if ran["splits"] > 1 and launches[1][6] == "1" else [])
     assert ran["ws"] > 0  # the rotated q lives in the workspace
