@@ -50,6 +50,11 @@ type Plan struct {
 	Append        string `json:"append,omitzero"`
 	AppendGrid    [3]int `json:"append_grid,omitzero"`
 	AppendThreads int    `json:"append_threads,omitzero"`
+	// FusedAppend is set where stage 1 is the appending paged form
+	// (Variant.FusedAppend; Append is then ""): it reads the new keys from
+	// k and v and writes them into their pages itself, so no append kernel
+	// runs ahead of it.
+	FusedAppend bool `json:"fused_append,omitzero"`
 	// WholeItems > 0 makes the stage-1 grid one-dimensional (Grid =
 	// (WholeItems + rest*NumSplits, 1, 1)): its first WholeItems blocks
 	// each stream one whole item (batch, K/V head, row tile, in that
@@ -113,7 +118,7 @@ func MakePlan(s Shape, d Device) (Plan, error) {
 	if d.SMs < 1 {
 		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", d.SMs))
 	}
-	v, err := selectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Serving, s.Paged)
+	v, err := selectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Serving, s.Paged, s.fusesAppend())
 	if err != nil {
 		return Plan{}, &Error{Op: op, Arg: "headdim", Err: ErrUnsupported,
 			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}
@@ -241,11 +246,25 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
 	}
 	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows, s.HeadDim, p.QRotBytes)
-	if s.SeqlenNew > 0 {
+	switch {
+	case v.FusedAppend:
+		p.FusedAppend = true
+	case s.SeqlenNew > 0:
 		p.Append, p.AppendThreads = v.Append, appendThreads
 		p.AppendGrid = [3]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch, s.appendParts()}
 	}
 	return p, nil
+}
+
+// maxFusedAppend is the most new tokens the appending paged form writes
+// itself: one block of each K/V head writes them, a 16-byte chunk a
+// thread, so a few decode tokens take one step of its threads.
+const maxFusedAppend = MaxSeqlenQ
+
+// fusesAppend reports whether s runs the appending paged form: the paged
+// form with 1 to maxFusedAppend new tokens and no rotary.
+func (s Shape) fusesAppend() bool {
+	return s.Paged && s.SeqlenNew > 0 && s.SeqlenNew <= maxFusedAppend && !s.RotaryQ
 }
 
 // appendParts is the blocks the append kernel gives each token: enough for
@@ -297,6 +316,8 @@ func checkVariant(s Shape, v Variant) error {
 		return fmt.Errorf("%s is not the kernel of a shape with Serving %v", v.Kernel, s.Serving)
 	case v.Paged != s.Paged:
 		return fmt.Errorf("%s is not the kernel of a shape with Paged %v", v.Kernel, s.Paged)
+	case v.FusedAppend != s.fusesAppend():
+		return fmt.Errorf("%s does not append as a shape with %d new tokens (rotary %v) needs", v.Kernel, s.SeqlenNew, s.RotaryQ)
 	case s.SeqlenNew > 0 && v.Append == "":
 		return fmt.Errorf("%s has no append kernel for the new tokens", v.Kernel)
 	case v.Rows < 1 || v.Threads < 1 || v.KeysPerTile < 1 || v.SharedBytes < 0 ||

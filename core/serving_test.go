@@ -328,13 +328,15 @@ func TestServingPlanErrors(t *testing.T) {
 	checkErr(t, err, "variant", ErrInvalid)
 }
 
-// TestServingVariantTable: every plain variant has a serving form and a
-// paged form with the same launch facts, and the table names them as
-// kernels/flashdecode.cu instantiates them.
+// TestServingVariantTable: every plain variant has a serving form, a paged
+// form and an appending paged form with the same launch facts, and the
+// table names them as kernels/flashdecode.cu instantiates them.
 func TestServingVariantTable(t *testing.T) {
-	plain, serving, paged := map[string]Variant{}, map[string]Variant{}, map[string]Variant{}
+	plain, serving, paged, appending := map[string]Variant{}, map[string]Variant{}, map[string]Variant{}, map[string]Variant{}
 	for _, v := range Variants() {
 		switch {
+		case v.FusedAppend:
+			appending[v.Kernel] = v
 		case v.Paged:
 			paged[v.Kernel] = v
 		case v.Serving:
@@ -346,8 +348,9 @@ func TestServingVariantTable(t *testing.T) {
 	want := []string{"fd_split_kv_serving_f16_d64_r16", "fd_split_kv_serving_f16_d128_r16", "fd_split_kv_serving_f16_d128_r32",
 		"fd_split_kv_serving_f16_d256_r16", "fd_split_kv_serving_bf16_d64_r16", "fd_split_kv_serving_bf16_d128_r16",
 		"fd_split_kv_serving_bf16_d128_r32", "fd_split_kv_serving_bf16_d256_r16"}
-	if len(serving) != len(want) || len(plain) != len(want) || len(paged) != len(want) {
-		t.Fatalf("%d plain, %d serving and %d paged variants, want %d each", len(plain), len(serving), len(paged), len(want))
+	if len(serving) != len(want) || len(plain) != len(want) || len(paged) != len(want) || len(appending) != len(want) {
+		t.Fatalf("%d plain, %d serving, %d paged and %d appending paged variants, want %d each",
+			len(plain), len(serving), len(paged), len(appending), len(want))
 	}
 	for _, name := range want {
 		v, ok := serving[name]
@@ -357,6 +360,13 @@ func TestServingVariantTable(t *testing.T) {
 		pv, ok := paged[strings.Replace(name, "_serving_", "_paged_", 1)]
 		if !ok {
 			t.Fatalf("no paged form of %s", name)
+		}
+		av, ok := appending[strings.Replace(name, "_serving_", "_paged_append_", 1)]
+		if !ok || !av.Paged {
+			t.Fatalf("no appending paged form of %s", name)
+		}
+		if av.Kernel, av.FusedAppend = pv.Kernel, false; av != pv {
+			t.Errorf("%s: the appending paged form's launch facts %+v differ from %+v", name, av, pv)
 		}
 		if pv.Kernel, pv.Paged = v.Kernel, false; pv != v {
 			t.Errorf("%s: the paged form's launch facts %+v differ from %+v", name, pv, v)
@@ -529,5 +539,40 @@ func TestPagedForm(t *testing.T) {
 	}
 	if _, err := MakePlan(Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 8, HeadDim: 128, SeqlenCache: 64, Seqlen: -1, Paged: true}, H200); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Paged without Serving: %v, want ErrInvalid", err)
+	}
+}
+
+// TestFusedAppend: the appending paged form writes the new tokens itself
+// (no append kernel) without rotary and up to maxFusedAppend of them;
+// otherwise the append kernel runs first.
+func TestFusedAppend(t *testing.T) {
+	tests := []struct {
+		name   string
+		edit   func(*Problem)
+		kernel string // the append kernel; "" where stage 1 appends
+	}{
+		{"paged, one token", func(p *Problem) { p.New.Seqlen, p.Rotary = 1, Rotary{} }, ""},
+		{"paged, 16 tokens", func(p *Problem) { p.New.Seqlen, p.Rotary = 16, Rotary{} }, ""},
+		{"paged, 17 tokens", func(p *Problem) { p.New.Seqlen, p.Rotary = 17, Rotary{} }, "fd_append_kv_f16"},
+		{"paged, rotary", func(*Problem) {}, "fd_append_kv_f16"},
+		{"pages of 1", func(p *Problem) { p.Rotary, p.PageSize, p.MaxPages = Rotary{}, 1, 4096 }, "fd_append_kv_f16"},
+		{"contiguous", func(p *Problem) { p.Rotary, p.PageSize = Rotary{}, 0 }, "fd_append_kv_f16"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := pagedProblem()
+			a := appendProblem()
+			p.New, p.Rotary, p.CacheSeqlens = a.New, a.Rotary, a.CacheSeqlens
+			tt.edit(&p)
+			pl, err := MakePlan(p.PlanShape(), H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fused := tt.kernel == ""
+			if pl.Append != tt.kernel || pl.FusedAppend != fused || pl.Variant.FusedAppend != fused ||
+				strings.Contains(pl.Variant.Kernel, "_paged_append_") != fused {
+				t.Errorf("%v: append %q, fused %v; want %q", pl, pl.Append, pl.FusedAppend, tt.kernel)
+			}
+		})
 	}
 }

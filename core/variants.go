@@ -52,6 +52,12 @@ type Variant struct {
 	// feature (Shape.Paged). Its copies look up one page per 8 keys
 	// instead of one per key; same launch facts as the serving form.
 	Paged bool
+	// FusedAppend marks the appending paged form
+	// (fd_split_kv_paged_append_*): the paged form that reads a few new
+	// tokens (at most maxFusedAppend, no rotary) from k and v and writes
+	// them into their pages itself, so its plans run no append kernel
+	// (Plan.FusedAppend).
+	FusedAppend bool
 }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv_config.cuh,
@@ -147,6 +153,15 @@ func pagedKV(dt DType, headDim, rows int) Variant {
 	return v
 }
 
+// pagedAppendKV describes the appending paged form of servingKV(dt,
+// headDim, rows), fd_split_kv_paged_append_<dtype>_d<headDim>_r<rows>.
+func pagedAppendKV(dt DType, headDim, rows int) Variant {
+	v := pagedKV(dt, headDim, rows)
+	v.Kernel = strings.Replace(v.Kernel, "_paged_", "_paged_append_", 1)
+	v.FusedAppend = true
+	return v
+}
+
 // combineSplitsPerStep is how many splits a combine of `threads` threads
 // loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
 // round trip adds to every call, so plans with more splits than the 4-warp
@@ -162,8 +177,10 @@ func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll
 // tiles. Rows are whole 16-row
 // tensor-core tiles; 32 rows exist only for head dim 128, where they still
 // fit two blocks per SM in registers. Each plain kernel has a serving form
-// (fd_split_kv_serving_*) and a paged form (fd_split_kv_paged_*, which
-// Shape.Paged selects) with the same launch facts.
+// (fd_split_kv_serving_*), a paged form (fd_split_kv_paged_*, which
+// Shape.Paged selects) and an appending paged form
+// (fd_split_kv_paged_append_*, Shape.fusesAppend) with the same launch
+// facts.
 //
 //	kernel                       threads  keys/tile  smem   registers (sm_90)
 //	fd_split_kv_*_d64_r16          256       128     98304  120
@@ -195,22 +212,30 @@ var variants = []Variant{
 	pagedKV(BFloat16, 128, 16),
 	pagedKV(BFloat16, 128, 32),
 	pagedKV(BFloat16, 256, 16),
+	pagedAppendKV(Float16, 64, 16),
+	pagedAppendKV(Float16, 128, 16),
+	pagedAppendKV(Float16, 128, 32),
+	pagedAppendKV(Float16, 256, 16),
+	pagedAppendKV(BFloat16, 64, 16),
+	pagedAppendKV(BFloat16, 128, 16),
+	pagedAppendKV(BFloat16, 128, 32),
+	pagedAppendKV(BFloat16, 256, 16),
 }
 
 // SelectVariant returns the kernel variant that runs the given dtype, head dim
 // and number of packed query rows (query heads per K/V head x seqlen_q), in
 // its serving form when serving is set (Shape.Serving).
 func SelectVariant(dt DType, headDim, rows int, serving bool) (Variant, error) {
-	return selectVariant(dt, headDim, rows, serving, false)
+	return selectVariant(dt, headDim, rows, serving, false, false)
 }
 
 // selectVariant is SelectVariant, in the paged form when paged is set
-// (Shape.Paged).
-func selectVariant(dt DType, headDim, rows int, serving, paged bool) (Variant, error) {
+// (Shape.Paged), and in its appending form when fused is set too.
+func selectVariant(dt DType, headDim, rows int, serving, paged, fused bool) (Variant, error) {
 	var best *Variant
 	for i := range variants {
 		v := &variants[i]
-		if v.DType != dt || v.HeadDim < headDim || v.Serving != serving || v.Paged != paged {
+		if v.DType != dt || v.HeadDim < headDim || v.Serving != serving || v.Paged != paged || v.FusedAppend != fused {
 			continue
 		}
 		if best != nil && v.HeadDim > best.HeadDim {

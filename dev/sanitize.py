@@ -55,7 +55,7 @@ def cases():
         seqlen = extra.get("cache_seqlens")
         return (b, sq, hq, hkv, d, n, dtype, extra.get("num_splits", 0), seqlen if type(seqlen) is int else None), call
 
-    def paged(page, b=2, sq=2, hq=32, hkv=8, d=128, n=4096, interleaved=False, append=True):
+    def paged(page, b=2, sq=2, hq=32, hkv=8, d=128, n=4096, interleaved=False, append=True, rotary=True):
         pages = b * n // page
 
         def call(dev):
@@ -64,9 +64,10 @@ def cases():
                       v_cache=rand(dev, pages, page, hkv, d), block_table=table,
                       cache_seqlens=ints(dev, [n - 2, 17][:b]), causal=True, return_softmax_lse=True)
             if append:
+                kw.update(k=rand(dev, b, 2, hkv, d), v=rand(dev, b, 2, hkv, d))
+            if append and rotary:
                 half = 32  # rotary_dim 64
-                kw.update(k=rand(dev, b, 2, hkv, d), v=rand(dev, b, 2, hkv, d), rotary_cos=rand(dev, n, half),
-                          rotary_sin=rand(dev, n, half), rotary_interleaved=interleaved)
+                kw.update(rotary_cos=rand(dev, n, half), rotary_sin=rand(dev, n, half), rotary_interleaved=interleaved)
             return kw
         return (b, sq, hq, hkv, d, n, F16, 0, None), call
 
@@ -90,6 +91,8 @@ def cases():
         ("MQA 7/1", *plain(2, 1, 7, 1, 128, 700), {}),
         ("int cache_seqlens", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=1000), {}),
         ("paged, page 16, append + rotary", *paged(16), dict(kernel="fd_split_kv_paged_")),
+        ("paged, page 16, append fused into stage 1", *paged(16, rotary=False),
+         dict(kernel="fd_split_kv_paged_", fused_append=True)),
         ("paged, page 16, cluster merge", *paged(16, b=1, sq=1, n=1024, append=False),
          dict(kernel="fd_split_kv_paged_", cluster=True)),
         ("paged, page 8, d64", *paged(8, b=1, sq=1, hq=8, hkv=8, d=64, n=16384, append=False),
@@ -146,6 +149,7 @@ def describe(p):
 def check_traits(name, p, want):
     """Fails where a case no longer reaches the path it is named for."""
     ok = (("kernel" not in want or p["kernel"].startswith(want["kernel"]))
+          and ("fused_append" not in want or p.get("fused_append", False))
           and ("combine" not in want or p["combine"] == want["combine"])
           and ("cluster" not in want or p["cluster"] > 1)
           and ("whole_items" not in want or p["whole_items"] > 0)

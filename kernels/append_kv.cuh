@@ -1,7 +1,9 @@
 // append_kv.cuh: the append step of a serving call, fd_append_kv_<dtype>.
 //
 // What it does. With new tokens (p.k_new, p.v_new: seqlen_new per
-// sequence), it writes token t of sequence b into the cache at key index
+// sequence; except where the paged form of stage 1 appends them itself,
+// fd_paged_append in split_kv.cuh), it writes token t of sequence b into
+// the cache at key index
 // L + t, L = cache_seqlens[b] (p.seqlen without cache_seqlens): row L + t of
 // cache row b (or cache_batch_idx[b], clamped), or of the page block_table
 // names for it. Writes at key indices outside [0, seqlen_cache) or to page

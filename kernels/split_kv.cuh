@@ -69,6 +69,11 @@
 // lie in one page, so it looks up one page id a tile instead of sharing
 // one lookup a key by shuffle, and its tiles skip the other features'
 // per-tile work: a paged call then runs about as fast as a contiguous one.
+// Its appending variants (fd_split_kv_paged_append_*, kFused: a few new
+// tokens, no rotary) also read the new keys from k_new / v_new and write
+// them into their pages themselves (fd_paged_append), so no append kernel
+// runs before them; a form of its own, so that the paged form's loop is
+// not the longer for it.
 #ifndef FLASHDECODE_SPLIT_KV_CUH
 #define FLASHDECODE_SPLIT_KV_CUH
 
@@ -97,6 +102,8 @@ __device__ __forceinline__ void fd_serving_bases(const fd_params &p, int b, int 
                                                  const T *&k_base, const T *&v_base, fd_serving_q<true> &q);
 template <bool kServing, int KEYS, int AHEAD>
 struct fd_serving_pages;
+template <typename T, int THREADS, typename PAGES>
+__device__ __forceinline__ void fd_paged_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base);
 template <bool kServing, int MTILES>
 struct fd_serving_rows;
 template <bool kServing>
@@ -110,18 +117,20 @@ struct fd_bool {
 // Stage 1's forms (fd_split_kv_body's FORM): the plain kernel; the paged
 // kernel, for a paged cache whose pages hold a multiple of 8 keys, with or
 // without appended keys and a rotated q, and nothing else (no
-// cache_batch_idx, leftpad, window, softcap or ALiBi); and the serving
+// cache_batch_idx, leftpad, window, softcap or ALiBi); the same appending
+// the new tokens itself (no rotary: core.Plan.FusedAppend); and the serving
 // kernel, with every feature.
-enum fd_form { fd_form_plain, fd_form_paged, fd_form_serving };
+enum fd_form { fd_form_plain, fd_form_paged, fd_form_paged_append, fd_form_serving };
 
 template <typename T, int D, int ROWS, int FORM>
 __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg,
                                                  int *page_ring) {
     using C = fd_split_kv_config<D, ROWS>;
     using DT = fd_dtype<T>;
-    constexpr bool kServing = FORM == fd_form_serving;  // every serving feature
-    constexpr bool kPaged = FORM == fd_form_paged;      // pages of a multiple of 8 keys, appends, q_rot
-    constexpr bool kCache = kServing || kPaged;         // the fields both read: pages, appended keys, q_rot
+    constexpr bool kServing = FORM == fd_form_serving;     // every serving feature
+    constexpr bool kFused = FORM == fd_form_paged_append;  // the paged form appending itself
+    constexpr bool kPaged = FORM == fd_form_paged || kFused;  // pages of a multiple of 8 keys, appends, q_rot
+    constexpr bool kCache = kServing || kPaged;            // the fields both read: pages, appended keys, q_rot
 
     // This block's item (sequence b, K/V head, row tile) and split of it.
     int split = blockIdx.x, item_y = blockIdx.y, b = blockIdx.z, num_splits = p.num_splits;
@@ -224,9 +233,13 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // This split's keys, from the actual length (never from the host): its
     // i-th tile is tile split + i * num_splits of the sequence's `tiles`
     // (serving: counted from first_tile).
-    int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
+    const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;  // the keys before this call's new ones
+    int len = base;
     if constexpr (kCache) len += p.seqlen_new;  // the appended tokens are keys too
     len = min(max(len, 0), p.seqlen_cache);
+    // The paged form appending itself (kFused): keys from base on are new
+    // tokens, read from k_new / v_new (token key - base), while block
+    // (split 0, row tile 0) writes them into their pages.
     // Serving: keys before lo (the left padding) are never visible, and the
     // block starts at the tile of the first key any of its rows sees.
     int lo = 0, first_tile = 0;
@@ -327,12 +340,29 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
             pages.offsets(p, pages.page_id(j, key0), gkey0, k_off, v_off);
             const T *k_src = k_base + k_off, *v_src = v_base + v_off;
+            if (!kFused || gkey0 + C::kCopiesPerThread <= base) {  // no new token among them
 #pragma unroll
-            for (int i = 0; i < C::kCopiesPerThread; ++i) {
-                const int s_off = fd_swizzle<D>(key0 + i, copy_chunk);
-                const bool valid = chunk_in_dim && gkey0 + i < len;
-                fd_cp_async_16(k_s + s_off, k_src + i * p.k_seq_stride, valid);
-                fd_cp_async_16(v_s + s_off, v_src + i * p.v_seq_stride, valid);
+                for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                    const int s_off = fd_swizzle<D>(key0 + i, copy_chunk);
+                    const bool valid = chunk_in_dim && gkey0 + i < len;
+                    fd_cp_async_16(k_s + s_off, k_src + i * p.k_seq_stride, valid);
+                    fd_cp_async_16(v_s + s_off, v_src + i * p.v_seq_stride, valid);
+                }
+            } else {
+                const T *k_new = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride +
+                                 kv_head * p.k_new_head_stride + copy_chunk * 8;
+                const T *v_new = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride +
+                                 kv_head * p.v_new_head_stride + copy_chunk * 8;
+#pragma unroll
+                for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                    const int s_off = fd_swizzle<D>(key0 + i, copy_chunk);
+                    const int gkey = gkey0 + i;
+                    const bool valid = chunk_in_dim && gkey < len, fresh = gkey >= base;
+                    fd_cp_async_16(k_s + s_off, fresh ? k_new + (long long)(gkey - base) * p.k_new_seq_stride
+                                                      : k_src + i * p.k_seq_stride, valid);
+                    fd_cp_async_16(v_s + s_off, fresh ? v_new + (long long)(gkey - base) * p.v_new_seq_stride
+                                                      : v_src + i * p.v_seq_stride, valid);
+                }
             }
             pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, 0, len);
         } else {
@@ -386,6 +416,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     for (int s = 0; s < C::kStages - 1; ++s) {
         if (s < n_tiles) load_tile(tile_of(s), s, s);
         fd_cp_async_commit();
+    }
+    if constexpr (kFused) {  // the append, once the first tiles are on their way
+        if (split == 0 && row0 == 0) fd_paged_append<T, C::kThreads>(p, pages, b, kv_head, base);
     }
     const fd_serving_score<kServing> score(p);  // serving: softcap, ALiBi, the rows' key ranges
     for (int it = 0; it < n_tiles; ++it) {
@@ -724,6 +757,38 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
                                         row * static_cast<uint32_t>(p.v_seq_stride));
     }
 };
+
+// The appending paged form's append (kFused): K/V head kv_head of
+// sequence b writes its new tokens into their pages, token t at key base +
+// t, skipping keys outside [0, seqlen_cache) and page ids outside [0,
+// num_pages) as fd_append_kv does. No block of the grid reads those rows
+// from the cache (they read the new tokens from k_new / v_new), so the
+// stores need no ordering within the grid; the next kernel sees them
+// after its PDL wait. One 16-byte chunk of k and v a thread and step.
+template <typename T, int THREADS, typename PAGES>
+__device__ __forceinline__ void fd_paged_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base) {
+    const int chunks = p.head_dim / 8;
+    for (int idx = threadIdx.x; idx < p.seqlen_new * chunks; idx += THREADS) {
+        const int t = idx / chunks, d0 = (idx % chunks) * 8;
+        const uint4 kx = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride +
+                                                          t * p.k_new_seq_stride + kv_head * p.k_new_head_stride + d0);
+        const uint4 vx = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride +
+                                                          t * p.v_new_seq_stride + kv_head * p.v_new_head_stride + d0);
+        const int key = base + t;
+        if (key < 0 || key >= p.seqlen_cache) continue;
+        const int slot = pages.page_size.div(key);
+        const int page = p.block_table[b * p.block_table_stride + slot];
+        if (page < 0 || page >= p.num_pages) continue;
+        const long long row = key - slot * p.page_size;
+        // The cache is const to the reads of stage 1.
+        T *k = static_cast<T *>(const_cast<void *>(p.k)) + page * p.k_batch_stride + row * p.k_seq_stride +
+               kv_head * p.k_head_stride + d0;
+        T *v = static_cast<T *>(const_cast<void *>(p.v)) + page * p.v_batch_stride + row * p.v_seq_stride +
+               kv_head * p.v_head_stride + d0;
+        *reinterpret_cast<uint4 *>(k) = kx;
+        *reinterpret_cast<uint4 *>(v) = vx;
+    }
+}
 
 // A lane's query rows' first visible key (leftpad, left window), next to
 // key_limit. Empty for the plain variants.

@@ -268,6 +268,8 @@ report["plan_window"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, window_size=(
 report["plan_257"] = flash_decode.plan(1, 1, 32, 8, 128, 257, serving=True, device=-1)
 report["plan_readme_serving"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, seqlen_new=1, page_size=16, device=-1)
 report["plan_paged16"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16, device=-1)
+report["plan_paged16_rotary"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16, rotary=True,
+                                                  device=-1)
 report["plan_paged1"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=1, device=-1)
 report["plan_paged16_window"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, page_size=16, window_size=(255, 0),
                                                   device=-1)
@@ -349,18 +351,23 @@ def test_binding_with_fake_driver():
     assert report["plan_append"]["append"] == "fd_append_kv_f16"
     # Pages of a multiple of 8 keys run the paged form (one page lookup per 8 keys), on the same plan;
     # pages of 1, or a window, the serving kernel.
+    # The paged form appends a few tokens without rotary itself (no append kernel), with rotary not.
     p16, p1 = report["plan_paged16"], report["plan_paged1"]
-    assert p16["kernel"] == "fd_split_kv_paged_f16_d128_r16" and p16["variant"]["paged"] is True
+    assert p16["kernel"] == "fd_split_kv_paged_append_f16_d128_r16" and p16["variant"]["paged"] is True
+    assert p16["fused_append"] is True and "append" not in p16
     assert p1["kernel"] == "fd_split_kv_serving_f16_d128_r16" and "paged" not in p1["variant"]
-    assert {k: v for k, v in p16.items() if k not in ("kernel", "variant")} == \
-        {k: v for k, v in p1.items() if k not in ("kernel", "variant")}
+    assert p1["append"] == "fd_append_kv_f16" and "fused_append" not in p1
+    same = ("kernel", "variant", "append", "append_grid", "append_threads", "fused_append")
+    assert {k: v for k, v in p16.items() if k not in same} == {k: v for k, v in p1.items() if k not in same}
+    p = report["plan_paged16_rotary"]
+    assert p["kernel"] == "fd_split_kv_paged_f16_d128_r16" and p["append"] == "fd_append_kv_f16"
     assert report["plan_paged16_window"]["kernel"] == "fd_split_kv_serving_f16_d128_r16"
     p = report["plan_rotary"]
     assert p["q_rot_bytes"] == 2 * 32 * 128 * 2 and p["workspace_bytes"] >= p["q_rot_bytes"]
     assert {k: report["plan_window"][k] for k in ("num_splits", "cluster", "grid")} == \
         {k: report["plan_257"][k] for k in ("num_splits", "cluster", "grid")}
-    readme = {"num_splits": 31, "grid": [31, 8, 1], "cluster": 1, "kernel": "fd_split_kv_paged_f16_d128_r16",
-              "append": "fd_append_kv_f16"}  # the README's serving answer
+    readme = {"num_splits": 31, "grid": [31, 8, 1], "cluster": 1, "kernel": "fd_split_kv_paged_append_f16_d128_r16",
+              "fused_append": True}  # the README's serving answer
     assert {k: report["plan_readme_serving"][k] for k in readme} == readme
     assert report["error_rotary"][0] == "ValueError" and "rotary_cos" in report["error_rotary"][1]
     assert report["error_window"][0] == "ValueError" and report["error_window"][1].startswith("window_size")

@@ -127,8 +127,8 @@ func ExamplePrepare() {
 }
 
 // TestExamplePrepare runs ExamplePrepare where there is a GPU: the last
-// appended key is in its page, and out is 6/103 (0x2b75 in fp16, within a
-// few units in the last place).
+// appended key is in its page (stage 1 wrote it: the appending paged form),
+// and out is 6/103 (0x2b75 in fp16, within a few units in the last place).
 func TestExamplePrepare(t *testing.T) {
 	if n, err := cu.NumDevices(); err != nil || n == 0 {
 		t.Skip("no CUDA device")
@@ -139,8 +139,8 @@ func TestExamplePrepare(t *testing.T) {
 	if _, err := fmt.Sscanf(printed, "%s key 102 %v, out %v", &kernel, &key, &out); err != nil {
 		t.Fatalf("ExamplePrepare printed %q: %v", printed, err)
 	}
-	if !strings.HasPrefix(kernel, "fd_split_kv_paged_f16_d128") || key != 0x3c00 || out < 0x2b71 || out > 0x2b79 {
-		t.Fatalf("ExamplePrepare printed %q: want the paged form of the serving kernel, key 0x3c00 and out 0x2b75 (6/103)", printed)
+	if !strings.HasPrefix(kernel, "fd_split_kv_paged_append_f16_d128") || key != 0x3c00 || out < 0x2b71 || out > 0x2b79 {
+		t.Fatalf("ExamplePrepare printed %q: want the appending paged form, key 0x3c00 and out 0x2b75 (6/103)", printed)
 	}
 }
 

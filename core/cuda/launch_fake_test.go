@@ -80,6 +80,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 		{"whole items and a split tail", plain(40, 32, 8, 8192, 0), "whole"},
 		{"wide combine", plain(1, 8, 1, 131072, 0), "wide"},
 		{"paged append with rotary", paged(), "append"},
+		{"paged append fused into stage 1", func() core.Problem { p := paged(); p.Rotary = core.Rotary{}; return p }(), "fused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.p
@@ -89,7 +90,8 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			}
 			takes := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
 				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
-				"wide": pl.Combine == pl.Variant.CombineWide, "append": pl.Append != ""}
+				"wide": pl.Combine == pl.Variant.CombineWide, "append": pl.Append != "",
+				"fused": pl.FusedAppend && pl.Append == ""}
 			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}

@@ -595,7 +595,11 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         "" when none runs) and ``whole_items`` (> 0 for a grid of more
         items than the GPU holds at once: that many batch x K/V head items
         run unsplit and the rest in ``num_splits`` splits each, on a 1-D
-        ``grid``).
+        ``grid``). A call that appends (seqlen_new) shows the append
+        kernel as ``append``, or, where stage 1 writes the new tokens
+        itself (``fd_split_kv_paged_append_*``: pages of a multiple of 8
+        keys, no rotary, at most 16 new tokens), ``fused_append`` True and
+        no ``append``.
 
     Example (on an H200)::
 
@@ -607,6 +611,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         >>> p["num_splits"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
         (8, 8, 0)
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16)  # a paged call appending a token
+        >>> p["kernel"], p.get("append"), p["fused_append"]  # doctest: +SKIP
+        ('fd_split_kv_paged_append_f16_d128_r16', None, True)
+        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16, rotary=True)
         >>> p["kernel"], p["append"]  # doctest: +SKIP
         ('fd_split_kv_paged_f16_d128_r16', 'fd_append_kv_f16')
     """
