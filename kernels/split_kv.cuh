@@ -233,13 +233,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // This split's keys, from the actual length (never from the host): its
     // i-th tile is tile split + i * num_splits of the sequence's `tiles`
     // (serving: counted from first_tile).
-    const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;  // the keys before this call's new ones
+    // base: the keys before this call's new ones. In the appending paged
+    // form (kFused) keys from base on are the new tokens, read from k_new /
+    // v_new (token key - base), while block (split 0, row tile 0) writes
+    // them into their pages.
+    const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
     int len = base;
     if constexpr (kCache) len += p.seqlen_new;  // the appended tokens are keys too
     len = min(max(len, 0), p.seqlen_cache);
-    // The paged form appending itself (kFused): keys from base on are new
-    // tokens, read from k_new / v_new (token key - base), while block
-    // (split 0, row tile 0) writes them into their pages.
     // Serving: keys before lo (the left padding) are never visible, and the
     // block starts at the tile of the first key any of its rows sees.
     int lo = 0, first_tile = 0;
