@@ -13,7 +13,7 @@ type planInput struct {
 	dtype, batch, seqlenQ, headsKV, group, headDim int
 	seqlenCache, seqlen, numSplits, seqlenNew      int
 	windowKeys, sms                                int
-	serving, rotary, clusters                      bool
+	serving, rotary, clusters, paged               bool
 }
 
 func (in planInput) shape() (Shape, Device) {
@@ -21,7 +21,7 @@ func (in planInput) shape() (Shape, Device) {
 		DType: DType(in.dtype), Batch: in.batch, SeqlenQ: in.seqlenQ, HeadsQ: in.headsKV * in.group,
 		HeadsKV: in.headsKV, HeadDim: in.headDim, SeqlenCache: in.seqlenCache, Seqlen: in.seqlen,
 		NumSplits: in.numSplits, Serving: in.serving, SeqlenNew: in.seqlenNew, WindowKeys: in.windowKeys,
-		RotaryQ: in.rotary,
+		RotaryQ: in.rotary, Paged: in.paged,
 	}
 	d := Device{SMs: in.sms}
 	if in.clusters {
@@ -54,7 +54,8 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		fail("the plan does not print")
 	}
 	v := p.Variant
-	if v.DType != s.DType || v.HeadDim < s.HeadDim || v.Serving != s.Serving {
+	if v.DType != s.DType || v.HeadDim < s.HeadDim || v.Serving != s.Serving || v.Paged != s.Paged ||
+		v.FusedAppend != s.fusesAppend() {
 		fail("the variant does not run the shape")
 	}
 	tiles := ceilDiv(s.plannedKeys(), v.KeysPerTile)
@@ -150,6 +151,7 @@ func drawPlanInput(r *rand.Rand) planInput {
 		in.windowKeys = or(pick(0, 0, 1, 100, 4097), -1)
 		in.rotary = in.seqlenNew > 0 && r.IntN(2) == 0 || r.IntN(32) == 0
 	}
+	in.paged = in.serving && r.IntN(2) == 0 || r.IntN(64) == 0
 	return in
 }
 
@@ -169,15 +171,16 @@ func TestPlanInvariants(t *testing.T) {
 // FuzzMakePlan checks the same invariants on inputs the fuzzer chooses
 // (go test -fuzz FuzzMakePlan ./core); without -fuzz it runs the seeds.
 func FuzzMakePlan(f *testing.F) {
-	f.Add(int(Float16), 1, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 132, false, false, true)
-	f.Add(int(BFloat16), 8, 4, 8, 8, 256, 4096, 1000, 0, 1, 0, 132, true, true, true)
-	f.Add(int(Float16), 64, 1, 1, 64, 64, 131072, -1, 0, 0, 4097, 132, true, false, true)
-	f.Add(int(Float16), 3, 16, 2, 1, 72, 16, 15, 3, 16, 0, 7, true, true, false)
-	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false)
+	f.Add(int(Float16), 1, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 132, false, false, true, false)
+	f.Add(int(BFloat16), 8, 4, 8, 8, 256, 4096, 1000, 0, 1, 0, 132, true, true, true, true)
+	f.Add(int(Float16), 64, 1, 1, 64, 64, 131072, -1, 0, 0, 4097, 132, true, false, true, false)
+	f.Add(int(Float16), 3, 16, 2, 1, 72, 16, 15, 3, 16, 0, 7, true, true, false, false)
+	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false, false)
+	f.Add(int(Float16), 2, 1, 8, 4, 128, 4096, -1, 0, 1, 0, 132, true, false, true, true)
 	f.Fuzz(func(t *testing.T, dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
-		seqlenNew, windowKeys, sms int, serving, rotary, clusters bool) {
+		seqlenNew, windowKeys, sms int, serving, rotary, clusters, paged bool) {
 		in := planInput{dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
-			seqlenNew, windowKeys, sms, serving, rotary, clusters}
+			seqlenNew, windowKeys, sms, serving, rotary, clusters, paged}
 		// Sizes beyond these only repeat the limits Validate checks, and
 		// would make the checker's products overflow.
 		if headsKV < 1 || headsKV > 1<<16 || group < 1 || group > 1<<16 || sms > 1<<12 || windowKeys > 1<<31 {
