@@ -111,9 +111,13 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.WorkspaceBytes != end {
 		fail("the workspace is not exactly the partials and the rotated q")
 	}
-	if (s.SeqlenNew > 0) != (p.Append != "" || p.FusedAppend) || (p.FusedAppend != p.Variant.FusedAppend || (p.FusedAppend && (p.Append != "" || !p.Variant.Paged || s.RotaryQ))) || (p.Append != "" && (p.AppendGrid[1] != s.Batch || p.AppendGrid[0] < 1 || p.AppendThreads < 1 ||
-		p.AppendGrid[2]*p.AppendThreads < s.HeadsKV*s.HeadDim/8 || p.AppendGrid[2] > 65535)) {
-		fail("the append kernel runs exactly when tokens are appended, over every sequence, a thread for each chunk of k and v")
+	if p.FusedAppend != p.Variant.FusedAppend || (p.FusedAppend && (p.Append != "" || !p.Variant.Paged || s.RotaryQ)) {
+		fail("stage 1 appends itself only as the appending paged form, without rotary and without the append kernel")
+	}
+	if (s.SeqlenNew > 0) != (p.Append != "" || p.FusedAppend) || (p.Append != "" && (p.AppendGrid[1] != s.Batch ||
+		p.AppendGrid[0] < 1 || p.AppendThreads < 1 || p.AppendGrid[2]*p.AppendThreads < s.HeadsKV*s.HeadDim/8 ||
+		p.AppendGrid[2] > 65535)) {
+		fail("the new tokens are appended exactly when there are some: by stage 1, or by the append kernel over every sequence, a thread for each chunk of k and v")
 	}
 	if p.SMs != d.SMs || p.BlocksPerSM < 1 {
 		fail("the plan does not record the device it was made for")
