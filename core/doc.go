@@ -99,7 +99,8 @@
 //   - problem.go, dtype.go: Shape, Tensor, Problem, DType and their checks.
 //   - serving.go: the serving arguments (paged cache, append, rotary,
 //     window, softcap, ALiBi; Window, Append, Rotary), their checks, and
-//     which form of the serving kernel a problem runs (PagedForm).
+//     which form of the serving kernel a problem runs (PagedForm,
+//     ContiguousForm).
 //   - merge.go: MergeProblem, the merge API's checks, launch shape and CPU
 //     reference.
 //   - variants.go: the compiled kernels (Variant) and SelectVariant.

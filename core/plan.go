@@ -50,9 +50,9 @@ type Plan struct {
 	Append        string `json:"append,omitzero"`
 	AppendGrid    [3]int `json:"append_grid,omitzero"`
 	AppendThreads int    `json:"append_threads,omitzero"`
-	// FusedAppend is set where stage 1 is the appending paged form
+	// FusedAppend is set where stage 1 is an appending form
 	// (Variant.FusedAppend; Append is then ""): it reads the new keys from
-	// k and v and writes them into their pages itself, so no append kernel
+	// k and v and writes them into the cache itself, so no append kernel
 	// runs ahead of it.
 	FusedAppend bool `json:"fused_append,omitzero"`
 	// WholeItems > 0 makes the stage-1 grid one-dimensional (Grid =
@@ -256,15 +256,18 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	return p, nil
 }
 
-// maxFusedAppend is the most new tokens the appending paged form writes
-// itself: one block of each K/V head writes them, a 16-byte chunk a
+// maxFusedAppend is the most new tokens the appending forms write
+// themselves: one block of each K/V head writes them, a 16-byte chunk a
 // thread, so a few decode tokens take one step of its threads.
 const maxFusedAppend = MaxSeqlenQ
 
-// fusesAppend reports whether s runs the appending paged form: the paged
-// form with 1 to maxFusedAppend new tokens and no rotary.
+// fusesAppend reports whether s runs an appending form (Variant.FusedAppend):
+// the paged form or a contiguous cache with no other serving feature
+// (Shape.Contiguous), with 1 to maxFusedAppend new tokens and no rotary.
+// With rotary the append kernel runs first: it rotates q too, which stage 1
+// then reads rotated (see docs/tuning.md on rotating in stage 1).
 func (s Shape) fusesAppend() bool {
-	return s.Paged && s.SeqlenNew > 0 && s.SeqlenNew <= maxFusedAppend && !s.RotaryQ
+	return (s.Paged || s.Contiguous) && s.SeqlenNew > 0 && s.SeqlenNew <= maxFusedAppend && !s.RotaryQ
 }
 
 // appendParts is the blocks the append kernel gives each token: enough for

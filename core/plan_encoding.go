@@ -57,6 +57,7 @@ type variantJSON struct {
 	Serving            bool   `json:"serving,omitzero"`
 	Append             string `json:"append,omitzero"`
 	Paged              bool   `json:"paged,omitzero"`
+	FusedAppend        bool   `json:"fused_append,omitzero"`
 }
 
 // MarshalJSON encodes p with snake_case names throughout, the variant's
@@ -69,5 +70,5 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		plain
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
 		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
-		v.CombineWide, v.CombineWideThreads, v.Serving, v.Append, v.Paged}, plain(p)})
+		v.CombineWide, v.CombineWideThreads, v.Serving, v.Append, v.Paged, v.FusedAppend}, plain(p)})
 }

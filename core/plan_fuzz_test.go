@@ -111,8 +111,9 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.WorkspaceBytes != end {
 		fail("the workspace is not exactly the partials and the rotated q")
 	}
-	if p.FusedAppend != p.Variant.FusedAppend || (p.FusedAppend && (p.Append != "" || !p.Variant.Paged || s.RotaryQ)) {
-		fail("stage 1 appends itself only as the appending paged form, without rotary and without the append kernel")
+	if p.FusedAppend != v.FusedAppend ||
+		(p.FusedAppend && (p.Append != "" || s.RotaryQ || v.Paged != s.Paged || v.Paged == s.Contiguous)) {
+		fail("stage 1 appends itself only as the appending form of its cache's layout, without rotary and without the append kernel")
 	}
 	if (s.SeqlenNew > 0) != (p.Append != "" || p.FusedAppend) || (p.Append != "" && (p.AppendGrid[1] != s.Batch ||
 		p.AppendGrid[0] < 1 || p.AppendThreads < 1 || p.AppendGrid[2]*p.AppendThreads < s.HeadsKV*s.HeadDim/8 ||

@@ -52,6 +52,11 @@ type Shape struct {
 	// paged cache of pages of a multiple of 8 keys and no serving feature
 	// but an append and rotary (Problem.PagedForm).
 	Paged bool
+	// Contiguous marks a contiguous cache with no serving feature but an
+	// append and rotary (Problem.ContiguousForm): with 1 to 16 new tokens
+	// and no rotary it runs the contiguous cache's appending form of the
+	// serving kernel (Variant.FusedAppend), otherwise the serving form.
+	Contiguous bool
 }
 
 // Tensor locates a 4-D (batch, seq, heads, head_dim) tensor in device memory.

@@ -63,11 +63,19 @@ func (p *Problem) PagedForm() bool {
 		p.Softcap == 0 && !p.Alibi
 }
 
+// ContiguousForm reports whether p's cache is contiguous with no serving
+// feature besides an append and rotary (Shape.Contiguous): with a few new
+// tokens it runs the contiguous cache's appending form, which reads and
+// writes row b of the cache (no cache_batch_idx).
+func (p *Problem) ContiguousForm() bool {
+	return p.PageSize == 0 && p.CacheBatch == 0 && !p.Leftpad && !p.Window.Enabled && p.Softcap == 0 && !p.Alibi
+}
+
 // PlanShape is the Shape p is planned with: p.Shape with its serving fields
 // set from p's, so that MakePlan, cuda.PlanFor and the plan cache see
 // everything the plan depends on. Serving is kept when p.Shape already
 // has it (the serving kernels then run without any feature on); Paged is
-// always p.PagedForm().
+// always p.PagedForm(), and Contiguous p.ContiguousForm() where p appends.
 func (p *Problem) PlanShape() Shape {
 	s := p.Shape
 	s.Serving = s.Serving || p.Serving()
@@ -75,6 +83,7 @@ func (p *Problem) PlanShape() Shape {
 	s.WindowKeys = windowKeys(p.Window, p.SeqlenQ)
 	s.RotaryQ = p.Rotary.Dim > 0
 	s.Paged = p.PagedForm()
+	s.Contiguous = p.New.Seqlen > 0 && p.ContiguousForm()
 	return s
 }
 
@@ -106,6 +115,8 @@ func (s Shape) validateServing(op string) error {
 		return invalid(op, "window_size", "a window needs Shape.Serving (the serving kernels)")
 	case s.Paged && (!s.Serving || s.WindowKeys > 0):
 		return invalid(op, "block_table", "the paged form needs Shape.Serving and no window")
+	case s.Contiguous && (!s.Serving || s.WindowKeys > 0 || s.Paged || s.SeqlenNew == 0):
+		return invalid(op, "k", "the contiguous cache's appending form needs Shape.Serving, an append, and no window or pages")
 	}
 	return nil
 }

@@ -185,7 +185,7 @@ func TestServingAndPlanShape(t *testing.T) {
 		{"plain", validProblem(), false, func(*Shape) {}},
 		{"causal alone is plain", func() Problem { p := validProblem(); p.Causal = true; return p }(), false, func(*Shape) {}},
 		{"paged", pagedProblem(), true, func(s *Shape) { s.Serving, s.Paged = true, true }},
-		{"append with rotary", appendProblem(), true, func(s *Shape) { s.Serving, s.SeqlenNew, s.RotaryQ = true, 3, true }},
+		{"append with rotary", appendProblem(), true, func(s *Shape) { s.Serving, s.SeqlenNew, s.RotaryQ, s.Contiguous = true, 3, true, true }},
 		{"every feature", allProblem(), true, func(s *Shape) { s.Serving, s.SeqlenNew, s.RotaryQ, s.WindowKeys = true, 3, true, 257 }},
 		{"softcap", func() Problem { p := validProblem(); p.Softcap = 5; return p }(), true, func(s *Shape) { s.Serving = true }},
 		{"right window only", func() Problem {
@@ -329,8 +329,9 @@ func TestServingPlanErrors(t *testing.T) {
 }
 
 // TestServingVariantTable: every plain variant has a serving form, a paged
-// form and an appending paged form with the same launch facts, and the
-// table names them as kernels/flashdecode.cu instantiates them.
+// form and two appending forms (paged and contiguous) with the same launch
+// facts, and the table names them as kernels/flashdecode.cu instantiates
+// them.
 func TestServingVariantTable(t *testing.T) {
 	plain, serving, paged, appending := map[string]Variant{}, map[string]Variant{}, map[string]Variant{}, map[string]Variant{}
 	for _, v := range Variants() {
@@ -348,8 +349,8 @@ func TestServingVariantTable(t *testing.T) {
 	want := []string{"fd_split_kv_serving_f16_d64_r16", "fd_split_kv_serving_f16_d128_r16", "fd_split_kv_serving_f16_d128_r32",
 		"fd_split_kv_serving_f16_d256_r16", "fd_split_kv_serving_bf16_d64_r16", "fd_split_kv_serving_bf16_d128_r16",
 		"fd_split_kv_serving_bf16_d128_r32", "fd_split_kv_serving_bf16_d256_r16"}
-	if len(serving) != len(want) || len(plain) != len(want) || len(paged) != len(want) || len(appending) != len(want) {
-		t.Fatalf("%d plain, %d serving, %d paged and %d appending paged variants, want %d each",
+	if len(serving) != len(want) || len(plain) != len(want) || len(paged) != len(want) || len(appending) != 2*len(want) {
+		t.Fatalf("%d plain, %d serving, %d paged and %d appending variants, want %d, and twice that appending",
 			len(plain), len(serving), len(paged), len(appending), len(want))
 	}
 	for _, name := range want {
@@ -361,12 +362,17 @@ func TestServingVariantTable(t *testing.T) {
 		if !ok {
 			t.Fatalf("no paged form of %s", name)
 		}
-		av, ok := appending[strings.Replace(name, "_serving_", "_paged_append_", 1)]
-		if !ok || !av.Paged {
-			t.Fatalf("no appending paged form of %s", name)
-		}
-		if av.Kernel, av.FusedAppend = pv.Kernel, false; av != pv {
-			t.Errorf("%s: the appending paged form's launch facts %+v differ from %+v", name, av, pv)
+		for _, form := range []struct {
+			infix string
+			paged bool
+		}{{"_paged_append_", true}, {"_append_", false}} {
+			av, ok := appending[strings.Replace(name, "_serving_", form.infix, 1)]
+			if !ok || av.Paged != form.paged {
+				t.Fatalf("no appending form %s of %s", form.infix, name)
+			}
+			if av.Kernel, av.FusedAppend, av.Paged = pv.Kernel, false, true; av != pv {
+				t.Errorf("%s: the appending form %s's launch facts %+v differ from %+v", name, form.infix, av, pv)
+			}
 		}
 		if pv.Kernel, pv.Paged = v.Kernel, false; pv != v {
 			t.Errorf("%s: the paged form's launch facts %+v differ from %+v", name, pv, v)
@@ -542,21 +548,31 @@ func TestPagedForm(t *testing.T) {
 	}
 }
 
-// TestFusedAppend: the appending paged form writes the new tokens itself
-// (no append kernel) without rotary and up to maxFusedAppend of them;
+// TestFusedAppend: the appending forms write the new tokens themselves (no
+// append kernel), up to maxFusedAppend of them without rotary, into pages
+// of a multiple of 8 keys or a contiguous cache with no other feature;
 // otherwise the append kernel runs first.
 func TestFusedAppend(t *testing.T) {
+	contiguous := func(p *Problem) { p.PageSize, p.NumPages, p.MaxPages, p.BlockTable, p.BlockTableStride = 0, 0, 0, 0, 0 }
 	tests := []struct {
 		name   string
 		edit   func(*Problem)
 		kernel string // the append kernel; "" where stage 1 appends
+		form   string // the stage-1 kernel's name up to its dtype
 	}{
-		{"paged, one token", func(p *Problem) { p.New.Seqlen, p.Rotary = 1, Rotary{} }, ""},
-		{"paged, 16 tokens", func(p *Problem) { p.New.Seqlen, p.Rotary = 16, Rotary{} }, ""},
-		{"paged, 17 tokens", func(p *Problem) { p.New.Seqlen, p.Rotary = 17, Rotary{} }, "fd_append_kv_f16"},
-		{"paged, rotary", func(*Problem) {}, "fd_append_kv_f16"},
-		{"pages of 1", func(p *Problem) { p.Rotary, p.PageSize, p.MaxPages = Rotary{}, 1, 4096 }, "fd_append_kv_f16"},
-		{"contiguous", func(p *Problem) { p.Rotary, p.PageSize = Rotary{}, 0 }, "fd_append_kv_f16"},
+		{"paged, one token", func(p *Problem) { p.New.Seqlen, p.Rotary = 1, Rotary{} }, "", "fd_split_kv_paged_append_"},
+		{"paged, 16 tokens", func(p *Problem) { p.New.Seqlen, p.Rotary = 16, Rotary{} }, "", "fd_split_kv_paged_append_"},
+		{"paged, 17 tokens", func(p *Problem) { p.New.Seqlen, p.Rotary = 17, Rotary{} }, "fd_append_kv_f16", "fd_split_kv_paged_"},
+		{"paged, rotary", func(*Problem) {}, "fd_append_kv_f16", "fd_split_kv_paged_"},
+		{"pages of 1", func(p *Problem) { p.Rotary, p.PageSize, p.MaxPages = Rotary{}, 1, 4096 }, "fd_append_kv_f16", "fd_split_kv_serving_"},
+		{"contiguous", func(p *Problem) { contiguous(p); p.Rotary = Rotary{} }, "", "fd_split_kv_append_"},
+		{"contiguous, rotary", contiguous, "fd_append_kv_f16", "fd_split_kv_serving_"},
+		{"contiguous, 17 tokens", func(p *Problem) { contiguous(p); p.New.Seqlen = 17 }, "fd_append_kv_f16", "fd_split_kv_serving_"},
+		{"contiguous, cache_batch_idx", func(p *Problem) {
+			contiguous(p)
+			p.CacheBatch, p.CacheBatchIdx = 2, 0x16000000
+		}, "fd_append_kv_f16", "fd_split_kv_serving_"},
+		{"contiguous, softcap", func(p *Problem) { contiguous(p); p.Softcap = 30 }, "fd_append_kv_f16", "fd_split_kv_serving_"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -570,8 +586,8 @@ func TestFusedAppend(t *testing.T) {
 			}
 			fused := tt.kernel == ""
 			if pl.Append != tt.kernel || pl.FusedAppend != fused || pl.Variant.FusedAppend != fused ||
-				strings.Contains(pl.Variant.Kernel, "_paged_append_") != fused {
-				t.Errorf("%v: append %q, fused %v; want %q", pl, pl.Append, pl.FusedAppend, tt.kernel)
+				!strings.HasPrefix(pl.Variant.Kernel, tt.form+"f16_") || (pl.QRotBytes > 0) != (p.Rotary.Dim > 0 && !fused) {
+				t.Errorf("%v: append %q, fused %v; want %q and %sf16_*", pl, pl.Append, pl.FusedAppend, tt.kernel, tt.form)
 			}
 		})
 	}

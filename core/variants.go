@@ -52,11 +52,12 @@ type Variant struct {
 	// feature (Shape.Paged). Its copies look up one page per 8 keys
 	// instead of one per key; same launch facts as the serving form.
 	Paged bool
-	// FusedAppend marks the appending paged form
-	// (fd_split_kv_paged_append_*): the paged form that reads a few new
-	// tokens (at most maxFusedAppend, no rotary) from k and v and writes
-	// them into their pages itself, so its plans run no append kernel
-	// (Plan.FusedAppend).
+	// FusedAppend marks an appending form, which reads a few new tokens (at
+	// most maxFusedAppend, no rotary) from k and v and writes them into the
+	// cache itself, so its plans run no append kernel (Plan.FusedAppend):
+	// the paged form's (fd_split_kv_paged_append_*, Paged set) or, for a
+	// contiguous cache with no serving feature but the append
+	// (Shape.Contiguous), fd_split_kv_append_* (Paged not set).
 	FusedAppend bool
 }
 
@@ -162,6 +163,15 @@ func pagedAppendKV(dt DType, headDim, rows int) Variant {
 	return v
 }
 
+// appendKV describes the appending form of servingKV(dt, headDim, rows)
+// for a contiguous cache, fd_split_kv_append_<dtype>_d<headDim>_r<rows>.
+func appendKV(dt DType, headDim, rows int) Variant {
+	v := pagedAppendKV(dt, headDim, rows)
+	v.Kernel = strings.Replace(v.Kernel, "_paged_", "_", 1)
+	v.Paged = false
+	return v
+}
+
 // combineSplitsPerStep is how many splits a combine of `threads` threads
 // loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
 // round trip adds to every call, so plans with more splits than the 4-warp
@@ -176,11 +186,11 @@ func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll
 // smallest Rows >= the packed rows, else the largest Rows with more row
 // tiles. Rows are whole 16-row
 // tensor-core tiles; 32 rows exist only for head dim 128, where they still
-// fit two blocks per SM in registers. Each plain kernel has a serving form
-// (fd_split_kv_serving_*), a paged form (fd_split_kv_paged_*, which
-// Shape.Paged selects) and an appending paged form
-// (fd_split_kv_paged_append_*, Shape.fusesAppend) with the same launch
-// facts.
+// fit two blocks per SM in registers. Each plain kernel has, with the same
+// launch facts, a serving form (fd_split_kv_serving_*), a paged form
+// (fd_split_kv_paged_*, which Shape.Paged selects) and two appending forms
+// (Shape.fusesAppend): the paged one (fd_split_kv_paged_append_*) and the
+// contiguous cache's (fd_split_kv_append_*, Shape.Contiguous).
 //
 //	kernel                       threads  keys/tile  smem   registers (sm_90)
 //	fd_split_kv_*_d64_r16          256       128     98304  120
@@ -220,6 +230,14 @@ var variants = []Variant{
 	pagedAppendKV(BFloat16, 128, 16),
 	pagedAppendKV(BFloat16, 128, 32),
 	pagedAppendKV(BFloat16, 256, 16),
+	appendKV(Float16, 64, 16),
+	appendKV(Float16, 128, 16),
+	appendKV(Float16, 128, 32),
+	appendKV(Float16, 256, 16),
+	appendKV(BFloat16, 64, 16),
+	appendKV(BFloat16, 128, 16),
+	appendKV(BFloat16, 128, 32),
+	appendKV(BFloat16, 256, 16),
 }
 
 // SelectVariant returns the kernel variant that runs the given dtype, head dim
@@ -230,7 +248,8 @@ func SelectVariant(dt DType, headDim, rows int, serving bool) (Variant, error) {
 }
 
 // selectVariant is SelectVariant, in the paged form when paged is set
-// (Shape.Paged), and in its appending form when fused is set too.
+// (Shape.Paged), and in an appending form when fused is set (paged or,
+// without paged, the contiguous cache's).
 func selectVariant(dt DType, headDim, rows int, serving, paged, fused bool) (Variant, error) {
 	var best *Variant
 	for i := range variants {

@@ -12,7 +12,8 @@ whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal,
 ragged lengths with zeros, odd GQA ratios, int and absent cache_seqlens, the
 paged cache (pages of 1 through the serving kernel; of 8 and 16 through its
 paged form, in clusters and with the combine) with and without append and
-rotary, cache_batch_idx, cache_leftpad with a window, softcap, ALiBi, and
+rotary, the appending forms (paged and contiguous, and the append kernel
+past 16 new tokens), cache_batch_idx, cache_leftpad with a window, softcap, ALiBi, and
 merge_states.
 
 --dry-run builds every call's arguments on the meta device (no GPU, no
@@ -55,7 +56,7 @@ def cases():
         seqlen = extra.get("cache_seqlens")
         return (b, sq, hq, hkv, d, n, dtype, extra.get("num_splits", 0), seqlen if type(seqlen) is int else None), call
 
-    def paged(page, b=2, sq=2, hq=32, hkv=8, d=128, n=4096, interleaved=False, append=True, rotary=True):
+    def paged(page, b=2, sq=2, hq=32, hkv=8, d=128, n=4096, interleaved=False, append=True, rotary=True, new=2):
         pages = b * n // page
 
         def call(dev):
@@ -64,7 +65,7 @@ def cases():
                       v_cache=rand(dev, pages, page, hkv, d), block_table=table,
                       cache_seqlens=ints(dev, [n - 2, 17][:b]), causal=True, return_softmax_lse=True)
             if append:
-                kw.update(k=rand(dev, b, 2, hkv, d), v=rand(dev, b, 2, hkv, d))
+                kw.update(k=rand(dev, b, new, hkv, d), v=rand(dev, b, new, hkv, d))
             if append and rotary:
                 half = 32  # rotary_dim 64
                 kw.update(rotary_cos=rand(dev, n, half), rotary_sin=rand(dev, n, half), rotary_interleaved=interleaved)
@@ -72,6 +73,8 @@ def cases():
         return (b, sq, hq, hkv, d, n, F16, 0, None), call
 
     lens = lambda *v: lambda dev: ints(dev, list(v))  # noqa: E731
+    new = lambda b, t, hkv, d: lambda dev: rand(dev, b, t, hkv, d)  # noqa: E731
+    table = lambda n, half: lambda dev: rand(dev, n, half)  # noqa: E731
     return [
         ("split + combine (4 warps)", *plain(1, 1, 32, 8, 128, 32768), dict(combine="fd_combine_f16")),
         ("split + combine (16 warps)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
@@ -90,7 +93,9 @@ def cases():
         ("GQA 7 (28/4)", *plain(3, 1, 28, 4, 128, 5000, cache_seqlens=lens(5000, 0, 4999)), {}),
         ("MQA 7/1", *plain(2, 1, 7, 1, 128, 700), {}),
         ("int cache_seqlens", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=1000), {}),
-        ("paged, page 16, append + rotary", *paged(16), dict(kernel="fd_split_kv_paged_")),
+        ("paged, page 16, append + rotary", *paged(16), dict(kernel="fd_split_kv_paged_f16")),
+        ("paged, page 16, 17 new tokens (append kernel)", *paged(16, new=17, rotary=False),
+         dict(kernel="fd_split_kv_paged_f16")),
         ("paged, page 16, append fused into stage 1", *paged(16, rotary=False),
          dict(kernel="fd_split_kv_paged_", fused_append=True)),
         ("paged, page 16, cluster merge", *paged(16, b=1, sq=1, n=1024, append=False),
@@ -99,6 +104,16 @@ def cases():
          dict(kernel="fd_split_kv_paged_")),
         ("paged, page 1, append + interleaved rotary", *paged(1, n=1024, interleaved=True),
          dict(kernel="fd_split_kv_serving_")),
+        ("contiguous, append fused into stage 1",
+         *plain(2, 2, 32, 8, 128, 4096, causal=True, cache_seqlens=lens(4094, 17), k=new(2, 2, 8, 128),
+                v=new(2, 2, 8, 128)), dict(kernel="fd_split_kv_append_f16", fused_append=True)),
+        ("contiguous, append + interleaved rotary",
+         *plain(2, 2, 32, 8, 128, 4096, causal=True, cache_seqlens=lens(4094, 17), k=new(2, 2, 8, 128),
+                v=new(2, 2, 8, 128), rotary_cos=table(4096, 32), rotary_sin=table(4096, 32), rotary_interleaved=True),
+         dict(kernel="fd_split_kv_serving_")),
+        ("contiguous, d64, append fused into stage 1, cluster merge",
+         *plain(1, 1, 8, 8, 64, 2048, cache_seqlens=lens(2000), k=new(1, 1, 8, 64), v=new(1, 1, 8, 64)),
+         dict(kernel="fd_split_kv_append_f16", fused_append=True, cluster=True)),
         ("cache_batch_idx", *plain(2, 1, 32, 8, 128, 2048, cache_seqlens=lens(2048, 5),
                                    cache_batch_idx=lens(1, 0)), {}),
         ("cache_leftpad + window", *plain(2, 1, 32, 8, 128, 2048, cache_seqlens=lens(2048, 900),

@@ -15,6 +15,8 @@
 //                        and a rotated q only (one page lookup per 8 keys)
 //                        fd_split_kv_paged_append_<dtype>_d<D>_r<ROWS>: the same,
 //                        writing a few new tokens itself (no rotary, no append kernel)
+//                        fd_split_kv_append_<dtype>_d<D>_r<ROWS>: the appending
+//                        form for a contiguous cache with no other serving feature
 //   append_kv.cuh        fd_append_kv_<dtype>: before a serving stage 1, writes
 //                        the new keys and values into the cache (rotated keys,
 //                        and the rotated q into the workspace, with rotary)
@@ -56,7 +58,7 @@
         fd_split_kv_serving<T, D, ROWS, fd_form_serving>(p);                              \
     }
 
-#define FD_SPLIT_KV_PAGED(name, T, D, ROWS, FORM)                                         \
+#define FD_SPLIT_KV_FORM(name, T, D, ROWS, FORM)                                          \
     extern "C" __global__ void __launch_bounds__(fd_split_kv_config<D, ROWS>::kThreads, 2) \
         name(const fd_params p) {                                                         \
         fd_split_kv_serving<T, D, ROWS, FORM>(p);                                         \
@@ -114,23 +116,31 @@ FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d128_r16, __nv_bfloat16, 128, 16)
 FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d128_r32, __nv_bfloat16, 128, 32)
 FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d256_r16, __nv_bfloat16, 256, 16)
 
-//                kernel name                             dtype          D    ROWS  form
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_f16_d64_r16,          half,          64,  16,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_f16_d128_r16,         half,          128, 16,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_f16_d128_r32,         half,          128, 32,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_f16_d256_r16,         half,          256, 16,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_bf16_d64_r16,         __nv_bfloat16, 64,  16,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_bf16_d128_r16,        __nv_bfloat16, 128, 16,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_bf16_d128_r32,        __nv_bfloat16, 128, 32,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_bf16_d256_r16,        __nv_bfloat16, 256, 16,   fd_form_paged)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_f16_d64_r16,   half,          64,  16,   fd_form_paged_append)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_f16_d128_r16,  half,          128, 16,   fd_form_paged_append)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_f16_d128_r32,  half,          128, 32,   fd_form_paged_append)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_f16_d256_r16,  half,          256, 16,   fd_form_paged_append)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_bf16_d64_r16,  __nv_bfloat16, 64,  16,   fd_form_paged_append)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_bf16_d128_r16, __nv_bfloat16, 128, 16,   fd_form_paged_append)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_bf16_d128_r32, __nv_bfloat16, 128, 32,   fd_form_paged_append)
-FD_SPLIT_KV_PAGED(fd_split_kv_paged_append_bf16_d256_r16, __nv_bfloat16, 256, 16,   fd_form_paged_append)
+//               kernel name                              dtype          D    ROWS  form
+FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d64_r16,           half,          64,  16,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d128_r16,          half,          128, 16,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d128_r32,          half,          128, 32,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d256_r16,          half,          256, 16,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d64_r16,          __nv_bfloat16, 64,  16,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d128_r16,         __nv_bfloat16, 128, 16,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d128_r32,         __nv_bfloat16, 128, 32,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d256_r16,         __nv_bfloat16, 256, 16,   fd_form_paged)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d64_r16,    half,          64,  16,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d128_r16,   half,          128, 16,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d128_r32,   half,          128, 32,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d256_r16,   half,          256, 16,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d64_r16,   __nv_bfloat16, 64,  16,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d128_r16,  __nv_bfloat16, 128, 16,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d128_r32,  __nv_bfloat16, 128, 32,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d256_r16,  __nv_bfloat16, 256, 16,   fd_form_paged_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d64_r16,          half,          64,  16,   fd_form_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d128_r16,         half,          128, 16,   fd_form_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d128_r32,         half,          128, 32,   fd_form_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d256_r16,         half,          256, 16,   fd_form_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d64_r16,         __nv_bfloat16, 64,  16,   fd_form_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d128_r16,        __nv_bfloat16, 128, 16,   fd_form_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d128_r32,        __nv_bfloat16, 128, 32,   fd_form_append)
+FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d256_r16,        __nv_bfloat16, 256, 16,   fd_form_append)
 
 //           kernel name      dtype
 FD_APPEND_KV(fd_append_kv_f16,  half)

@@ -69,11 +69,12 @@
 // lie in one page, so it looks up one page id a tile instead of sharing
 // one lookup a key by shuffle, and its tiles skip the other features'
 // per-tile work: a paged call then runs about as fast as a contiguous one.
-// Its appending variants (fd_split_kv_paged_append_*, kFused: a few new
-// tokens, no rotary) also read the new keys from k_new / v_new and write
-// them into their pages themselves (fd_paged_append), so no append kernel
-// runs before them; a form of its own, so that the paged form's loop is
-// not the longer for it.
+// The appending forms (kFused: a few new tokens, no rotary;
+// fd_split_kv_paged_append_* for such a paged cache, fd_split_kv_append_*
+// for a contiguous cache with no other feature) also read the new keys from
+// k_new / v_new and write them into the cache themselves (fd_fused_append),
+// so no append kernel runs before them. Each is a form of its own, so that
+// no other form's loop is the longer for it.
 #ifndef FLASHDECODE_SPLIT_KV_CUH
 #define FLASHDECODE_SPLIT_KV_CUH
 
@@ -102,8 +103,8 @@ __device__ __forceinline__ void fd_serving_bases(const fd_params &p, int b, int 
                                                  const T *&k_base, const T *&v_base, fd_serving_q<true> &q);
 template <bool kServing, int KEYS, int AHEAD>
 struct fd_serving_pages;
-template <typename T, int THREADS, typename PAGES>
-__device__ __forceinline__ void fd_paged_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base);
+template <typename T, int THREADS, bool kPaged, typename PAGES>
+__device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base);
 template <bool kServing, int MTILES>
 struct fd_serving_rows;
 template <bool kServing>
@@ -118,19 +119,21 @@ struct fd_bool {
 // kernel, for a paged cache whose pages hold a multiple of 8 keys, with or
 // without appended keys and a rotated q, and nothing else (no
 // cache_batch_idx, leftpad, window, softcap or ALiBi); the same appending
-// the new tokens itself (no rotary: core.Plan.FusedAppend); and the serving
-// kernel, with every feature.
-enum fd_form { fd_form_plain, fd_form_paged, fd_form_paged_append, fd_form_serving };
+// a few new tokens itself, without rotary (core.Plan.FusedAppend); the
+// appending form of a contiguous cache with no other feature; and the
+// serving kernel, with every feature.
+enum fd_form { fd_form_plain, fd_form_paged, fd_form_paged_append, fd_form_append, fd_form_serving };
 
 template <typename T, int D, int ROWS, int FORM>
 __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg,
                                                  int *page_ring) {
     using C = fd_split_kv_config<D, ROWS>;
     using DT = fd_dtype<T>;
-    constexpr bool kServing = FORM == fd_form_serving;     // every serving feature
-    constexpr bool kFused = FORM == fd_form_paged_append;  // the paged form appending itself
-    constexpr bool kPaged = FORM == fd_form_paged || kFused;  // pages of a multiple of 8 keys, appends, q_rot
-    constexpr bool kCache = kServing || kPaged;            // the fields both read: pages, appended keys, q_rot
+    constexpr bool kServing = FORM == fd_form_serving;                          // every serving feature
+    constexpr bool kFused = FORM == fd_form_paged_append || FORM == fd_form_append;  // appends itself
+    constexpr bool kPaged = FORM == fd_form_paged || FORM == fd_form_paged_append;   // pages of a multiple of 8 keys
+    constexpr bool kPages = kServing || kPaged;  // reads block_table (when set) through the page ring
+    constexpr bool kCache = kPages || kFused;    // the fields all but the plain form read: appended keys, q_rot
 
     // This block's item (sequence b, K/V head, row tile) and split of it.
     int split = blockIdx.x, item_y = blockIdx.y, b = blockIdx.z, num_splits = p.num_splits;
@@ -220,9 +223,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // starts every split at key 0, so the page ids of the prologue's tiles
     // are fetched now, in flight with the length: the first keys then wait
     // on one read, not two.
-    fd_serving_pages<kCache, C::kKeys, C::kStages - 1> pages(p, page_ring);
+    fd_serving_pages<kPages, C::kKeys, C::kStages - 1> pages(p, page_ring);
     bool pages_early = false;
-    if constexpr (kCache) {
+    if constexpr (kPages) {
         pages_early = kPaged || (p.block_table != nullptr && p.window_left < 0 && p.cache_leftpad == nullptr);
         if (pages_early) {
 #pragma unroll
@@ -233,10 +236,10 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // This split's keys, from the actual length (never from the host): its
     // i-th tile is tile split + i * num_splits of the sequence's `tiles`
     // (serving: counted from first_tile).
-    // base: the keys before this call's new ones. In the appending paged
-    // form (kFused) keys from base on are the new tokens, read from k_new /
-    // v_new (token key - base), while block (split 0, row tile 0) writes
-    // them into their pages.
+    // base: the keys before this call's new ones. In the appending forms
+    // (kFused) keys from base on are the new tokens, read from k_new / v_new
+    // (token key - base), while block (split 0, row tile 0) writes them into
+    // the cache.
     const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
     int len = base;
     if constexpr (kCache) len += p.seqlen_new;  // the appended tokens are keys too
@@ -288,6 +291,21 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const int copy_chunk = threadIdx.x % C::kChunks;
     const int copy_key = threadIdx.x / C::kChunks;
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
+    // The appending forms' copy of a key that may be a new token (gkey >=
+    // base): from k_new / v_new instead of its cache row (k_src, v_src).
+    auto copy_new = [&](T *k_s, T *v_s, int s_off, int gkey, bool valid, const T *k_src, const T *v_src) {
+        const bool fresh = gkey >= base;
+        const T *k_from = fresh ? static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride +
+                                      (long long)(gkey - base) * p.k_new_seq_stride + kv_head * p.k_new_head_stride +
+                                      copy_chunk * 8
+                                : k_src;
+        const T *v_from = fresh ? static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride +
+                                      (long long)(gkey - base) * p.v_new_seq_stride + kv_head * p.v_new_head_stride +
+                                      copy_chunk * 8
+                                : v_src;
+        fd_cp_async_16(k_s + s_off, k_from, valid);
+        fd_cp_async_16(v_s + s_off, v_from, valid);
+    };
     // Serving: keys outside [lo, len) are zero-filled (masked, and never NaN
     // in P V), and the pages come from the ring (fd_serving_pages).
     auto load_tile = [&](int tile, int stage, int j) {  // j: the split's j-th tile
@@ -350,23 +368,16 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                     fd_cp_async_16(v_s + s_off, v_src + i * p.v_seq_stride, valid);
                 }
             } else {
-                const T *k_new = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride +
-                                 kv_head * p.k_new_head_stride + copy_chunk * 8;
-                const T *v_new = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride +
-                                 kv_head * p.v_new_head_stride + copy_chunk * 8;
 #pragma unroll
                 for (int i = 0; i < C::kCopiesPerThread; ++i) {
-                    const int s_off = fd_swizzle<D>(key0 + i, copy_chunk);
                     const int gkey = gkey0 + i;
-                    const bool valid = chunk_in_dim && gkey < len, fresh = gkey >= base;
-                    fd_cp_async_16(k_s + s_off, fresh ? k_new + (long long)(gkey - base) * p.k_new_seq_stride
-                                                      : k_src + i * p.k_seq_stride, valid);
-                    fd_cp_async_16(v_s + s_off, fresh ? v_new + (long long)(gkey - base) * p.v_new_seq_stride
-                                                      : v_src + i * p.v_seq_stride, valid);
+                    copy_new(k_s, v_s, fd_swizzle<D>(key0 + i, copy_chunk), gkey, chunk_in_dim && gkey < len,
+                             k_src + i * p.k_seq_stride, v_src + i * p.v_seq_stride);
                 }
             }
             pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, 0, len);
-        } else {
+        } else {  // a contiguous cache (the appending forms: a tile holding new tokens apart)
+            const bool fresh_tile = kFused && (tile + 1) * C::kKeys > base;
 #pragma unroll
             for (int i = 0; i < C::kCopiesPerThread; ++i) {
                 const int key = copy_key + i * (C::kThreads / C::kChunks);
@@ -375,8 +386,12 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;
                 const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * 8;
                 const int s_off = fd_swizzle<D>(key, copy_chunk);
-                fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
-                fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+                if (fresh_tile) {
+                    copy_new(k_s, v_s, s_off, gkey, valid, k_base + k_off, v_base + v_off);
+                } else {
+                    fd_cp_async_16(k_s + s_off, k_base + k_off, valid);
+                    fd_cp_async_16(v_s + s_off, v_base + v_off, valid);
+                }
             }
         }
     };
@@ -404,7 +419,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // neighbouring tiles instead of addresses a whole split apart (often a
     // power of two), and the blocks end closer together.
     const auto tile_of = [&](int i) { return first_tile + split + i * num_splits; };
-    if constexpr (kCache) {  // the pages of the prologue's tiles, before it loads them
+    if constexpr (kPages) {  // the pages of the prologue's tiles, before it loads them
         if (!pages_early) {
 #pragma unroll
             for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, tile_of(s), s, lo, len);
@@ -419,7 +434,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         fd_cp_async_commit();
     }
     if constexpr (kFused) {  // the append, once the first tiles are on their way
-        if (split == 0 && row0 == 0) fd_paged_append<T, C::kThreads>(p, pages, b, kv_head, base);
+        if (split == 0 && row0 == 0) fd_fused_append<T, C::kThreads, kPaged>(p, pages, b, kv_head, base);
     }
     const fd_serving_score<kServing> score(p);  // serving: softcap, ALiBi, the rows' key ranges
     for (int it = 0; it < n_tiles; ++it) {
@@ -759,35 +774,47 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
     }
 };
 
-// The appending paged form's append (kFused): K/V head kv_head of
-// sequence b writes its new tokens into their pages, token t at key base +
-// t, skipping keys outside [0, seqlen_cache) and page ids outside [0,
-// num_pages) as fd_append_kv does. No block of the grid reads those rows
-// from the cache (they read the new tokens from k_new / v_new), so the
-// stores need no ordering within the grid; the next kernel sees them
-// after its PDL wait. One 16-byte chunk of k and v a thread and step.
-template <typename T, int THREADS, typename PAGES>
-__device__ __forceinline__ void fd_paged_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base) {
+// The appending forms' append (kFused): K/V head kv_head of sequence b
+// writes its new tokens into the cache, token t at key base + t: into its
+// page (kPaged) or row b of a contiguous cache, skipping keys outside [0,
+// seqlen_cache) and page ids outside [0, num_pages) as fd_append_kv does.
+// No block of the grid reads those rows from the cache (they read the new
+// tokens from k_new / v_new), so the stores need no ordering within the
+// grid; the next kernel sees them after its PDL wait. One 16-byte chunk of
+// k and v a thread and step.
+template <typename T, int THREADS, bool kPaged, typename PAGES>
+__device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base) {
+    // Token t's row offsets in k and v; false where it is skipped.
+    auto row_of = [&](int t, long long &k_row, long long &v_row) {
+        const int key = base + t;
+        if (key < 0 || key >= p.seqlen_cache) return false;
+        if constexpr (kPaged) {
+            const int slot = pages.page_size.div(key);
+            const int page = p.block_table[b * p.block_table_stride + slot];
+            if (page < 0 || page >= p.num_pages) return false;
+            const long long row = key - slot * p.page_size;
+            k_row = page * p.k_batch_stride + row * p.k_seq_stride;
+            v_row = page * p.v_batch_stride + row * p.v_seq_stride;
+        } else {
+            k_row = b * p.k_batch_stride + (long long)key * p.k_seq_stride;
+            v_row = b * p.v_batch_stride + (long long)key * p.v_seq_stride;
+        }
+        return true;
+    };
+    // The cache is const to the reads of stage 1.
+    T *k_cache = static_cast<T *>(const_cast<void *>(p.k)) + kv_head * p.k_head_stride;
+    T *v_cache = static_cast<T *>(const_cast<void *>(p.v)) + kv_head * p.v_head_stride;
+    const T *k_new = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + kv_head * p.k_new_head_stride;
+    const T *v_new = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + kv_head * p.v_new_head_stride;
     const int chunks = p.head_dim / 8;
     for (int idx = threadIdx.x; idx < p.seqlen_new * chunks; idx += THREADS) {
         const int t = idx / chunks, d0 = (idx % chunks) * 8;
-        const uint4 kx = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride +
-                                                          t * p.k_new_seq_stride + kv_head * p.k_new_head_stride + d0);
-        const uint4 vx = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride +
-                                                          t * p.v_new_seq_stride + kv_head * p.v_new_head_stride + d0);
-        const int key = base + t;
-        if (key < 0 || key >= p.seqlen_cache) continue;
-        const int slot = pages.page_size.div(key);
-        const int page = p.block_table[b * p.block_table_stride + slot];
-        if (page < 0 || page >= p.num_pages) continue;
-        const long long row = key - slot * p.page_size;
-        // The cache is const to the reads of stage 1.
-        T *k = static_cast<T *>(const_cast<void *>(p.k)) + page * p.k_batch_stride + row * p.k_seq_stride +
-               kv_head * p.k_head_stride + d0;
-        T *v = static_cast<T *>(const_cast<void *>(p.v)) + page * p.v_batch_stride + row * p.v_seq_stride +
-               kv_head * p.v_head_stride + d0;
-        *reinterpret_cast<uint4 *>(k) = kx;
-        *reinterpret_cast<uint4 *>(v) = vx;
+        const uint4 kx = *reinterpret_cast<const uint4 *>(k_new + t * p.k_new_seq_stride + d0);
+        const uint4 vx = *reinterpret_cast<const uint4 *>(v_new + t * p.v_new_seq_stride + d0);
+        long long k_row, v_row;
+        if (!row_of(t, k_row, v_row)) continue;
+        *reinterpret_cast<uint4 *>(k_cache + k_row + d0) = kx;
+        *reinterpret_cast<uint4 *>(v_cache + v_row + d0) = vx;
     }
 }
 

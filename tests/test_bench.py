@@ -317,8 +317,8 @@ def test_serving_dense_slices_a_larger_capacity():
 
 
 def test_serving_cases_and_shapes():
-    assert list(bench.SERVING_CASES) == ["contiguous", "paged16", "paged1", "append", "paged16+append",
-                                         "paged16+append+rotary",
+    assert list(bench.SERVING_CASES) == ["contiguous", "paged16", "paged1", "append", "append+rotary",
+                                         "paged16+append", "paged16+append+rotary",
                                          "8x capacity", "8x capacity+max_seqlen_k"]
     assert bench.parse_args([]).serving_shapes == bench.parse_shapes(bench.SERVING_SHAPES)
     assert bench.parse_args(["--quick"]).serving_shapes == bench.parse_shapes(bench.SERVING_QUICK)

@@ -264,6 +264,8 @@ report["plan_40"] = flash_decode.plan(2, 4, 40, 8, 128, 32768, num_splits=40, de
 report["plan_serving"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, serving=True, device=-1)
 report["plan_append"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, device=-1)
 report["plan_rotary"] = flash_decode.plan(2, 1, 32, 8, 128, 4096, seqlen_new=1, rotary=True, device=-1)
+report["plan_rotary_window"] = flash_decode.plan(2, 1, 32, 8, 128, 4096, seqlen_new=1, rotary=True,
+                                                 window_size=(255, 0), device=-1)
 report["plan_window"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, window_size=(255, 0), device=-1)
 report["plan_257"] = flash_decode.plan(1, 1, 32, 8, 128, 257, serving=True, device=-1)
 report["plan_readme_serving"] = flash_decode.plan(1, 1, 32, 8, 128, 32768, seqlen_new=1, page_size=16, device=-1)
@@ -344,11 +346,17 @@ def test_binding_with_fake_driver():
     assert p["combine"].endswith("_w16") and p["combine_threads"] == 512
     assert p["workspace_bytes"] >= 40 * (2 * 40 * 4) * 128 * 4  # splits * rows * headdim * fp32
 
-    # Serving plans: the serving kernels; an append adds its kernel, rotary the rotated q's room;
-    # a left window plans for the keys it lets a row see (255 + 1 + 1), whatever the cache.
+    # Serving plans: the serving kernels; a contiguous cache's append without rotary runs its
+    # appending form (no append kernel); with rotary, or another serving feature, the append
+    # kernel runs first, and with rotary the workspace holds the rotated q. A left window plans
+    # for the keys it lets a row see (255 + 1 + 1), whatever the cache.
     assert report["plan_serving"]["kernel"] == "fd_split_kv_serving_f16_d128_r16"
     assert "append" not in report["plan_serving"]
-    assert report["plan_append"]["append"] == "fd_append_kv_f16"
+    p = report["plan_append"]
+    assert p["kernel"] == "fd_split_kv_append_f16_d128_r16" and p["fused_append"] is True and "append" not in p
+    for p in (report["plan_rotary"], report["plan_rotary_window"]):
+        assert p["kernel"] == "fd_split_kv_serving_f16_d128_r16" and p["append"] == "fd_append_kv_f16"
+        assert p["q_rot_bytes"] == 2 * 32 * 128 * 2 and p["workspace_bytes"] >= p["q_rot_bytes"]
     # Pages of a multiple of 8 keys run the paged form (one page lookup per 8 keys), on the same plan;
     # pages of 1, or a window, the serving kernel.
     # The paged form appends a few tokens without rotary itself (no append kernel), with rotary not.
@@ -362,8 +370,6 @@ def test_binding_with_fake_driver():
     p = report["plan_paged16_rotary"]
     assert p["kernel"] == "fd_split_kv_paged_f16_d128_r16" and p["append"] == "fd_append_kv_f16"
     assert report["plan_paged16_window"]["kernel"] == "fd_split_kv_serving_f16_d128_r16"
-    p = report["plan_rotary"]
-    assert p["q_rot_bytes"] == 2 * 32 * 128 * 2 and p["workspace_bytes"] >= p["q_rot_bytes"]
     assert {k: report["plan_window"][k] for k in ("num_splits", "cluster", "grid")} == \
         {k: report["plan_257"][k] for k in ("num_splits", "cluster", "grid")}
     readme = {"num_splits": 31, "grid": [31, 8, 1], "cluster": 1, "kernel": "fd_split_kv_paged_append_f16_d128_r16",

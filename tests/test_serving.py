@@ -539,6 +539,28 @@ def test_append(dtype, rotary, seqlen_new, layout, causal):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("num_splits", [0, 3])
+@pytest.mark.parametrize("headdim,nheads_q,nheads_kv,seqlen_q,causal",
+                         [(64, 8, 4, 1, False), (128, 32, 4, 4, True), (256, 8, 2, 2, False)])
+@pytest.mark.parametrize("layout", ["dense", "paged8", "paged16"])
+@pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
+def test_appending_forms(rotary, layout, headdim, nheads_q, nheads_kv, seqlen_q, causal, num_splits):
+    # The appending forms of stage 1 (the new tokens written by stage 1 itself; with rotary, by
+    # the append kernel ahead of it): every head dim, 32 packed rows at head dim 128 (GQA 8, 4
+    # query tokens), 16 new tokens across key tiles' boundaries (tiles of 128, 64 and 32 keys),
+    # rotary over half the head dim, and splits other than the first holding the new tokens.
+    q, k_cache, v_cache, k, v = make(4, seqlen_q, nheads_q, nheads_kv, headdim, 400, seqlen_new=16)
+    kwargs = dict(cache_seqlens=lengths(0, 60, 120, 384), causal=causal, num_splits=num_splits)
+    if layout != "dense":
+        k_cache, v_cache, kwargs["block_table"] = paged(k_cache, v_cache, int(layout[len("paged"):]))
+    if rotary:
+        kwargs["rotary_cos"], kwargs["rotary_sin"] = rotary_tables(512, headdim // 2, dtype=torch.float16,
+                                                                   device="cuda")
+        kwargs["rotary_interleaved"] = rotary == "interleaved"
+    run_and_check(q, k_cache, v_cache, k, v, **kwargs)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("bound", [0, 3, 64, 4000, 32768])
 @pytest.mark.parametrize("layout", ["dense", "paged"])
 def test_append_with_max_seqlen_k(bound, layout):

@@ -290,6 +290,12 @@ static void test_serving_plan(void) {
               p.workspace_bytes == p.lse_partial_offset + 40 * rows * 4 + rows * a.head_dim * 2,
           "append + rotary, 40 splits: rc %d, workspace %lld, lse_partial at %lld", rc, (long long)p.workspace_bytes,
           (long long)p.lse_partial_offset);
+    // Without rotary, the contiguous cache's appending form: no append kernel.
+    s.rotary_dim = 0;
+    s.rotary_cos = s.rotary_sin = 0;
+    rc = fd_plan_serving(&a, &s, &p);
+    CHECK(rc == FD_OK && strcmp(p.kernel, "fd_split_kv_append_f16_d128_r16") == 0,
+          "append without rotary: rc %d, kernel %s (%s)", rc, p.kernel, fd_last_error());
     char json[4096];
     rc = fd_plan_json(&a, json, sizeof json, NULL);
     CHECK(rc == FD_OK && strstr(json, "fd_append_kv") == NULL, "fd_plan_json without serving: %s", json);

@@ -81,6 +81,11 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 		{"wide combine", plain(1, 8, 1, 131072, 0), "wide"},
 		{"paged append with rotary", paged(), "append"},
 		{"paged append fused into stage 1", func() core.Problem { p := paged(); p.Rotary = core.Rotary{}; return p }(), "fused"},
+		{"contiguous append fused into stage 1", func() core.Problem {
+			p := plain(2, 32, 8, 4096, 0)
+			p.New, p.Causal = paged().New, true
+			return p
+		}(), "fused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.p

@@ -133,6 +133,12 @@ func TestPlanForServing(t *testing.T) {
 		pl.AppendGrid != [3]int{1, 2, 5} || pl.WorkspaceBytes != 2*32*128*2 || pl.QRotOffset != 0 {
 		t.Fatalf("PlanFor = %v", pl)
 	}
+	// Without rotary, the contiguous cache's appending form: no append kernel, no workspace.
+	p.Rotary = core.Rotary{}
+	if pl, err = PlanFor(p.PlanShape(), -1); err != nil || pl.Variant.Kernel != "fd_split_kv_append_f16_d128_r16" ||
+		pl.Append != "" || !pl.FusedAppend || pl.WorkspaceBytes != 0 {
+		t.Fatalf("PlanFor without rotary = %v, %v", pl, err)
+	}
 	if plain, err := PlanFor(p.Shape, -1); err != nil || plain.Variant.Serving || plain.WorkspaceBytes != 0 {
 		t.Fatalf("PlanFor(p.Shape) = %v, %v: want the plain plan", plain, err)
 	}

@@ -32,12 +32,14 @@ func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, 
 // (fd_split_kv_serving_*, which any of a paged cache, cache_batch_idx,
 // cache_leftpad, a window, softcap, ALiBi or an append selects): with
 // seqlenNew tokens appended, the window (windowLeft, windowRight; -1 is an
-// unbounded side, both -1 no window), with rotary, the rotated q kept in the
-// workspace, and pageSize > 0 a paged cache of pages of that many keys,
+// unbounded side, both -1 no window), with rotary (q and the new keys
+// rotated), and pageSize > 0 a paged cache of pages of that many keys,
 // which runs the paged form (fd_split_kv_paged_*) when a multiple of 8 and
 // no window is given (core.Problem.PagedForm; the call must then have no
-// cache_batch_idx, cache_leftpad, softcap or ALiBi either). The other
-// serving features do not change the plan.
+// cache_batch_idx, cache_leftpad, softcap or ALiBi either). A few new tokens
+// run an appending form (paged, or, without pages or a window, the
+// contiguous cache's: core.Problem.ContiguousForm), which plans as if those
+// other features were off too; otherwise they do not change the plan.
 func PlanServing(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, seqlenNew,
 	windowLeft, windowRight int, rotary bool, pageSize, device int) (plan string, err error) {
 	defer recoverError(&err)

@@ -272,12 +272,19 @@ func TestPlanServing(t *testing.T) {
 		want                   func(s core.Shape) core.Shape
 	}{
 		{"serving kernels alone", 0, -1, -1, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { return s }},
-		{"append", 1, -1, -1, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.SeqlenNew = 1; return s }},
-		{"append with rotary", 4, -1, -1, true, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.SeqlenNew, s.RotaryQ = 4, true; return s }},
+		{"append", 1, -1, -1, false, 0, "fd_split_kv_append_", func(s core.Shape) core.Shape { s.SeqlenNew, s.Contiguous = 1, true; return s }},
+		{"append with rotary", 4, -1, -1, true, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape {
+			s.SeqlenNew, s.RotaryQ, s.Contiguous = 4, true, true
+			return s
+		}},
+		{"append with rotary and a window", 4, 1000, 0, true, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape {
+			s.SeqlenNew, s.RotaryQ, s.WindowKeys = 4, true, 1000+1+1
+			return s
+		}},
 		{"left window", 0, 1000, 0, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.WindowKeys = 1000 + 1 + 1; return s }},
 		{"right window only", 0, -1, 5, false, 0, "fd_split_kv_serving_", func(s core.Shape) core.Shape { return s }},
 		{"pages of 16", 0, -1, -1, false, 16, "fd_split_kv_paged_", func(s core.Shape) core.Shape { s.Paged = true; return s }},
-		{"pages of 16, append with rotary", 1, -1, -1, true, 16, "fd_split_kv_paged_", func(s core.Shape) core.Shape { s.SeqlenNew, s.RotaryQ, s.Paged = 1, true, true; return s }},
+		{"pages of 16, append with rotary", 1, -1, -1, true, 16, "fd_split_kv_paged_f16", func(s core.Shape) core.Shape { s.SeqlenNew, s.RotaryQ, s.Paged = 1, true, true; return s }},
 		{"pages of 1", 0, -1, -1, false, 1, "fd_split_kv_serving_", func(s core.Shape) core.Shape { return s }},
 		{"pages of 16 with a window", 0, 1000, 0, false, 16, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.WindowKeys = 1000 + 1 + 1; return s }},
 	}

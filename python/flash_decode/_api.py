@@ -584,7 +584,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             no window run the paged form of the serving kernel
             (``fd_split_kv_paged_*``, one page lookup per 8 keys), provided
             the call has no cache_batch_idx, cache_leftpad, softcap or
-            alibi_slopes either, which plan() takes it not to have.
+            alibi_slopes either, which plan() takes it not to have (nor
+            for a contiguous cache's appending form, below).
 
     Returns:
         dict: the core's plan, with at least ``num_splits``, ``grid``,
@@ -597,9 +598,10 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         run unsplit and the rest in ``num_splits`` splits each, on a 1-D
         ``grid``). A call that appends (seqlen_new) shows the append
         kernel as ``append``, or, where stage 1 writes the new tokens
-        itself (``fd_split_kv_paged_append_*``: pages of a multiple of 8
-        keys, no rotary, at most 16 new tokens), ``fused_append`` True and
-        no ``append``.
+        itself, ``fused_append`` True and no ``append``: at most 16 new
+        tokens without rotary, into pages of a multiple of 8 keys
+        (``fd_split_kv_paged_append_*``) or into a contiguous cache with
+        no other serving argument (``fd_split_kv_append_*``).
 
     Example (on an H200)::
 
@@ -616,6 +618,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16, rotary=True)
         >>> p["kernel"], p["append"]  # doctest: +SKIP
         ('fd_split_kv_paged_f16_d128_r16', 'fd_append_kv_f16')
+        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=1)  # pages of 1 key
+        >>> p["kernel"], p["append"]  # doctest: +SKIP
+        ('fd_split_kv_serving_f16_d128_r16', 'fd_append_kv_f16')
     """
     if dtype not in _DTYPE_CODES:
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")

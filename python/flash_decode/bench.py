@@ -102,8 +102,9 @@ SERVING_CASES = {  # name: (page size, append, rotary, capacity over L, max_seql
     "contiguous": (0, False, False, 1, False),
     "paged16": (16, False, False, 1, False),
     "paged1": (1, False, False, 1, False),
-    "append": (0, True, False, 1, False),
-    "paged16+append": (16, True, False, 1, False),           # the paged form appends itself (no append kernel)
+    "append": (0, True, False, 1, False),                   # stage 1 appends itself (no append kernel) ...
+    "append+rotary": (0, True, True, 1, False),             # ... and rotates q and the new keys itself
+    "paged16+append": (16, True, False, 1, False),
     "paged16+append+rotary": (16, True, True, 1, False),
     "8x capacity": (0, False, False, 8, False),             # a cache allocated for 8L keys holding L
     "8x capacity+max_seqlen_k": (0, False, False, 8, True),  # the same, planned for L
