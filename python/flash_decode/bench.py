@@ -102,8 +102,8 @@ SERVING_CASES = {  # name: (page size, append, rotary, capacity over L, max_seql
     "contiguous": (0, False, False, 1, False),
     "paged16": (16, False, False, 1, False),
     "paged1": (1, False, False, 1, False),
-    "append": (0, True, False, 1, False),                   # stage 1 appends itself (no append kernel) ...
-    "append+rotary": (0, True, True, 1, False),             # ... and rotates q and the new keys itself
+    "append": (0, True, False, 1, False),                   # stage 1 appends itself (no append kernel)
+    "append+rotary": (0, True, True, 1, False),             # the append kernel first, rotating q and k
     "paged16+append": (16, True, False, 1, False),
     "paged16+append+rotary": (16, True, True, 1, False),
     "8x capacity": (0, False, False, 8, False),             # a cache allocated for 8L keys holding L
