@@ -99,11 +99,13 @@
 //   - problem.go, dtype.go: Shape, Tensor, Problem, DType and their checks.
 //   - serving.go: the serving arguments (paged cache, append, rotary,
 //     window, softcap, ALiBi; Window, Append, Rotary), their checks, and
-//     which form of the serving kernel a problem runs (PagedForm,
-//     ContiguousForm).
+//     what of a problem picks the form of stage 1 (PagedForm,
+//     ContiguousForm; Shape.Form in plan.go).
 //   - merge.go: MergeProblem, the merge API's checks, launch shape and CPU
 //     reference.
-//   - variants.go: the compiled kernels (Variant) and SelectVariant.
+//   - variants.go: the compiled kernels (Variant), their forms (Form: plain,
+//     serving, paged and the two appending forms, kernels/split_kv.cuh's
+//     fd_form) and SelectVariant.
 //   - device.go: what the planner knows of a GPU (Device, H200, the
 //     occupancy estimates used without a GPU).
 //   - plan.go: Plan, MakePlan and PlanVariant: grid, merge and workspace.

@@ -51,7 +51,7 @@ type Plan struct {
 	AppendGrid    [3]int `json:"append_grid,omitzero"`
 	AppendThreads int    `json:"append_threads,omitzero"`
 	// FusedAppend is set where stage 1 is an appending form
-	// (Variant.FusedAppend; Append is then ""): it reads the new keys from
+	// (Variant.Form.FusedAppend(); Append is then ""): it reads the new keys from
 	// k and v and writes them into the cache itself, so no append kernel
 	// runs ahead of it.
 	FusedAppend bool `json:"fused_append,omitzero"`
@@ -118,7 +118,7 @@ func MakePlan(s Shape, d Device) (Plan, error) {
 	if d.SMs < 1 {
 		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", d.SMs))
 	}
-	v, err := selectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Serving, s.Paged, s.fusesAppend())
+	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Form())
 	if err != nil {
 		return Plan{}, &Error{Op: op, Arg: "headdim", Err: ErrUnsupported,
 			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}
@@ -199,7 +199,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 			// A serving block (page lookups, per-row key ranges) streams
 			// slower alone than a plain one, which only a cluster merge's
 			// one-wave grid makes up for; other plans fill every slot.
-			if v.Serving && (splits < 2 || merging(splits) != mergeCluster) {
+			if v.Form.Serving() && (splits < 2 || merging(splits) != mergeCluster) {
 				splits = autoSplits(blocks, sms*blocksPerSM, sms*blocksPerSM, tiles, maxN, merging)
 			}
 		}
@@ -231,7 +231,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	case merging(splits) == mergeCluster:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterSharedBytes
-		if perSplit := ceilDiv(tiles, splits); !v.Serving && perSplit <= prefetchMaxTiles {
+		if perSplit := ceilDiv(tiles, splits); v.Form == FormPlain && perSplit <= prefetchMaxTiles {
 			p.PrefetchTiles = perSplit
 		}
 	case merging(splits) == mergePairs:
@@ -247,7 +247,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	}
 	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows, s.HeadDim, p.QRotBytes)
 	switch {
-	case v.FusedAppend:
+	case v.Form.FusedAppend():
 		p.FusedAppend = true
 	case s.SeqlenNew > 0:
 		p.Append, p.AppendThreads = v.Append, appendThreads
@@ -261,13 +261,26 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 // thread, so a few decode tokens take one step of its threads.
 const maxFusedAppend = MaxSeqlenQ
 
-// fusesAppend reports whether s runs an appending form (Variant.FusedAppend):
-// the paged form or a contiguous cache with no other serving feature
-// (Shape.Contiguous), with 1 to maxFusedAppend new tokens and no rotary.
-// With rotary the append kernel runs first: it rotates q too, which stage 1
+// Form is the form of stage 1 that runs s: the plain form without serving
+// arguments; an appending form (FormPagedAppend, FormAppend) for the paged
+// form or a contiguous cache with no other serving feature
+// (Shape.Contiguous) appending 1 to maxFusedAppend new tokens without
+// rotary; else the paged form (Shape.Paged) or the serving form. With
+// rotary the append kernel runs first: it rotates q too, which stage 1
 // then reads rotated (see docs/tuning.md on rotating in stage 1).
-func (s Shape) fusesAppend() bool {
-	return (s.Paged || s.Contiguous) && s.SeqlenNew > 0 && s.SeqlenNew <= maxFusedAppend && !s.RotaryQ
+func (s Shape) Form() Form {
+	fused := (s.Paged || s.Contiguous) && s.SeqlenNew > 0 && s.SeqlenNew <= maxFusedAppend && !s.RotaryQ
+	switch {
+	case !s.Serving:
+		return FormPlain
+	case fused && s.Paged:
+		return FormPagedAppend
+	case fused:
+		return FormAppend
+	case s.Paged:
+		return FormPaged
+	}
+	return FormServing
 }
 
 // appendParts is the blocks the append kernel gives each token: enough for
@@ -315,12 +328,8 @@ func checkVariant(s Shape, v Variant) error {
 		return fmt.Errorf("%s is for %v, not %v", v.Kernel, v.DType, s.DType)
 	case v.HeadDim < s.HeadDim:
 		return fmt.Errorf("%s is for head dims up to %d, not %d", v.Kernel, v.HeadDim, s.HeadDim)
-	case v.Serving != s.Serving:
-		return fmt.Errorf("%s is not the kernel of a shape with Serving %v", v.Kernel, s.Serving)
-	case v.Paged != s.Paged:
-		return fmt.Errorf("%s is not the kernel of a shape with Paged %v", v.Kernel, s.Paged)
-	case v.FusedAppend != s.fusesAppend():
-		return fmt.Errorf("%s does not append as a shape with %d new tokens (rotary %v) needs", v.Kernel, s.SeqlenNew, s.RotaryQ)
+	case v.Form != s.Form():
+		return fmt.Errorf("%s is the %v form; the shape runs the %v form", v.Kernel, v.Form, s.Form())
 	case s.SeqlenNew > 0 && v.Append == "":
 		return fmt.Errorf("%s has no append kernel for the new tokens", v.Kernel)
 	case v.Rows < 1 || v.Threads < 1 || v.KeysPerTile < 1 || v.SharedBytes < 0 ||

@@ -54,10 +54,12 @@ type variantJSON struct {
 	CombineRows        int    `json:"combine_rows"`
 	CombineWide        string `json:"combine_wide"`
 	CombineWideThreads int    `json:"combine_wide_threads"`
-	Serving            bool   `json:"serving,omitzero"`
+	Form               string `json:"form"`
 	Append             string `json:"append,omitzero"`
-	Paged              bool   `json:"paged,omitzero"`
-	FusedAppend        bool   `json:"fused_append,omitzero"`
+	// The form's properties, as flags (Form's methods).
+	Serving     bool `json:"serving,omitzero"`
+	Paged       bool `json:"paged,omitzero"`
+	FusedAppend bool `json:"fused_append,omitzero"`
 }
 
 // MarshalJSON encodes p with snake_case names throughout, the variant's
@@ -70,5 +72,6 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		plain
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
 		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
-		v.CombineWide, v.CombineWideThreads, v.Serving, v.Append, v.Paged, v.FusedAppend}, plain(p)})
+		v.CombineWide, v.CombineWideThreads, v.Form.String(), v.Append, v.Form.Serving(), v.Form.Paged(),
+		v.Form.FusedAppend()}, plain(p)})
 }

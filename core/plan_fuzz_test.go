@@ -54,8 +54,8 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		fail("the plan does not print")
 	}
 	v := p.Variant
-	if v.DType != s.DType || v.HeadDim < s.HeadDim || v.Serving != s.Serving || v.Paged != s.Paged ||
-		v.FusedAppend != s.fusesAppend() {
+	if v.DType != s.DType || v.HeadDim < s.HeadDim || v.Form != s.Form() || v.Form.Serving() != s.Serving ||
+		v.Form.Paged() != s.Paged {
 		fail("the variant does not run the shape")
 	}
 	tiles := ceilDiv(s.plannedKeys(), v.KeysPerTile)
@@ -111,8 +111,8 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.WorkspaceBytes != end {
 		fail("the workspace is not exactly the partials and the rotated q")
 	}
-	if p.FusedAppend != v.FusedAppend ||
-		(p.FusedAppend && (p.Append != "" || s.RotaryQ || v.Paged != s.Paged || v.Paged == s.Contiguous)) {
+	if p.FusedAppend != v.Form.FusedAppend() ||
+		(p.FusedAppend && (p.Append != "" || s.RotaryQ || v.Form.Paged() != s.Paged || s.Paged == s.Contiguous)) {
 		fail("stage 1 appends itself only as the appending form of its cache's layout, without rotary and without the append kernel")
 	}
 	if (s.SeqlenNew > 0) != (p.Append != "" || p.FusedAppend) || (p.Append != "" && (p.AppendGrid[1] != s.Batch ||

@@ -403,7 +403,7 @@ func TestPlanClusters(t *testing.T) {
 // cluster size, else with the combine; other counts keep the combine.
 func TestPlanPairs(t *testing.T) {
 	mha := Shape{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 2048, Seqlen: -1}
-	v, err := SelectVariant(Float16, 128, 1, false)
+	v, err := SelectVariant(Float16, 128, 1, FormPlain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -639,7 +639,7 @@ func TestMakePlan(t *testing.T) {
 	if _, err := MakePlan(bad, H200); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "headdim") {
 		t.Errorf("headdim 100: %v", err)
 	}
-	v, err := SelectVariant(s.DType, s.HeadDim, 4, false)
+	v, err := SelectVariant(s.DType, s.HeadDim, 4, FormPlain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -735,12 +735,12 @@ func TestPlanJSONAndString(t *testing.T) {
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
-		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows", "combine_wide", "combine_wide_threads"} {
+		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows", "combine_wide", "combine_wide_threads", "form"} {
 		if _, ok := v[k]; !ok {
 			t.Errorf("variant JSON %v lacks %q", v, k)
 		}
 	}
-	if m["num_splits"] != 16.0 || m["workspace_bytes"] != 264192.0 || v["dtype"] != "float16" {
+	if m["num_splits"] != 16.0 || m["workspace_bytes"] != 264192.0 || v["dtype"] != "float16" || v["form"] != "plain" {
 		t.Errorf("JSON values wrong: %s", b)
 	}
 	str := p.String()

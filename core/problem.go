@@ -48,14 +48,15 @@ type Shape struct {
 	SeqlenNew  int  // tokens appended to each sequence before attention (Problem.New.Seqlen)
 	WindowKeys int  // > 0: a sliding window lets a sequence's rows see at most this many keys
 	RotaryQ    bool // the rotated q is kept in the workspace (Problem.Rotary.Dim > 0)
-	// Paged runs the paged form of the serving kernel: Serving, with a
-	// paged cache of pages of a multiple of 8 keys and no serving feature
-	// but an append and rotary (Problem.PagedForm).
+	// Paged runs a paged form of the serving kernel (FormPaged or
+	// FormPagedAppend, Shape.Form): Serving, with a paged cache of pages of
+	// a multiple of 8 keys and no serving feature but an append and rotary
+	// (Problem.PagedForm).
 	Paged bool
 	// Contiguous marks a contiguous cache with no serving feature but an
 	// append and rotary (Problem.ContiguousForm): with 1 to 16 new tokens
 	// and no rotary it runs the contiguous cache's appending form of the
-	// serving kernel (Variant.FusedAppend), otherwise the serving form.
+	// serving kernel (FormAppend), otherwise the serving form (Shape.Form).
 	Contiguous bool
 }
 

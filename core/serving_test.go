@@ -250,7 +250,7 @@ func TestServingPlans(t *testing.T) {
 				t.Fatal(err)
 			}
 			v := plain.Variant
-			if !p.Variant.Serving || p.Variant.Kernel != strings.Replace(v.Kernel, "fd_split_kv_", "fd_split_kv_serving_", 1) ||
+			if p.Variant.Form != FormServing || p.Variant.Kernel != strings.Replace(v.Kernel, "fd_split_kv_", "fd_split_kv_serving_", 1) ||
 				p.Variant.Append != "fd_append_kv_bf16" || p.Threads != v.Threads || p.Variant.KeysPerTile != v.KeysPerTile {
 				t.Fatalf("serving variant %+v for plain %+v", p.Variant, v)
 			}
@@ -312,7 +312,7 @@ func TestServingPlanErrors(t *testing.T) {
 		checkErr(t, err, tt.arg, ErrInvalid)
 	}
 	// The plain variant for a serving shape, and the serving one for a plain shape.
-	sv, err := SelectVariant(Float16, 128, 4, true)
+	sv, err := SelectVariant(Float16, 128, 4, FormServing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,73 +328,105 @@ func TestServingPlanErrors(t *testing.T) {
 	checkErr(t, err, "variant", ErrInvalid)
 }
 
-// TestServingVariantTable: every plain variant has a serving form, a paged
-// form and two appending forms (paged and contiguous) with the same launch
-// facts, and the table names them as kernels/flashdecode.cu instantiates
-// them.
+// TestServingVariantTable: every plain variant has each other form (serving,
+// paged and the two appending forms) with the same launch facts and an
+// append kernel, named as kernels/flashdecode.cu instantiates them, and
+// SelectVariant picks the same head dim and rows in every form.
 func TestServingVariantTable(t *testing.T) {
-	plain, serving, paged, appending := map[string]Variant{}, map[string]Variant{}, map[string]Variant{}, map[string]Variant{}
+	forms := []Form{FormServing, FormPaged, FormPagedAppend, FormAppend}
+	byName, plain := map[string]Variant{}, []Variant{}
 	for _, v := range Variants() {
-		switch {
-		case v.FusedAppend:
-			appending[v.Kernel] = v
-		case v.Paged:
-			paged[v.Kernel] = v
-		case v.Serving:
-			serving[v.Kernel] = v
-		default:
-			plain[v.Kernel] = v
+		byName[v.Kernel] = v
+		if v.Form == FormPlain {
+			plain = append(plain, v)
 		}
 	}
-	want := []string{"fd_split_kv_serving_f16_d64_r16", "fd_split_kv_serving_f16_d128_r16", "fd_split_kv_serving_f16_d128_r32",
-		"fd_split_kv_serving_f16_d256_r16", "fd_split_kv_serving_bf16_d64_r16", "fd_split_kv_serving_bf16_d128_r16",
-		"fd_split_kv_serving_bf16_d128_r32", "fd_split_kv_serving_bf16_d256_r16"}
-	if len(serving) != len(want) || len(plain) != len(want) || len(paged) != len(want) || len(appending) != 2*len(want) {
-		t.Fatalf("%d plain, %d serving, %d paged and %d appending variants, want %d, and twice that appending",
-			len(plain), len(serving), len(paged), len(appending), len(want))
+	if len(plain) != 8 || len(byName) != len(plain)*(1+len(forms)) {
+		t.Fatalf("%d variants, %d plain; want 8 plain and each in %d more forms", len(byName), len(plain), len(forms))
 	}
-	for _, name := range want {
-		v, ok := serving[name]
-		if !ok {
-			t.Fatalf("no variant %s", name)
+	for _, p := range plain {
+		if p.Append != "" {
+			t.Errorf("%s: plain variant with append kernel %q", p.Kernel, p.Append)
 		}
-		pv, ok := paged[strings.Replace(name, "_serving_", "_paged_", 1)]
-		if !ok {
-			t.Fatalf("no paged form of %s", name)
-		}
-		for _, form := range []struct {
-			infix string
-			paged bool
-		}{{"_paged_append_", true}, {"_append_", false}} {
-			av, ok := appending[strings.Replace(name, "_serving_", form.infix, 1)]
-			if !ok || av.Paged != form.paged {
-				t.Fatalf("no appending form %s of %s", form.infix, name)
+		for _, f := range forms {
+			name := strings.Replace(p.Kernel, "fd_split_kv_", "fd_split_kv_"+f.String()+"_", 1)
+			v, ok := byName[name]
+			if !ok || v.Form != f {
+				t.Fatalf("no %v form %s of %s", f, name, p.Kernel)
 			}
-			if av.Kernel, av.FusedAppend, av.Paged = pv.Kernel, false, true; av != pv {
-				t.Errorf("%s: the appending form %s's launch facts %+v differ from %+v", name, form.infix, av, pv)
+			if a := v.Append; a != "fd_append_kv_"+map[DType]string{Float16: "f16", BFloat16: "bf16"}[p.DType] {
+				t.Errorf("%s: append kernel %q", name, a)
 			}
-		}
-		if pv.Kernel, pv.Paged = v.Kernel, false; pv != v {
-			t.Errorf("%s: the paged form's launch facts %+v differ from %+v", name, pv, v)
-		}
-		p := plain[strings.Replace(name, "_serving", "", 1)]
-		v.Kernel, v.Serving, v.Append = p.Kernel, false, ""
-		if v != p {
-			t.Errorf("%s: launch facts %+v differ from %+v", name, v, p)
-		}
-		if a := serving[name].Append; a != "fd_append_kv_"+map[DType]string{Float16: "f16", BFloat16: "bf16"}[p.DType] {
-			t.Errorf("%s: append kernel %q", name, a)
+			if v.Kernel, v.Form, v.Append = p.Kernel, FormPlain, ""; v != p {
+				t.Errorf("%s: launch facts %+v differ from %+v", name, v, p)
+			}
 		}
 	}
 	for _, dt := range []DType{Float16, BFloat16} {
 		for _, rows := range []int{1, 16, 17, 40} {
 			for _, d := range []int{40, 64, 128, 200, 256} {
-				p, err1 := SelectVariant(dt, d, rows, false)
-				s, err2 := SelectVariant(dt, d, rows, true)
-				if err1 != nil || err2 != nil || !s.Serving || p.Serving || s.HeadDim != p.HeadDim || s.Rows != p.Rows {
-					t.Errorf("SelectVariant(%v, %d, %d): plain %v (%v), serving %v (%v)", dt, d, rows, p.Kernel, err1, s.Kernel, err2)
+				p, err := SelectVariant(dt, d, rows, FormPlain)
+				if err != nil || p.Form != FormPlain {
+					t.Fatalf("SelectVariant(%v, %d, %d, plain): %v (%v)", dt, d, rows, p.Kernel, err)
+				}
+				for _, f := range forms {
+					v, err := SelectVariant(dt, d, rows, f)
+					if err != nil || v.Form != f || v.HeadDim != p.HeadDim || v.Rows != p.Rows {
+						t.Errorf("SelectVariant(%v, %d, %d, %v): %v (%v), plain %v", dt, d, rows, f, v.Kernel, err, p.Kernel)
+					}
 				}
 			}
+		}
+	}
+}
+
+// TestForm: which form a shape runs, and the forms' names and properties.
+func TestForm(t *testing.T) {
+	base := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 1024, Seqlen: -1}
+	tests := []struct {
+		name string
+		edit func(*Shape)
+		want Form
+	}{
+		{"plain", func(s *Shape) {}, FormPlain},
+		{"serving", func(s *Shape) { s.Serving = true }, FormServing},
+		{"window", func(s *Shape) { s.Serving, s.WindowKeys = true, 64 }, FormServing},
+		{"paged", func(s *Shape) { s.Serving, s.Paged = true, true }, FormPaged},
+		{"paged, append", func(s *Shape) { s.Serving, s.Paged, s.SeqlenNew = true, true, 1 }, FormPagedAppend},
+		{"paged, 16 new", func(s *Shape) { s.Serving, s.Paged, s.SeqlenNew = true, true, 16 }, FormPagedAppend},
+		{"paged, 17 new", func(s *Shape) { s.Serving, s.Paged, s.SeqlenNew = true, true, 17 }, FormPaged},
+		{"paged, append, rotary", func(s *Shape) { s.Serving, s.Paged, s.SeqlenNew, s.RotaryQ = true, true, 1, true }, FormPaged},
+		{"contiguous, append", func(s *Shape) { s.Serving, s.Contiguous, s.SeqlenNew = true, true, 4 }, FormAppend},
+		{"contiguous, append, rotary", func(s *Shape) { s.Serving, s.Contiguous, s.SeqlenNew, s.RotaryQ = true, true, 4, true }, FormServing},
+		{"append, other features", func(s *Shape) { s.Serving, s.SeqlenNew = true, 1 }, FormServing},
+	}
+	for _, tt := range tests {
+		s := base
+		tt.edit(&s)
+		if got := s.Form(); got != tt.want {
+			t.Errorf("%s: Form() = %v, want %v", tt.name, got, tt.want)
+		}
+		p, err := MakePlan(s, H200)
+		if err != nil || p.Variant.Form != tt.want || p.FusedAppend != tt.want.FusedAppend() {
+			t.Errorf("%s: planned %s (fused %v, %v), want the %v form", tt.name, p.Variant.Kernel, p.FusedAppend, err, tt.want)
+		}
+	}
+	props := []struct {
+		f                          Form
+		name                       string
+		serving, paged, fusedAppnd bool
+	}{
+		{FormPlain, "plain", false, false, false},
+		{FormServing, "serving", true, false, false},
+		{FormPaged, "paged", true, true, false},
+		{FormPagedAppend, "paged_append", true, true, true},
+		{FormAppend, "append", true, false, true},
+		{Form(9), "Form(9)", true, false, false},
+	}
+	for _, tt := range props {
+		if tt.f.String() != tt.name || tt.f.Serving() != tt.serving || tt.f.Paged() != tt.paged || tt.f.FusedAppend() != tt.fusedAppnd {
+			t.Errorf("%d: %q serving %v paged %v fused %v, want %q %v %v %v", int(tt.f), tt.f, tt.f.Serving(), tt.f.Paged(),
+				tt.f.FusedAppend(), tt.name, tt.serving, tt.paged, tt.fusedAppnd)
 		}
 	}
 }
@@ -523,8 +555,8 @@ func TestPagedForm(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if pl.Variant.Paged != tt.paged || !pl.Variant.Serving || strings.Contains(pl.Variant.Kernel, "_paged_") != tt.paged {
-				t.Errorf("kernel %s (Paged %v), want the paged form %v", pl.Variant.Kernel, pl.Variant.Paged, tt.paged)
+			if pl.Variant.Form.Paged() != tt.paged || !pl.Variant.Form.Serving() || strings.Contains(pl.Variant.Kernel, "_paged_") != tt.paged {
+				t.Errorf("kernel %s (%v form), want the paged form %v", pl.Variant.Kernel, pl.Variant.Form, tt.paged)
 			}
 			s.Paged = !s.Paged // the other form: the same plan but for the kernel
 			other, err := MakePlan(s, H200)
@@ -585,7 +617,7 @@ func TestFusedAppend(t *testing.T) {
 				t.Fatal(err)
 			}
 			fused := tt.kernel == ""
-			if pl.Append != tt.kernel || pl.FusedAppend != fused || pl.Variant.FusedAppend != fused ||
+			if pl.Append != tt.kernel || pl.FusedAppend != fused || pl.Variant.Form.FusedAppend() != fused ||
 				!strings.HasPrefix(pl.Variant.Kernel, tt.form+"f16_") || (pl.QRotBytes > 0) != (p.Rotary.Dim > 0 && !fused) {
 				t.Errorf("%v: append %q, fused %v; want %q and %sf16_*", pl, pl.Append, pl.FusedAppend, tt.kernel, tt.form)
 			}

@@ -37,29 +37,65 @@ type Variant struct {
 	// (combineSplitsPerStep).
 	CombineWide        string
 	CombineWideThreads int
-	// Serving marks the serving form of stage 1 (fd_split_kv_serving_*:
-	// paged caches, batch index, leftpad, window, softcap, ALiBi, appended
-	// tokens, rotated q), which problems with a serving feature run
-	// (Shape.Serving); same launch facts as the plain form.
-	Serving bool
-	// Append is the kernel a serving variant's plans run before stage 1 to
-	// write the new tokens into the cache (and the rotated q into the
-	// workspace) when they append (fd_append_kv_<dtype>); "" otherwise.
+	// Form is which form of stage 1 Kernel is (Shape.Form picks it); every
+	// form of a dtype, head dim and row count has the same launch facts.
+	Form Form
+	// Append is the kernel the plans of a form other than FormPlain run
+	// before stage 1 to write the new tokens into the cache (and the rotated
+	// q into the workspace) when they append and the form does not append
+	// itself (fd_append_kv_<dtype>); "" for FormPlain.
 	Append string
-	// Paged marks the paged form of a serving variant
-	// (fd_split_kv_paged_*): a paged cache whose pages hold a multiple of
-	// 8 keys, with or without an append and rotary, and no other serving
-	// feature (Shape.Paged). Its copies look up one page per 8 keys
-	// instead of one per key; same launch facts as the serving form.
-	Paged bool
-	// FusedAppend marks an appending form, which reads a few new tokens (at
-	// most maxFusedAppend, no rotary) from k and v and writes them into the
-	// cache itself, so its plans run no append kernel (Plan.FusedAppend):
-	// the paged form's (fd_split_kv_paged_append_*, Paged set) or, for a
-	// contiguous cache with no serving feature but the append
-	// (Shape.Contiguous), fd_split_kv_append_* (Paged not set).
-	FusedAppend bool
 }
+
+// Form is a form of stage 1: which of kernels/split_kv.cuh's fd_form a
+// variant is compiled as. The plain form reads a contiguous cache with no
+// serving argument; the others read the serving fields of fd_params.
+type Form int
+
+const (
+	// FormPlain is fd_split_kv_*: a contiguous cache, none of the serving
+	// arguments (Shape.Serving false).
+	FormPlain Form = iota
+	// FormServing is fd_split_kv_serving_*: every serving feature (paged
+	// caches of any page size, batch index, leftpad, window, softcap,
+	// ALiBi, appended tokens, a rotated q).
+	FormServing
+	// FormPaged is fd_split_kv_paged_*: a paged cache whose pages hold a
+	// multiple of 8 keys, with or without an append (the append kernel
+	// first) and rotary, and no other serving feature (Shape.Paged). A
+	// thread looks up one page per 8 keys it copies instead of one per key.
+	FormPaged
+	// FormPagedAppend is fd_split_kv_paged_append_*: the paged form that
+	// reads a few new tokens (at most maxFusedAppend, no rotary) from k and
+	// v and writes them into the pages itself, so no append kernel runs.
+	FormPagedAppend
+	// FormAppend is fd_split_kv_append_*: FormPagedAppend's counterpart for
+	// a contiguous cache with no other serving feature (Shape.Contiguous).
+	FormAppend
+)
+
+var formNames = [...]string{FormPlain: "plain", FormServing: "serving", FormPaged: "paged",
+	FormPagedAppend: "paged_append", FormAppend: "append"}
+
+// String returns the form's name as the plan JSON gives it ("paged_append").
+func (f Form) String() string {
+	if f >= 0 && int(f) < len(formNames) {
+		return formNames[f]
+	}
+	return fmt.Sprintf("Form(%d)", int(f))
+}
+
+// Serving reports whether f reads the serving fields of the kernels'
+// arguments: every form but FormPlain.
+func (f Form) Serving() bool { return f != FormPlain }
+
+// Paged reports whether f is one of the paged forms (FormPaged,
+// FormPagedAppend).
+func (f Form) Paged() bool { return f == FormPaged || f == FormPagedAppend }
+
+// FusedAppend reports whether f writes the new tokens itself, so that its
+// plans run no append kernel (FormPagedAppend, FormAppend).
+func (f Form) FusedAppend() bool { return f == FormPagedAppend || f == FormAppend }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv_config.cuh,
 // fd_split_kv_config). A tile of K plus a tile of V is always 32 KiB:
@@ -101,9 +137,12 @@ func splitKVDimSplit(headDim int) int {
 	return 1
 }
 
+// dtypeNames are the dtypes' names in the kernels' names.
+var dtypeNames = map[DType]string{Float16: "f16", BFloat16: "bf16"}
+
 // splitKV describes the stage-1 kernel fd_split_kv_<dtype>_d<headDim>_r<rows>.
 func splitKV(dt DType, headDim, rows int) Variant {
-	name := map[DType]string{Float16: "f16", BFloat16: "bf16"}[dt]
+	name := dtypeNames[dt]
 	keys := 8192 / headDim
 	threads := 32 * keys / 16 * splitKVDimSplit(headDim)
 	clusterShared := splitKVSharedBytes
@@ -134,41 +173,13 @@ func splitKV(dt DType, headDim, rows int) Variant {
 	}
 }
 
-// servingKV describes the serving form of splitKV(dt, headDim, rows),
-// fd_split_kv_serving_<dtype>_d<headDim>_r<rows>, with its append kernel.
-func servingKV(dt DType, headDim, rows int) Variant {
+// formKV describes splitKV(dt, headDim, rows) in form f, with its append
+// kernel: fd_split_kv_<form>_<dtype>_d<headDim>_r<rows>.
+func formKV(f Form, dt DType, headDim, rows int) Variant {
 	v := splitKV(dt, headDim, rows)
-	name := map[DType]string{Float16: "f16", BFloat16: "bf16"}[dt]
-	v.Kernel = fmt.Sprintf("fd_split_kv_serving_%s_d%d_r%d", name, headDim, rows)
-	v.Serving = true
-	v.Append = "fd_append_kv_" + name
-	return v
-}
-
-// pagedKV describes the paged form of servingKV(dt, headDim, rows),
-// fd_split_kv_paged_<dtype>_d<headDim>_r<rows>.
-func pagedKV(dt DType, headDim, rows int) Variant {
-	v := servingKV(dt, headDim, rows)
-	v.Kernel = strings.Replace(v.Kernel, "_serving_", "_paged_", 1)
-	v.Paged = true
-	return v
-}
-
-// pagedAppendKV describes the appending paged form of servingKV(dt,
-// headDim, rows), fd_split_kv_paged_append_<dtype>_d<headDim>_r<rows>.
-func pagedAppendKV(dt DType, headDim, rows int) Variant {
-	v := pagedKV(dt, headDim, rows)
-	v.Kernel = strings.Replace(v.Kernel, "_paged_", "_paged_append_", 1)
-	v.FusedAppend = true
-	return v
-}
-
-// appendKV describes the appending form of servingKV(dt, headDim, rows)
-// for a contiguous cache, fd_split_kv_append_<dtype>_d<headDim>_r<rows>.
-func appendKV(dt DType, headDim, rows int) Variant {
-	v := pagedAppendKV(dt, headDim, rows)
-	v.Kernel = strings.Replace(v.Kernel, "_paged_", "_", 1)
-	v.Paged = false
+	v.Kernel = strings.Replace(v.Kernel, "fd_split_kv_", "fd_split_kv_"+f.String()+"_", 1)
+	v.Form = f
+	v.Append = "fd_append_kv_" + dtypeNames[dt]
 	return v
 }
 
@@ -181,16 +192,12 @@ func appendKV(dt DType, headDim, rows int) Variant {
 func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }
 
 // variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
-// these): SelectVariant takes the plain or the serving form (MakePlan: or
-// the paged form), then the smallest HeadDim >= the head dim, then the
-// smallest Rows >= the packed rows, else the largest Rows with more row
-// tiles. Rows are whole 16-row
-// tensor-core tiles; 32 rows exist only for head dim 128, where they still
-// fit two blocks per SM in registers. Each plain kernel has, with the same
-// launch facts, a serving form (fd_split_kv_serving_*), a paged form
-// (fd_split_kv_paged_*, which Shape.Paged selects) and two appending forms
-// (Shape.fusesAppend): the paged one (fd_split_kv_paged_append_*) and the
-// contiguous cache's (fd_split_kv_append_*, Shape.Contiguous).
+// these): SelectVariant takes the kernels of the form asked for (MakePlan:
+// Shape.Form), then the smallest HeadDim >= the head dim, then the smallest
+// Rows >= the packed rows, else the largest Rows with more row tiles. Rows
+// are whole 16-row tensor-core tiles; 32 rows exist only for head dim 128,
+// where they still fit two blocks per SM in registers. Every form has the
+// same dtypes, head dims and rows, with the same launch facts.
 //
 //	kernel                       threads  keys/tile  smem   registers (sm_90)
 //	fd_split_kv_*_d64_r16          256       128     98304  120
@@ -206,55 +213,48 @@ var variants = []Variant{
 	splitKV(BFloat16, 128, 16),
 	splitKV(BFloat16, 128, 32),
 	splitKV(BFloat16, 256, 16),
-	servingKV(Float16, 64, 16),
-	servingKV(Float16, 128, 16),
-	servingKV(Float16, 128, 32),
-	servingKV(Float16, 256, 16),
-	servingKV(BFloat16, 64, 16),
-	servingKV(BFloat16, 128, 16),
-	servingKV(BFloat16, 128, 32),
-	servingKV(BFloat16, 256, 16),
-	pagedKV(Float16, 64, 16),
-	pagedKV(Float16, 128, 16),
-	pagedKV(Float16, 128, 32),
-	pagedKV(Float16, 256, 16),
-	pagedKV(BFloat16, 64, 16),
-	pagedKV(BFloat16, 128, 16),
-	pagedKV(BFloat16, 128, 32),
-	pagedKV(BFloat16, 256, 16),
-	pagedAppendKV(Float16, 64, 16),
-	pagedAppendKV(Float16, 128, 16),
-	pagedAppendKV(Float16, 128, 32),
-	pagedAppendKV(Float16, 256, 16),
-	pagedAppendKV(BFloat16, 64, 16),
-	pagedAppendKV(BFloat16, 128, 16),
-	pagedAppendKV(BFloat16, 128, 32),
-	pagedAppendKV(BFloat16, 256, 16),
-	appendKV(Float16, 64, 16),
-	appendKV(Float16, 128, 16),
-	appendKV(Float16, 128, 32),
-	appendKV(Float16, 256, 16),
-	appendKV(BFloat16, 64, 16),
-	appendKV(BFloat16, 128, 16),
-	appendKV(BFloat16, 128, 32),
-	appendKV(BFloat16, 256, 16),
+	formKV(FormServing, Float16, 64, 16),
+	formKV(FormServing, Float16, 128, 16),
+	formKV(FormServing, Float16, 128, 32),
+	formKV(FormServing, Float16, 256, 16),
+	formKV(FormServing, BFloat16, 64, 16),
+	formKV(FormServing, BFloat16, 128, 16),
+	formKV(FormServing, BFloat16, 128, 32),
+	formKV(FormServing, BFloat16, 256, 16),
+	formKV(FormPaged, Float16, 64, 16),
+	formKV(FormPaged, Float16, 128, 16),
+	formKV(FormPaged, Float16, 128, 32),
+	formKV(FormPaged, Float16, 256, 16),
+	formKV(FormPaged, BFloat16, 64, 16),
+	formKV(FormPaged, BFloat16, 128, 16),
+	formKV(FormPaged, BFloat16, 128, 32),
+	formKV(FormPaged, BFloat16, 256, 16),
+	formKV(FormPagedAppend, Float16, 64, 16),
+	formKV(FormPagedAppend, Float16, 128, 16),
+	formKV(FormPagedAppend, Float16, 128, 32),
+	formKV(FormPagedAppend, Float16, 256, 16),
+	formKV(FormPagedAppend, BFloat16, 64, 16),
+	formKV(FormPagedAppend, BFloat16, 128, 16),
+	formKV(FormPagedAppend, BFloat16, 128, 32),
+	formKV(FormPagedAppend, BFloat16, 256, 16),
+	formKV(FormAppend, Float16, 64, 16),
+	formKV(FormAppend, Float16, 128, 16),
+	formKV(FormAppend, Float16, 128, 32),
+	formKV(FormAppend, Float16, 256, 16),
+	formKV(FormAppend, BFloat16, 64, 16),
+	formKV(FormAppend, BFloat16, 128, 16),
+	formKV(FormAppend, BFloat16, 128, 32),
+	formKV(FormAppend, BFloat16, 256, 16),
 }
 
-// SelectVariant returns the kernel variant that runs the given dtype, head dim
-// and number of packed query rows (query heads per K/V head x seqlen_q), in
-// its serving form when serving is set (Shape.Serving).
-func SelectVariant(dt DType, headDim, rows int, serving bool) (Variant, error) {
-	return selectVariant(dt, headDim, rows, serving, false, false)
-}
-
-// selectVariant is SelectVariant, in the paged form when paged is set
-// (Shape.Paged), and in an appending form when fused is set (paged or,
-// without paged, the contiguous cache's).
-func selectVariant(dt DType, headDim, rows int, serving, paged, fused bool) (Variant, error) {
+// SelectVariant returns the kernel variant of form f that runs the given
+// dtype, head dim and number of packed query rows (query heads per K/V
+// head x seqlen_q).
+func SelectVariant(dt DType, headDim, rows int, f Form) (Variant, error) {
 	var best *Variant
 	for i := range variants {
 		v := &variants[i]
-		if v.DType != dt || v.HeadDim < headDim || v.Serving != serving || v.Paged != paged || v.FusedAppend != fused {
+		if v.DType != dt || v.HeadDim < headDim || v.Form != f {
 			continue
 		}
 		if best != nil && v.HeadDim > best.HeadDim {
@@ -273,7 +273,7 @@ func selectVariant(dt DType, headDim, rows int, serving, paged, fused bool) (Var
 		}
 	}
 	if best == nil {
-		return Variant{}, fmt.Errorf("no kernel for dtype %v, head dim %d", dt, headDim)
+		return Variant{}, fmt.Errorf("no %v kernel for dtype %v, head dim %d", f, dt, headDim)
 	}
 	return *best, nil
 }

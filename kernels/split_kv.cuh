@@ -121,7 +121,7 @@ struct fd_bool {
 // cache_batch_idx, leftpad, window, softcap or ALiBi); the same appending
 // a few new tokens itself, without rotary (core.Plan.FusedAppend); the
 // appending form of a contiguous cache with no other feature; and the
-// serving kernel, with every feature.
+// serving kernel, with every feature. core.Form names them in Go.
 enum fd_form { fd_form_plain, fd_form_paged, fd_form_paged_append, fd_form_append, fd_form_serving };
 
 template <typename T, int D, int ROWS, int FORM>

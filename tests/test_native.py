@@ -362,8 +362,9 @@ def test_binding_with_fake_driver():
     # The paged form appends a few tokens without rotary itself (no append kernel), with rotary not.
     p16, p1 = report["plan_paged16"], report["plan_paged1"]
     assert p16["kernel"] == "fd_split_kv_paged_append_f16_d128_r16" and p16["variant"]["paged"] is True
-    assert p16["fused_append"] is True and "append" not in p16
+    assert p16["fused_append"] is True and "append" not in p16 and p16["variant"]["form"] == "paged_append"
     assert p1["kernel"] == "fd_split_kv_serving_f16_d128_r16" and "paged" not in p1["variant"]
+    assert p1["variant"]["form"] == "serving" and report["plan_append"]["variant"]["form"] == "append"
     assert p1["append"] == "fd_append_kv_f16" and "fused_append" not in p1
     same = ("kernel", "variant", "append", "append_grid", "append_threads", "fused_append")
     assert {k: v for k, v in p16.items() if k not in same} == {k: v for k, v in p1.items() if k not in same}

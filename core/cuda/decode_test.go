@@ -455,7 +455,7 @@ func TestDecodeServingMatchesNaiveAttention(t *testing.T) {
 				} else if ran, err = Decode(&p, uintptr(ws), pl.WorkspaceBytes, 0, 0); err != nil {
 					t.Fatal(err)
 				}
-				if ran != pl || !ran.Variant.Serving {
+				if ran != pl || !ran.Variant.Form.Serving() {
 					t.Fatalf("ran %v, planned %v", ran, pl)
 				}
 				if err := cu.Synchronize(); err != nil {

@@ -124,7 +124,7 @@ func check(call string, r C.CUresult) error {
 // params fills the kernels' argument struct from a validated problem and its plan.
 func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
 	k := plainParams(p, pl, workspace)
-	if pl.Variant.Serving {
+	if pl.Variant.Form.Serving() {
 		servingParams(&k, p, pl, workspace)
 	}
 	return k

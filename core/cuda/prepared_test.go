@@ -139,7 +139,7 @@ func TestPlanForServing(t *testing.T) {
 		pl.Append != "" || !pl.FusedAppend || pl.WorkspaceBytes != 0 {
 		t.Fatalf("PlanFor without rotary = %v, %v", pl, err)
 	}
-	if plain, err := PlanFor(p.Shape, -1); err != nil || plain.Variant.Serving || plain.WorkspaceBytes != 0 {
+	if plain, err := PlanFor(p.Shape, -1); err != nil || plain.Variant.Form != core.FormPlain || plain.WorkspaceBytes != 0 {
 		t.Fatalf("PlanFor(p.Shape) = %v, %v: want the plain plan", plain, err)
 	}
 }

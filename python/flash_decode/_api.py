@@ -602,6 +602,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         tokens without rotary, into pages of a multiple of 8 keys
         (``fd_split_kv_paged_append_*``) or into a contiguous cache with
         no other serving argument (``fd_split_kv_append_*``).
+        ``variant`` describes the stage-1 kernel; its ``form`` says which
+        form runs: "plain", "serving", "paged", "paged_append" or "append".
 
     Example (on an H200)::
 
