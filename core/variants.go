@@ -192,7 +192,7 @@ func formKV(f Form, dt DType, headDim, rows int) Variant {
 func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }
 
 // variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
-// these): SelectVariant takes the kernels of the form asked for (MakePlan:
+// these, as TestVariantsMatchTheKernels checks): SelectVariant takes the kernels of the form asked for (MakePlan:
 // Shape.Form), then the smallest HeadDim >= the head dim, then the smallest
 // Rows >= the packed rows, else the largest Rows with more row tiles. Rows
 // are whole 16-row tensor-core tiles; 32 rows exist only for head dim 128,

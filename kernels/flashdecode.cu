@@ -41,7 +41,7 @@
 //     SharedBytes = 3 stages * (K tile + V tile) * KeysPerTile * D * 2 bytes,
 //     KeysPerTile = 8192 / D, so 3 * 2 * 8192 * 2 = 98304
 // (fd_split_kv_config::kSharedBytes); the combine and the append use none.
-// This table must match `variants` in core/variants.go.
+// This table must match `variants` in core/variants.go (core.TestVariantsMatchTheKernels checks).
 #include "append_kv.cuh"
 #include "combine.cuh"
 #include "split_kv.cuh"

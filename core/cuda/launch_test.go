@@ -1,6 +1,11 @@
 package cuda
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/flash-decode/flash-decode/core"
+)
 
 // The device's page division must equal n / d for every key below 2^31; the
 // hard cases are the keys at and just below each multiple of d, and the
@@ -26,6 +31,38 @@ func TestPageDivider(t *testing.T) {
 		}
 		for n := uint32(1<<31 - 1); n > 1<<31-1<<12; n-- {
 			check(n)
+		}
+	}
+}
+
+// sassArchitectures is how many SASS images gen.go's nvcc line puts in the
+// fatbin (sm_80, sm_86, sm_89, sm_90).
+const sassArchitectures = 4
+
+// TestFatbinHoldsEveryKernel: every kernel the variant table and the merge
+// API launch is in each SASS image of the embedded fatbin, by the name the
+// launch looks up (a NUL-terminated symbol name in each image's string
+// table), so a table entry the kernels do not instantiate fails here rather
+// than on a GPU's first call.
+func TestFatbinHoldsEveryKernel(t *testing.T) {
+	img, err := kernelImage()
+	if err != nil {
+		t.Skip(err)
+	}
+	names := map[string]bool{}
+	for _, v := range core.Variants() {
+		for _, n := range []string{v.Kernel, v.Combine, v.CombineWide, v.Append} {
+			if n != "" {
+				names[n] = true
+			}
+		}
+	}
+	for _, dt := range []core.DType{core.Float16, core.BFloat16, core.Float32} {
+		names[core.MergeKernel(dt)] = true
+	}
+	for n := range names {
+		if c := strings.Count(img, "\x00"+n+"\x00"); c < sassArchitectures {
+			t.Errorf("%s: in %d of the fatbin's %d SASS images", n, c, sassArchitectures)
 		}
 	}
 }
