@@ -50,11 +50,6 @@ type Plan struct {
 	Append        string `json:"append,omitzero"`
 	AppendGrid    [3]int `json:"append_grid,omitzero"`
 	AppendThreads int    `json:"append_threads,omitzero"`
-	// FusedAppend is set where stage 1 is an appending form
-	// (Variant.Form.FusedAppend(); Append is then ""): it reads the new keys from
-	// k and v and writes them into the cache itself, so no append kernel
-	// runs ahead of it.
-	FusedAppend bool `json:"fused_append,omitzero"`
 	// WholeItems > 0 makes the stage-1 grid one-dimensional (Grid =
 	// (WholeItems + rest*NumSplits, 1, 1)): its first WholeItems blocks
 	// each stream one whole item (batch, K/V head, row tile, in that
@@ -91,6 +86,12 @@ type Plan struct {
 func (p Plan) EarlyDependents() bool {
 	return p.CombineGrid > 0 || p.Grid[0]*p.Grid[1]*p.Grid[2] <= p.SMs
 }
+
+// FusedAppend reports whether stage 1 is an appending form
+// (Variant.Form.FusedAppend; Append is then ""): it reads the new keys from
+// k and v and writes them into the cache itself, so no append kernel runs
+// ahead of it. The plan JSON has it as fused_append.
+func (p Plan) FusedAppend() bool { return p.Variant.Form.FusedAppend() }
 
 // prefetchMaxTiles is the longest split whose tiles a plain stage 1 sends
 // into L2 before its PDL wait (Plan.PrefetchTiles): the tiles its pipeline
@@ -246,10 +247,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
 	}
 	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows, s.HeadDim, p.QRotBytes)
-	switch {
-	case v.Form.FusedAppend():
-		p.FusedAppend = true
-	case s.SeqlenNew > 0:
+	if s.SeqlenNew > 0 && !v.Form.FusedAppend() {
 		p.Append, p.AppendThreads = v.Append, appendThreads
 		p.AppendGrid = [3]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch, s.appendParts()}
 	}

@@ -70,8 +70,9 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		Variant variantJSON `json:"variant"`
 		plain
+		FusedAppend bool `json:"fused_append,omitzero"`
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
 		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
 		v.CombineWide, v.CombineWideThreads, v.Form.String(), v.Append, v.Form.Serving(), v.Form.Paged(),
-		v.Form.FusedAppend()}, plain(p)})
+		v.Form.FusedAppend()}, plain(p), p.FusedAppend()})
 }

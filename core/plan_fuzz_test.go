@@ -111,11 +111,10 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.WorkspaceBytes != end {
 		fail("the workspace is not exactly the partials and the rotated q")
 	}
-	if p.FusedAppend != v.Form.FusedAppend() ||
-		(p.FusedAppend && (p.Append != "" || s.RotaryQ || v.Form.Paged() != s.Paged || s.Paged == s.Contiguous)) {
+	if p.FusedAppend() && (p.Append != "" || s.RotaryQ || v.Form.Paged() != s.Paged || s.Paged == s.Contiguous) {
 		fail("stage 1 appends itself only as the appending form of its cache's layout, without rotary and without the append kernel")
 	}
-	if (s.SeqlenNew > 0) != (p.Append != "" || p.FusedAppend) || (p.Append != "" && (p.AppendGrid[1] != s.Batch ||
+	if (s.SeqlenNew > 0) != (p.Append != "" || p.FusedAppend()) || (p.Append != "" && (p.AppendGrid[1] != s.Batch ||
 		p.AppendGrid[0] < 1 || p.AppendThreads < 1 || p.AppendGrid[2]*p.AppendThreads < s.HeadsKV*s.HeadDim/8 ||
 		p.AppendGrid[2] > 65535)) {
 		fail("the new tokens are appended exactly when there are some: by stage 1, or by the append kernel over every sequence, a thread for each chunk of k and v")

@@ -407,8 +407,8 @@ func TestForm(t *testing.T) {
 			t.Errorf("%s: Form() = %v, want %v", tt.name, got, tt.want)
 		}
 		p, err := MakePlan(s, H200)
-		if err != nil || p.Variant.Form != tt.want || p.FusedAppend != tt.want.FusedAppend() {
-			t.Errorf("%s: planned %s (fused %v, %v), want the %v form", tt.name, p.Variant.Kernel, p.FusedAppend, err, tt.want)
+		if err != nil || p.Variant.Form != tt.want || p.FusedAppend() != tt.want.FusedAppend() {
+			t.Errorf("%s: planned %s (fused %v, %v), want the %v form", tt.name, p.Variant.Kernel, p.FusedAppend(), err, tt.want)
 		}
 	}
 	props := []struct {
@@ -617,9 +617,9 @@ func TestFusedAppend(t *testing.T) {
 				t.Fatal(err)
 			}
 			fused := tt.kernel == ""
-			if pl.Append != tt.kernel || pl.FusedAppend != fused || pl.Variant.Form.FusedAppend() != fused ||
+			if pl.Append != tt.kernel || pl.FusedAppend() != fused || pl.Variant.Form.FusedAppend() != fused ||
 				!strings.HasPrefix(pl.Variant.Kernel, tt.form+"f16_") || (pl.QRotBytes > 0) != (p.Rotary.Dim > 0 && !fused) {
-				t.Errorf("%v: append %q, fused %v; want %q and %sf16_*", pl, pl.Append, pl.FusedAppend, tt.kernel, tt.form)
+				t.Errorf("%v: append %q, fused %v; want %q and %sf16_*", pl, pl.Append, pl.FusedAppend(), tt.kernel, tt.form)
 			}
 		})
 	}

@@ -96,7 +96,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			takes := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
 				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
 				"wide": pl.Combine == pl.Variant.CombineWide, "append": pl.Append != "",
-				"fused": pl.FusedAppend && pl.Append == ""}
+				"fused": pl.FusedAppend() && pl.Append == ""}
 			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}

@@ -136,7 +136,7 @@ func TestPlanForServing(t *testing.T) {
 	// Without rotary, the contiguous cache's appending form: no append kernel, no workspace.
 	p.Rotary = core.Rotary{}
 	if pl, err = PlanFor(p.PlanShape(), -1); err != nil || pl.Variant.Kernel != "fd_split_kv_append_f16_d128_r16" ||
-		pl.Append != "" || !pl.FusedAppend || pl.WorkspaceBytes != 0 {
+		pl.Append != "" || !pl.FusedAppend() || pl.WorkspaceBytes != 0 {
 		t.Fatalf("PlanFor without rotary = %v, %v", pl, err)
 	}
 	if plain, err := PlanFor(p.Shape, -1); err != nil || plain.Variant.Form != core.FormPlain || plain.WorkspaceBytes != 0 {
