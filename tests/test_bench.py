@@ -152,6 +152,9 @@ def test_summarize_ratios_shares_and_eager():
     assert s["flash_decode, caches >= 256 MB: share of the read ceiling"] == "98.0% (1 shape)"
     assert s["plain read, caches >= 256 MB: share of the read ceiling"] == "99.0% (1 shape)"
     assert "plain read, caches < 64 MB: share of the read ceiling" not in s
+    # The plain read's time over flash_decode's, where both were timed: 29/30.
+    assert s["flash_decode, caches >= 256 MB: share of the plain read's speed"] == "96.7% (1 shape)"
+    assert "flash_decode, caches < 64 MB: share of the plain read's speed" not in s
     assert s["eager call on b=1,hq=32,hkv=8,d=128,L=256,sq=1"] == \
         "flash_decode 3.0 us, torch SDPA 10.0 us (0.300x)"
     two = dict(bench.summarize([big | {"ours_pct": 90.0}, mid | {"kv_mb": 400.0}], None))

@@ -730,8 +730,8 @@ def summarize(rows, eager):
     """[(what, value)]: how many shapes matched the fp32 reference; per peer, and for the
     plain read of the same bytes, the ratio of its time to flash_decode's (min, geomean,
     max: above 1x flash_decode is faster); the share of the read ceiling that
-    flash_decode (and the plain read) reached, per cache-size band; the eager call.
-    Lines without data are left out."""
+    flash_decode (and the plain read) reached, and flash_decode's speed as a share of the
+    plain read's, per cache-size band; the eager call. Lines without data are left out."""
     def spread(values, fmt, centre, centre_name):
         if len(values) == 1:
             return f"{fmt.format(values[0])} (1 shape)"
@@ -752,6 +752,12 @@ def summarize(rows, eager):
             if pcts:
                 out.append((f"{who}, {band}: share of the read ceiling",
                             spread(pcts, "{:.1f}%", statistics.median, "median")))
+    for band, lo, hi in SIZE_BANDS:  # the practical bound: the same bytes read plainly
+        pcts = [100 * r["read_us"] / r["ours_us"] for r in rows
+                if r.get("read_us") and r.get("ours_us") and lo <= r["kv_mb"] < hi]
+        if pcts:
+            out.append((f"flash_decode, {band}: share of the plain read's speed",
+                        spread(pcts, "{:.1f}%", statistics.median, "median")))
     if eager:
         out.append((f"eager call on {eager['shape']}", f"flash_decode {eager['ours_us']:.1f} us, "
                     f"torch SDPA {eager['sdpa_us']:.1f} us ({eager['ratio']:.3f}x)"))
