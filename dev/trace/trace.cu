@@ -11,10 +11,12 @@
 // counted from the end of the previous call, and (from %smid) how many SMs
 // held one, two or more stage-1 blocks with those blocks' loop time and
 // end, and how far apart the blocks end (the spread of their ends, and of
-// its means by SM and by block, whose bytes are the same every call), next
-// to a plain streaming read of the same bytes. fp16, head dim
-// 128, (batch, heads, seq, dim) layout, zero data. BENCHMARKS.md ("Per
-// block: a trace of one call") shows what it found.
+// its means by SM and by block, whose bytes are the same every call), and
+// the slot time (the shares of all stage-1 slots over the call that blocks
+// spent before their first tile, in their loop and after it), next to a
+// plain streaming read of the same bytes. fp16, head dim 128, (batch, heads,
+// seq, dim) layout, zero data. BENCHMARKS.md ("What bounds each regime")
+// shows what it found.
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -o trace dev/trace/trace.cu && ./trace [name part]
 //
@@ -382,6 +384,14 @@ static void run(const Scenario &sc) {
     std::map<unsigned, Stats> by_sm;
     std::map<int, Stats> by_block;
     Stats all_ends;
+    // Slot time: over each call's period (previous call's end to its end),
+    // the share of the stage-1 slots (SMs x blocks per SM) its blocks spent
+    // from entering to their first tile, streaming (the loop), and from the
+    // loop's end to exit; the rest is idle (or another kernel's).
+    Stats slot_start, slot_loop, slot_finish;
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tr_split<false>, 128, smem));
+    const double slots = (double)num_sms * std::max(per_sm, 1);
     u64 prev_end = 0;
     for (int i = 0; i < kCalls; ++i) {
         const u64 *c = h.data() + per_call * i;
@@ -449,6 +459,17 @@ static void run(const Scenario &sc) {
                 c_end.add((double)cend_max - base);
             }
             period.add((double)call_end - base);
+            if (!sc.read) {
+                double st = 0, lp = 0, fi = 0;
+                for (int b = 0; b < g1; ++b) {
+                    const u64 *x = c + NS * b;
+                    st += (double)x[2] - x[0];
+                    lp += (double)x[3] - x[2];
+                    fi += (double)x[5] - x[3];
+                }
+                const double total = slots * ((double)call_end - base);
+                slot_start.add(st / total), slot_loop.add(lp / total), slot_finish.add(fi / total);
+            }
         }
         prev_end = call_end;
     }
@@ -464,6 +485,10 @@ static void run(const Scenario &sc) {
     if (!sc.read)
         printf("\n    per block (median): go->tile0 %5.2f, loop %6.2f, rows written %5.2f, ->exit %5.2f",
                ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
+    if (!sc.read)
+        printf("\n    slot time (%g slots): enter->tile0 %4.1f%%, loop %4.1f%%, loop end->exit %4.1f%%, idle %4.1f%%",
+               slots, 100 * slot_start.med(), 100 * slot_loop.med(), 100 * slot_finish.med(),
+               100 * (1 - slot_start.med() - slot_loop.med() - slot_finish.med()));
     if (!sc.read) {
         printf("\n    per SM (medians over calls):");
         for (auto &e : sm_count)
@@ -572,6 +597,9 @@ int main(int argc, char **argv) {
     att("MHA 48/48 b=6 4K, 3 splits + combine", 6, 4096, 3, 1, true, 48, 48);
     att("MHA 48/48 b=8 4K, 1 split", 8, 4096, 1, 1, true, 48, 48);
     att("b=128 1K, 1 split", 128, 1024, 1, 1);
+    att("b=46 4K, 1 split", 46, 4096, 1, 1);
+    att("b=64 4K, 1 split", 64, 4096, 1, 1);
+    att("b=32 16K, 1 split", 32, 16384, 1, 1);
     // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
     const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
                            "carved from 2.2 GB"};
