@@ -482,14 +482,12 @@ static void run(const Scenario &sc) {
     if (g2)
         printf(" | comb enter %6.2f go %6.2f end %6.2f", c_first_enter.med() / 1e3, c_go.med() / 1e3,
                c_end.med() / 1e3);
-    if (!sc.read)
+    if (!sc.read) {
         printf("\n    per block (median): go->tile0 %5.2f, loop %6.2f, rows written %5.2f, ->exit %5.2f",
                ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
-    if (!sc.read)
         printf("\n    slot time (%g slots): enter->tile0 %4.1f%%, loop %4.1f%%, loop end->exit %4.1f%%, idle %4.1f%%",
                slots, 100 * slot_start.med(), 100 * slot_loop.med(), 100 * slot_finish.med(),
                100 * (1 - slot_start.med() - slot_loop.med() - slot_finish.med()));
-    if (!sc.read) {
         printf("\n    per SM (medians over calls):");
         for (auto &e : sm_count)
             printf(" %g SMs held %d (loop %6.2f, end %7.2f);", e.second.med(), e.first,

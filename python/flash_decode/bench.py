@@ -746,18 +746,17 @@ def summarize(rows, eager):
         ratios = [r[key] / r["ours_us"] for r in rows if r.get(key) and r.get("ours_us")]
         if ratios:
             out.append((f"{what} (its time / flash_decode's)", spread(ratios, "{:.3f}x", geomean, "geomean")))
-    for who, key in (("flash_decode", "ours_pct"), ("plain read", "read_pct")):
+    # Per cache-size band: shares of the read ceiling, and of the practical
+    # bound, the same bytes read plainly (None where a row lacks the figure).
+    shares = (("flash_decode", "the read ceiling", lambda r: r.get("ours_pct")),
+              ("plain read", "the read ceiling", lambda r: r.get("read_pct")),
+              ("flash_decode", "the plain read's speed",
+               lambda r: 100 * r["read_us"] / r["ours_us"] if r.get("read_us") and r.get("ours_us") else None))
+    for who, of, share in shares:
         for band, lo, hi in SIZE_BANDS:
-            pcts = [r[key] for r in rows if key in r and lo <= r["kv_mb"] < hi]
+            pcts = [x for r in rows if lo <= r["kv_mb"] < hi and (x := share(r)) is not None]
             if pcts:
-                out.append((f"{who}, {band}: share of the read ceiling",
-                            spread(pcts, "{:.1f}%", statistics.median, "median")))
-    for band, lo, hi in SIZE_BANDS:  # the practical bound: the same bytes read plainly
-        pcts = [100 * r["read_us"] / r["ours_us"] for r in rows
-                if r.get("read_us") and r.get("ours_us") and lo <= r["kv_mb"] < hi]
-        if pcts:
-            out.append((f"flash_decode, {band}: share of the plain read's speed",
-                        spread(pcts, "{:.1f}%", statistics.median, "median")))
+                out.append((f"{who}, {band}: share of {of}", spread(pcts, "{:.1f}%", statistics.median, "median")))
     if eager:
         out.append((f"eager call on {eager['shape']}", f"flash_decode {eager['ours_us']:.1f} us, "
                     f"torch SDPA {eager['sdpa_us']:.1f} us ({eager['ratio']:.3f}x)"))
