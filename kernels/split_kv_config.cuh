@@ -28,6 +28,10 @@ struct fd_split_kv_config {
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
     static constexpr int kMTiles = ROWS / 16;             // mma row tiles
+    // Independent accumulators of each score tile in Q K^T (split_kv.cuh): two
+    // with one row tile; more row tiles already interleave their own chains
+    // (and 32 rows have no registers to spare).
+    static constexpr int kQkChains = kMTiles == 1 ? 2 : 1;
     static constexpr int kXchg = kDimSplit > 1 ? kWarps * kMTiles * 8 * 32 : 1;  // floats: [warp][score][lane]
     static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
     static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
