@@ -291,6 +291,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const int copy_chunk = threadIdx.x % C::kChunks;
     const int copy_key = threadIdx.x / C::kChunks;
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
+    constexpr int kCopyKeyStep = C::kThreads / C::kChunks;  // keys between a thread's copies of a tile
+    const long long k_copy_stride = kCopyKeyStep * p.k_seq_stride, v_copy_stride = kCopyKeyStep * p.v_seq_stride;
     // The appending forms' copy of a key that may be a new token (gkey >=
     // base): from k_new / v_new instead of its cache row (k_src, v_src).
     auto copy_new = [&](T *k_s, T *v_s, int s_off, int gkey, bool valid, const T *k_src, const T *v_src) {
@@ -378,6 +380,23 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, 0, len);
         } else {  // a contiguous cache (the appending forms: a tile holding new tokens apart)
             const bool fresh_tile = kFused && (tile + 1) * C::kKeys > base;
+            if (!fresh_tile && chunk_in_dim && (tile + 1) * C::kKeys <= len) {
+                // A whole tile of cached keys (all but a split's last): one
+                // row address a thread, each further copy a stride on, and no
+                // test a copy. These copies sit on every tile's path to its mmas.
+                const long long key = tile * C::kKeys + copy_key;
+                const T *k_src = k_base + key * p.k_seq_stride + copy_chunk * 8;
+                const T *v_src = v_base + key * p.v_seq_stride + copy_chunk * 8;
+#pragma unroll
+                for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                    const int s_off = fd_swizzle<D>(copy_key + i * kCopyKeyStep, copy_chunk);
+                    fd_cp_async_16(k_s + s_off, k_src, true);
+                    fd_cp_async_16(v_s + s_off, v_src, true);
+                    k_src += k_copy_stride;
+                    v_src += v_copy_stride;
+                }
+                return;
+            }
 #pragma unroll
             for (int i = 0; i < C::kCopiesPerThread; ++i) {
                 const int key = copy_key + i * (C::kThreads / C::kChunks);
@@ -519,7 +538,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float m_new = fmaxf(m[mt][h], mx);
                 const float off = fd_state_offset(m_new);
-                const float alpha = exp2f(m[mt][h] - off);
+                const float alpha = fd_exp2_ftz(m[mt][h] - off);
                 m[mt][h] = m_new;
                 float sum = 0.f;
 #pragma unroll
@@ -527,7 +546,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         float &x = sc[mt][nt][2 * h + e];
-                        x = exp2f(x - off);
+                        x = fd_exp2_ftz(x - off);
                         sum += x;
                     }
                 l[mt][h] = l[mt][h] * alpha + sum;
