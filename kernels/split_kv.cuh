@@ -44,10 +44,11 @@
 // on tensor cores (mma.sync m16n8k16, fp32 accumulation): ROWS packed rows
 // are 16 or 32 rows of the mma's M, each warp owns 16 keys of every tile with
 // its own online-softmax state, and the warps merge their states once at the
-// end, so a tile needs a single __syncthreads. Softmax is fp32 with exp2f on
-// scores pre-multiplied by scale*log2(e). Launched with programmatic
-// dependent launch (optional, sm_90), the combine grid is scheduled while
-// this one drains instead of after it (see fd_pdl_wait in ptx.cuh).
+// end, so a tile needs a single __syncthreads. Softmax is fp32 with exp2
+// (fd_exp2_ftz) on scores pre-multiplied by scale*log2(e). Launched with
+// programmatic dependent launch (optional, sm_90), the combine grid is
+// scheduled while this one drains instead of after it (see fd_pdl_wait in
+// ptx.cuh).
 //
 // The serving variants (fd_split_kv_serving_*, kServing) are this kernel
 // with FlashAttention's kv-cache features, same launch shapes, dynamic
@@ -381,8 +382,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         } else {  // a contiguous cache (the appending forms: a tile holding new tokens apart)
             const bool fresh_tile = kFused && (tile + 1) * C::kKeys > base;
             if (!fresh_tile && chunk_in_dim && (tile + 1) * C::kKeys <= len) {
-                // A whole tile of cached keys (all but a split's last): one
-                // row address a thread, each further copy a stride on, and no
+                // A whole tile of cached keys (every tile but a sequence's
+                // last and, appending, those holding new tokens): one row
+                // address a thread, each further copy a stride on, and no
                 // test a copy. These copies sit on every tile's path to its mmas.
                 const long long key = tile * C::kKeys + copy_key;
                 const T *k_src = k_base + key * p.k_seq_stride + copy_chunk * 8;
