@@ -475,14 +475,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         // before it into the same accumulator, so with one row tile the even
         // and odd 16-dim slices sum apart (kQkChains) and meet at the end:
         // half as long a chain of dependent mmas on every tile.
-        float sc[C::kMTiles][2][4], sc_odd[C::kQkChains > 1 ? C::kMTiles : 1][2][4];
+        float sc[C::kMTiles][2][4], sc_odd[2][4];  // sc_odd: the odd slices (kQkChains > 1: one row tile)
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
             for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] = 0.f;
         if constexpr (C::kQkChains > 1) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sc_odd[0][e / 4][e % 4] = 0.f;
+            for (int e = 0; e < 8; ++e) sc_odd[e / 4][e % 4] = 0.f;
         }
 #pragma unroll
         for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
@@ -491,14 +491,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                                                     (warp_col / 8) + 2 * kk + (lane / 8) % 2));
 #pragma unroll
             for (int mt = 0; mt < C::kMTiles; ++mt) {
-                float(&acc)[2][4] = C::kQkChains > 1 && kk % 2 ? sc_odd[0] : sc[mt];
+                float(&acc)[2][4] = C::kQkChains > 1 && kk % 2 ? sc_odd : sc[mt];
                 DT::mma(acc[0], qf[mt][kk], kf[0], kf[1]);
                 DT::mma(acc[1], qf[mt][kk], kf[2], kf[3]);
             }
         }
         if constexpr (C::kQkChains > 1) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sc[0][e / 4][e % 4] += sc_odd[0][e / 4][e % 4];
+            for (int e = 0; e < 8; ++e) sc[0][e / 4][e % 4] += sc_odd[e / 4][e % 4];
         }
         if (C::kDimSplit > 1) {
             // Add the other half's scores (a + b == b + a in fp32, so both
