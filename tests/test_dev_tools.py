@@ -1,7 +1,9 @@
 """The developer tools in dev/ still run where CI runs (no GPU): the sanitizer
-driver plans every kernel path it is named for, and the thread benchmark
-parses its arguments."""
+driver plans every kernel path it is named for, the thread benchmark parses
+its arguments, and the SASS reader finds a kernel's tile loop and its counts
+in cuobjdump's and ptxas's output."""
 
+import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -47,3 +49,61 @@ def test_threads_tool_parses_its_arguments():
     child = run("dev/threads.py", "--help")
     assert child.returncode == 0, child.stderr[-2000:]
     assert "--calls" in child.stdout
+
+
+def load_sass_tool():
+    spec = importlib.util.spec_from_file_location("dev_sass", ROOT / "dev" / "sass.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# cuobjdump -sass's layout: a function header, then /*address*/ instruction ; /* encoding */.
+_SASS = """
+\t\tFunction : fd_split_kv_f16_d128_r16
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a0000017a02 */
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;          /* 0x0000000000007b1d */
+        /*0020*/               @P0 BRA 0x50 ;                             /* 0x0000000000000947 */
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR8][R2.64] ; /* 0x0000000002057fae */
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R5+0x4000], desc[UR8][R6.64], P1 ; /* 0x0 */
+        /*0050*/                   HMMA.16816.F32 R8, R12, R16, RZ ;       /* 0x0000001010087c3c */
+        /*0060*/              @!P2 BRA 0x10 ;                             /* 0x0000000000000947 */
+        /*0070*/                   HMMA.16816.F32 R8, R12, R16, R8 ;       /* 0x0000001010087c3c */
+        /*0080*/              @!P3 BRA 0x70 ;                             /* 0x0000000000000947 */
+        /*0090*/                   EXIT ;                                 /* 0x000000000000794d */
+\t\tFunction : fd_combine_f16
+        /*0000*/                   EXIT ;                                 /* 0x000000000000794d */
+"""
+
+_PTXAS = """ptxas info    : Compiling entry function 'fd_split_kv_f16_d128_r16' for 'sm_90'
+ptxas info    : Function properties for fd_split_kv_f16_d128_r16
+    8 bytes stack frame, 12 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 178 registers, used 3 barriers, 4224 bytes smem
+ptxas info    : Compiling entry function 'fd_combine_f16' for 'sm_90'
+ptxas info    : Function properties for fd_combine_f16
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 56 registers, used 0 barriers
+"""
+
+
+def test_sass_tool_finds_the_tile_loop():
+    sass = load_sass_tool()
+    kernels = sass.parse_sass(_SASS)
+    assert sorted(kernels) == ["fd_combine_f16", "fd_split_kv_f16_d128_r16"]
+    body = kernels["fd_split_kv_f16_d128_r16"]
+    assert len(body) == 10 and body[2] == (0x20, "@P0 BRA 0x50")
+    # Two backward branches hold one HMMA each: the shorter loop (0x70-0x80) wins the tie.
+    assert [addr for addr, _ in sass.tile_loop(body)] == [0x70, 0x80]
+    # A loop with more HMMAs wins over a shorter one; its copies and branches are counted.
+    body.insert(6, (0x58, "HMMA.16816.F32 R20, R12, R16, RZ"))
+    loop = sass.tile_loop(body)
+    assert loop[0][0] == 0x10 and loop[-1][0] == 0x60
+    assert (sass.count(loop, "HMMA"), sass.count(loop, "LDGSTS"), sass.count(loop, "BRA")) == (2, 2, 2)
+    assert sass.tile_loop(kernels["fd_combine_f16"]) == []
+    assert sass.parse_resources(_PTXAS) == {"fd_split_kv_f16_d128_r16": (178, 12, 4), "fd_combine_f16": (56, 0, 0)}
+
+
+def test_sass_tool_parses_its_arguments():
+    child = run("dev/sass.py", "--help")
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "--against" in child.stdout

@@ -1,0 +1,187 @@
+"""The kernels' machine code, read without a GPU.
+
+    python3 dev/sass.py [--arch sm_90] [--kernels REGEX] [--against REV] [--loop KERNEL]
+
+Compiles kernels/flashdecode.cu into a cubin with nvcc and disassembles it
+with cuobjdump, then prints, for each kernel whose name matches --kernels
+(default: the stage-1 kernels at fp16): its registers and spill bytes, and
+its tile loop, the backward branch around the most HMMAs (tensor-core mmas):
+instructions, HMMAs, LDGSTS (cp.async copies) and branches in it. A loop's
+instructions include every path through it, so a branch taken on some tiles
+only (a sequence's last tile, say) counts in full.
+
+With --against REV (a git revision) the kernels/ of that revision are built
+the same way and shown alongside, with whether each kernel's SASS is the
+same instruction for instruction: a change whose SASS is unchanged needs no
+new GPU run. --loop KERNEL prints that kernel's tile loop.
+
+nvcc: $CUDA_HOME/bin, PATH, or the CUDA 13 wheels CI installs under
+_build/ci/cuda. cuobjdump: beside nvcc, or from `pip install
+nvidia-cuda-cuobjdump` (its nvidia/cu13/bin on sys.path).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CI_CUDA = os.path.join(ROOT, "_build", "ci", "cuda", "nvidia", "cu13")
+
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;")
+_FUNCTION = re.compile(r"^\s*Function : (\S+)")
+_BRANCH = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
+
+
+def find_tool(name, cuda_home):
+    """The path of a CUDA tool: under cuda_home, on PATH, in CI's wheels, or
+    in a pip wheel's nvidia/cu13/bin on sys.path; None if nowhere."""
+    dirs = [os.path.join(cuda_home, "bin")] if cuda_home else []
+    found = shutil.which(name)
+    if found:
+        dirs.append(os.path.dirname(found))
+    dirs.append(os.path.join(CI_CUDA, "bin"))
+    dirs += [os.path.join(p, "nvidia", "cu13", "bin") for p in sys.path if p]
+    for d in dirs:
+        path = os.path.join(d, name)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def parse_resources(ptxas_output):
+    """{kernel: (registers, spill store bytes, spill load bytes)} from nvcc's
+    --resource-usage output."""
+    usage, kernel = {}, None
+    for line in ptxas_output.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line) or re.search(r"Function properties for (\w+)", line)
+        if m:
+            kernel = m.group(1)
+            usage.setdefault(kernel, [0, 0, 0])
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and kernel:
+            usage[kernel][1:] = [int(m.group(1)), int(m.group(2))]
+        m = re.search(r"Used (\d+) registers", line)
+        if m and kernel:
+            usage[kernel][0] = int(m.group(1))
+    return {k: tuple(v) for k, v in usage.items()}
+
+
+def parse_sass(text):
+    """{kernel: [(address, instruction)]} from `cuobjdump -sass` output."""
+    kernels, current = {}, None
+    for line in text.splitlines():
+        m = _FUNCTION.match(line)
+        if m:
+            current = kernels.setdefault(m.group(1), [])
+            continue
+        m = _INSTR.match(line)
+        if m and current is not None:
+            current.append((int(m.group(1), 16), m.group(2)))
+    return kernels
+
+
+def tile_loop(instructions):
+    """The instructions of the loop that holds the most HMMAs (the shortest
+    such loop on a tie): those from a backward branch's target to the branch.
+    Empty where no loop holds an HMMA."""
+    best = []
+    for i, (addr, text) in enumerate(instructions):
+        m = _BRANCH.search(text)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        target = int(m.group(1), 16)
+        body = [ins for ins in instructions[:i + 1] if ins[0] >= target]
+        key = (count(body, "HMMA"), -len(body))
+        if key[0] and (not best or key > (count(best, "HMMA"), -len(best))):
+            best = body
+    return best
+
+
+def opcode(text):
+    """An instruction's opcode without its modifiers or predicate: HMMA for
+    "@P0 HMMA.16816.F32 R4, ...", BRA for "@!P1 BRA 0x55d0"."""
+    words = text.split()
+    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+
+
+def count(instructions, name):
+    """How many instructions have the opcode name (HMMA, LDGSTS, BRA)."""
+    return sum(1 for _, text in instructions if opcode(text) == name)
+
+
+def build(kernels_dir, arch, nvcc, cuobjdump, work):
+    """Compile kernels_dir/flashdecode.cu for arch: (resources, sass) as parsed above."""
+    cubin = os.path.join(work, "flashdecode.cubin")
+    include = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include")
+    done = subprocess.run([nvcc, "-cubin", "-O3", "-std=c++17", f"-arch={arch}", f"-I{include}", "--resource-usage",
+                           "-o", cubin, os.path.join(kernels_dir, "flashdecode.cu")],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"nvcc failed:\n{done.stderr[-4000:]}")
+    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    return parse_resources(done.stdout + done.stderr), parse_sass(sass)
+
+
+def export_kernels(rev, work):
+    """kernels/ at git revision rev, written under work; returns its path."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "kernels"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        if hasattr(tarfile, "data_filter"):  # Python 3.12, and 3.11.4 on
+            tar.extractall(work, filter="data")
+        else:
+            tar.extractall(work)
+    return os.path.join(work, "kernels")
+
+
+def summary(name, resources, sass):
+    regs, spill_st, spill_ld = resources.get(name, (0, 0, 0))
+    loop = tile_loop(sass.get(name, []))
+    spill = f", spills {spill_st}/{spill_ld} B" if spill_st or spill_ld else ""
+    if not loop:
+        return f"{regs} regs{spill}, {len(sass.get(name, []))} instructions, no mma loop"
+    return (f"{regs} regs{spill}, loop {len(loop)} instructions: {count(loop, 'HMMA')} HMMA, "
+            f"{count(loop, 'LDGSTS')} LDGSTS, {count(loop, 'BRA')} BRA")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", default="sm_90", help="the GPU architecture to compile for (default sm_90)")
+    p.add_argument("--kernels", default=r"^fd_split_kv_(\w+_)?f16_", help="regex of the kernels to show")
+    p.add_argument("--against", metavar="REV", help="also build kernels/ at this git revision and compare")
+    p.add_argument("--loop", metavar="KERNEL", help="print this kernel's tile loop")
+    args = p.parse_args()
+
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc, cuobjdump = find_tool("nvcc", cuda_home), find_tool("cuobjdump", cuda_home)
+    if not nvcc or not cuobjdump:
+        sys.exit("needs nvcc (CUDA_HOME, PATH or bash .ci/run's wheels) and cuobjdump "
+                 "(pip install nvidia-cuda-cuobjdump)")
+    with tempfile.TemporaryDirectory() as work:
+        os.makedirs(os.path.join(work, "new"))
+        new = build(os.path.join(ROOT, "kernels"), args.arch, nvcc, cuobjdump, os.path.join(work, "new"))
+        old = None
+        if args.against:
+            os.makedirs(os.path.join(work, "old"))
+            old = build(export_kernels(args.against, os.path.join(work, "old")), args.arch, nvcc, cuobjdump,
+                        os.path.join(work, "old"))
+    names = sorted(n for n in new[1] if re.search(args.kernels, n))
+    for name in names:
+        line = f"{name}: {summary(name, *new)}"
+        if old:
+            same = [t for _, t in old[1].get(name, [])] == [t for _, t in new[1][name]]
+            line += f"\n    at {args.against}: {summary(name, *old)}; SASS {'same' if same else 'differs'}"
+        print(line)
+    if args.loop:
+        for addr, text in tile_loop(new[1].get(args.loop, [])):
+            print(f"{addr:06x}  {text}")
+
+
+if __name__ == "__main__":
+    main()
