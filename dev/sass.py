@@ -6,9 +6,10 @@ Compiles kernels/flashdecode.cu into a cubin with nvcc and disassembles it
 with cuobjdump, then prints, for each kernel whose name matches --kernels
 (default: the stage-1 kernels at fp16): its registers and spill bytes, and
 its tile loop, the backward branch around the most HMMAs (tensor-core mmas):
-instructions, HMMAs, LDGSTS (cp.async copies) and branches in it. A loop's
-instructions include every path through it, so a branch taken on some tiles
-only (a sequence's last tile, say) counts in full.
+its instructions, how many of them one pass through it executes on each way
+its forward branches allow (up to four counts, else the range: a tile whose
+copies are skipped, a whole tile, a sequence's last tile...), and the HMMAs,
+LDGSTS (cp.async copies) and branches in it.
 
 With --against REV (a git revision) the kernels/ of that revision are built
 the same way and shown alongside, with whether each kernel's SASS is the
@@ -103,6 +104,38 @@ def tile_loop(instructions):
     return best
 
 
+def loop_paths(loop):
+    """The instruction counts of one pass through loop (tile_loop's list),
+    from its first instruction to its back branch, over every way its
+    forward branches allow, smallest first: a pass that issues no copies,
+    one that copies a whole tile, one that copies a sequence's last tile...
+    Past 64 counts at one instruction only the smallest and largest are kept:
+    then the second value returned is True."""
+    index = {addr: i for i, (addr, _) in enumerate(loop)}
+    lengths = [set() for _ in loop]
+    lengths[0].add(1)
+    pruned = False
+    for i, (addr, text) in enumerate(loop[:-1]):
+        if not lengths[i]:
+            continue
+        words = text.split()
+        predicated = words[0].startswith("@") and words[0] != "@PT"
+        targets = []
+        if opcode(text) == "BRA":
+            m = _BRANCH.search(text)
+            if m and int(m.group(1), 16) in index and int(m.group(1), 16) > addr:
+                targets.append(index[int(m.group(1), 16)])
+            if predicated:
+                targets.append(i + 1)
+        elif opcode(text) not in ("EXIT", "RET") or predicated:
+            targets.append(i + 1)
+        for t in targets:
+            lengths[t] |= {n + 1 for n in lengths[i]}
+            if len(lengths[t]) > 64:  # many branches: keep the spread, not every count
+                lengths[t], pruned = {min(lengths[t]), max(lengths[t])}, True
+    return sorted(lengths[-1]), pruned
+
+
 def opcode(text):
     """An instruction's opcode without its modifiers or predicate: HMMA for
     "@P0 HMMA.16816.F32 R4, ...", BRA for "@!P1 BRA 0x55d0"."""
@@ -145,8 +178,10 @@ def summary(name, resources, sass):
     spill = f", spills {spill_st}/{spill_ld} B" if spill_st or spill_ld else ""
     if not loop:
         return f"{regs} regs{spill}, {len(sass.get(name, []))} instructions, no mma loop"
-    return (f"{regs} regs{spill}, loop {len(loop)} instructions: {count(loop, 'HMMA')} HMMA, "
-            f"{count(loop, 'LDGSTS')} LDGSTS, {count(loop, 'BRA')} BRA")
+    paths, pruned = loop_paths(loop)
+    passes = "/".join(map(str, paths)) if len(paths) <= 4 and not pruned else f"{paths[0]}-{paths[-1]}"
+    return (f"{regs} regs{spill}, loop {len(loop)} instructions ({passes} a pass): "
+            f"{count(loop, 'HMMA')} HMMA, {count(loop, 'LDGSTS')} LDGSTS, {count(loop, 'BRA')} BRA")
 
 
 def main():

@@ -99,6 +99,8 @@ def test_sass_tool_finds_the_tile_loop():
     loop = sass.tile_loop(body)
     assert loop[0][0] == 0x10 and loop[-1][0] == 0x60
     assert (sass.count(loop, "HMMA"), sass.count(loop, "LDGSTS"), sass.count(loop, "BRA")) == (2, 2, 2)
+    # A pass skips the copies (@P0 BRA 0x50 taken: 5 instructions) or makes them (7).
+    assert sass.loop_paths(loop) == ([5, 7], False)
     assert sass.tile_loop(kernels["fd_combine_f16"]) == []
     assert sass.parse_resources(_PTXAS) == {"fd_split_kv_f16_d128_r16": (178, 12, 4), "fd_combine_f16": (56, 0, 0)}
 
