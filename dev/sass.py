@@ -17,8 +17,9 @@ same instruction for instruction: a change whose SASS is unchanged needs no
 new GPU run. --loop KERNEL prints that kernel's tile loop.
 
 nvcc: $CUDA_HOME/bin, PATH, or the CUDA 13 wheels CI installs under
-_build/ci/cuda. cuobjdump: beside nvcc, or from `pip install
-nvidia-cuda-cuobjdump` (its nvidia/cu13/bin on sys.path).
+_build/ci/cuda. cuobjdump and the nvdisasm it runs: beside nvcc, or from
+`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (their
+nvidia/cu13/bin on sys.path).
 """
 
 import argparse
@@ -157,8 +158,13 @@ def build(kernels_dir, arch, nvcc, cuobjdump, work):
                           capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"nvcc failed:\n{done.stderr[-4000:]}")
-    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-    return parse_resources(done.stdout + done.stderr), parse_sass(sass)
+    # cuobjdump runs nvdisasm for -sass: it looks beside itself and on PATH.
+    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, env=env)
+    if sass.returncode != 0:
+        sys.exit(f"cuobjdump -sass failed (it needs nvdisasm: pip install nvidia-cuda-nvdisasm):\n"
+                 f"{sass.stderr[-2000:]}")
+    return parse_resources(done.stdout + done.stderr), parse_sass(sass.stdout)
 
 
 def export_kernels(rev, work):
@@ -197,7 +203,7 @@ def main():
     nvcc, cuobjdump = find_tool("nvcc", cuda_home), find_tool("cuobjdump", cuda_home)
     if not nvcc or not cuobjdump:
         sys.exit("needs nvcc (CUDA_HOME, PATH or bash .ci/run's wheels) and cuobjdump "
-                 "(pip install nvidia-cuda-cuobjdump)")
+                 "(pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     with tempfile.TemporaryDirectory() as work:
         os.makedirs(os.path.join(work, "new"))
         new = build(os.path.join(ROOT, "kernels"), args.arch, nvcc, cuobjdump, os.path.join(work, "new"))
