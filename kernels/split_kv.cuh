@@ -196,7 +196,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 #pragma unroll
                 for (int i = 0; i < C::kCopiesPerThread; ++i) {
                     const int key = (split + s * num_splits) * C::kKeys + threadIdx.x / C::kChunks +
-                                    i * (C::kThreads / C::kChunks);
+                                    i * C::kCopyKeyStep;
                     if (key < planned && chunk * 8 < p.head_dim) {
                         fd_prefetch_l2(k_base + (long long)key * p.k_seq_stride + chunk * 8);
                         fd_prefetch_l2(v_base + (long long)key * p.v_seq_stride + chunk * 8);
@@ -292,8 +292,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const int copy_chunk = threadIdx.x % C::kChunks;
     const int copy_key = threadIdx.x / C::kChunks;
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
-    constexpr int kCopyKeyStep = C::kThreads / C::kChunks;  // keys between a thread's copies of a tile
-    const long long k_copy_stride = kCopyKeyStep * p.k_seq_stride, v_copy_stride = kCopyKeyStep * p.v_seq_stride;
+    const long long k_copy_stride = C::kCopyKeyStep * p.k_seq_stride, v_copy_stride = C::kCopyKeyStep * p.v_seq_stride;
     // The appending forms' copy of a key that may be a new token (gkey >=
     // base): from k_new / v_new instead of its cache row (k_src, v_src).
     auto copy_new = [&](T *k_s, T *v_s, int s_off, int gkey, bool valid, const T *k_src, const T *v_src) {
@@ -325,7 +324,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 // l % kCopiesPerThread, and the others take it by shuffle.
                 unsigned long long k_mine = 0, v_mine = 0;  // the row's address
                 if constexpr (decltype(paged)::value) {
-                    const int key = copy_key + lane % C::kCopiesPerThread * (C::kThreads / C::kChunks);
+                    const int key = copy_key + lane % C::kCopiesPerThread * C::kCopyKeyStep;
                     long long k_off = 0, v_off = 0;  // branch-free: cp.async skips an invalid key
                     pages.offsets(p, pages.page_id(j, key), tile * C::kKeys + key, k_off, v_off);
                     k_mine = reinterpret_cast<unsigned long long>(k_base + k_off);
@@ -333,7 +332,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 }
 #pragma unroll
                 for (int i = 0; i < C::kCopiesPerThread; ++i) {
-                    const int key = copy_key + i * (C::kThreads / C::kChunks);
+                    const int key = copy_key + i * C::kCopyKeyStep;
                     const int gkey = tile * C::kKeys + key;
                     const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
                     const T *k_src, *v_src;
@@ -391,7 +390,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 const T *v_src = v_base + key * p.v_seq_stride + copy_chunk * 8;
 #pragma unroll
                 for (int i = 0; i < C::kCopiesPerThread; ++i) {
-                    const int s_off = fd_swizzle<D>(copy_key + i * kCopyKeyStep, copy_chunk);
+                    const int s_off = fd_swizzle<D>(copy_key + i * C::kCopyKeyStep, copy_chunk);
                     fd_cp_async_16(k_s + s_off, k_src, true);
                     fd_cp_async_16(v_s + s_off, v_src, true);
                     k_src += k_copy_stride;
@@ -401,7 +400,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             }
 #pragma unroll
             for (int i = 0; i < C::kCopiesPerThread; ++i) {
-                const int key = copy_key + i * (C::kThreads / C::kChunks);
+                const int key = copy_key + i * C::kCopyKeyStep;
                 const int gkey = tile * C::kKeys + key;
                 const bool valid = chunk_in_dim && gkey < len;
                 const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * 8;

@@ -36,6 +36,7 @@ struct fd_split_kv_config {
     static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
     static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
     static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
+    static constexpr int kCopyKeyStep = kThreads / kChunks;  // keys between a thread's copies of a tile
     static constexpr int kSharedBytes = kStages * 2 * kTileElems * 2;
     // End-of-block merge scratch, reusing the pipeline buffers: every key
     // warp's unnormalized output (rows padded by 8 floats; the halves of D
