@@ -185,7 +185,12 @@ def summary(name, resources, sass):
     if not loop:
         return f"{regs} regs{spill}, {len(sass.get(name, []))} instructions, no mma loop"
     paths, pruned = loop_paths(loop)
-    passes = "/".join(map(str, paths)) if len(paths) <= 4 and not pruned else f"{paths[0]}-{paths[-1]}"
+    if not paths:  # an inner loop (a backward branch inside) that loop_paths does not follow
+        passes = "uncounted"
+    elif len(paths) <= 4 and not pruned:
+        passes = "/".join(map(str, paths))
+    else:
+        passes = f"{paths[0]}-{paths[-1]}"
     return (f"{regs} regs{spill}, loop {len(loop)} instructions ({passes} a pass): "
             f"{count(loop, 'HMMA')} HMMA, {count(loop, 'LDGSTS')} LDGSTS, {count(loop, 'BRA')} BRA")
 

@@ -103,6 +103,14 @@ def test_sass_tool_finds_the_tile_loop():
     assert sass.loop_paths(loop) == ([5, 7], False)
     assert sass.tile_loop(kernels["fd_combine_f16"]) == []
     assert sass.parse_resources(_PTXAS) == {"fd_split_kv_f16_d128_r16": (178, 12, 4), "fd_combine_f16": (56, 0, 0)}
+    resources = sass.parse_resources(_PTXAS)
+    assert sass.summary("fd_split_kv_f16_d128_r16", resources, {"fd_split_kv_f16_d128_r16": loop}) == (
+        "178 regs, spills 12/4 B, loop 7 instructions (5/7 a pass): 2 HMMA, 2 LDGSTS, 2 BRA")
+    # An inner loop (an unconditional backward branch) stops the pass count, not the summary.
+    inner = [(0x0, "BAR.SYNC.DEFER_BLOCKING 0x0"), (0x10, "HMMA.16816.F32 R8, R12, R16, RZ"), (0x20, "BRA 0x10"),
+             (0x30, "HMMA.16816.F32 R8, R12, R16, R8"), (0x40, "@P0 BRA 0x0")]
+    assert sass.summary("fd_split_kv_f16_d128_r16", resources, {"fd_split_kv_f16_d128_r16": inner}) == (
+        "178 regs, spills 12/4 B, loop 5 instructions (uncounted a pass): 2 HMMA, 0 LDGSTS, 2 BRA")
 
 
 def test_sass_tool_parses_its_arguments():
