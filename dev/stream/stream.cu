@@ -15,6 +15,9 @@
 //                   first 128 threads, rows padded to 272 bytes (conflict-free ldmatrix),
 //                   an mbarrier a stage counting the bytes
 //            ldg:   no shared memory: 16-byte loads into registers, a stage's tiles a round
+//            wide:  cp.async as copy, 128-key tiles (64 KiB): each of 4 warps owns 32 keys
+//                   (one softmax update and one rescale of its output for both halves),
+//                   or each of 8 warps 16; rates still counted in 64-key tiles
 //   work     none, ld (each warp's ldmatrix reads of its 16 keys of K and V),
 //            mma (ld and the mmas on them), soft (mma and the softmax between)
 //   stages   tiles in the pipeline (one fewer in flight while a tile is worked on)
@@ -55,9 +58,9 @@ constexpr int TILE_ELEMS = KEYS * D;          // one K (or V) tile, 16 KiB
 constexpr int TILE_BYTES = 2 * TILE_ELEMS * 2;  // K and V, 32 KiB
 constexpr int PAD = D + 8;                    // bulk rows: 272 bytes
 
-enum Source { kCopy, kBulk, kLdg };
+enum Source { kCopy, kBulk, kLdg, kWide };
 enum Work { kNone, kLd, kMma, kSoft };
-static const char *kSourceName[] = {"copy", "bulk", "ldg"};
+static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide"};
 static const char *kWorkName[] = {"none", "ld", "mma", "soft"};
 
 __device__ __forceinline__ unsigned long long now() {
@@ -105,8 +108,9 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, int bytes,
         : "memory");
 }
 
-// Stage 1's tile work on one landed tile, for a warp's 16 keys (WORK >= kLd).
-template <int SRC, int WORK>
+// Stage 1's tile work on one landed tile (WORK >= kLd), for a warp's G
+// groups of 16 keys (one online-softmax update for all of them).
+template <int SRC, int WORK, int G>
 struct TileWork {
     uint32_t qf[8][4];  // a fixed Q fragment: 16 rows x 128 dims
     float o[16][4];     // P V accumulators: 16 rows x 128 columns
@@ -125,28 +129,37 @@ struct TileWork {
 
     __device__ void run(const half *k_s, const half *v_s) {
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        const int key0 = warp * 16;
-        float sc[2][4] = {}, sc_odd[2][4] = {};
+        const int key0 = warp * 16 * G;
+        float sc[G][2][4] = {}, sc_odd[G][2][4] = {};
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
-            uint32_t kf[4];
-            fd_ldmatrix_x4(kf, k_s + at<SRC>(key0 + (lane / 16) * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
-            if constexpr (WORK == kLd) {
-                bits ^= kf[0] ^ kf[1] ^ kf[2] ^ kf[3];
-            } else {
-                float(&acc)[2][4] = kk % 2 ? sc_odd : sc;
-                fd_dtype<half>::mma(acc[0], qf[kk], kf[0], kf[1]);
-                fd_dtype<half>::mma(acc[1], qf[kk], kf[2], kf[3]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                uint32_t kf[4];
+                fd_ldmatrix_x4(kf, k_s + at<SRC>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+                if constexpr (WORK == kLd) {
+                    bits ^= kf[0] ^ kf[1] ^ kf[2] ^ kf[3];
+                } else {
+                    float(&acc)[2][4] = kk % 2 ? sc_odd[g] : sc[g];
+                    fd_dtype<half>::mma(acc[0], qf[kk], kf[0], kf[1]);
+                    fd_dtype<half>::mma(acc[1], qf[kk], kf[2], kf[3]);
+                }
             }
         }
-        uint32_t pf[4];
+        uint32_t pf[G][4];
         if constexpr (WORK >= kMma) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sc[e / 4][e % 4] += sc_odd[e / 4][e % 4];
+            for (int g = 0; g < G; ++g)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) sc[g][e / 4][e % 4] += sc_odd[g][e / 4][e % 4];
             if constexpr (WORK == kSoft) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float mx = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+                    float mx = -1e30f;
+#pragma unroll
+                    for (int g = 0; g < G; ++g)
+                        mx = fmaxf(mx, fmaxf(fmaxf(sc[g][0][2 * h], sc[g][0][2 * h + 1]),
+                                             fmaxf(sc[g][1][2 * h], sc[g][1][2 * h + 1])));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     const float m_new = fmaxf(m[h], mx);
@@ -154,13 +167,15 @@ struct TileWork {
                     m[h] = m_new;
                     float sum = 0.f;
 #pragma unroll
-                    for (int nt = 0; nt < 2; ++nt)
+                    for (int g = 0; g < G; ++g)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            float &x = sc[nt][2 * h + e];
-                            x = fd_exp2_ftz(x - m_new);
-                            sum += x;
-                        }
+                        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                float &x = sc[g][nt][2 * h + e];
+                                x = fd_exp2_ftz(x - m_new);
+                                sum += x;
+                            }
                     l[h] = l[h] * alpha + sum;
 #pragma unroll
                     for (int n = 0; n < 16; ++n) {
@@ -169,20 +184,27 @@ struct TileWork {
                     }
                 }
             }
-            pf[0] = fd_dtype<half>::pack(sc[0][0], sc[0][1]);
-            pf[1] = fd_dtype<half>::pack(sc[0][2], sc[0][3]);
-            pf[2] = fd_dtype<half>::pack(sc[1][0], sc[1][1]);
-            pf[3] = fd_dtype<half>::pack(sc[1][2], sc[1][3]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                pf[g][0] = fd_dtype<half>::pack(sc[g][0][0], sc[g][0][1]);
+                pf[g][1] = fd_dtype<half>::pack(sc[g][0][2], sc[g][0][3]);
+                pf[g][2] = fd_dtype<half>::pack(sc[g][1][0], sc[g][1][1]);
+                pf[g][3] = fd_dtype<half>::pack(sc[g][1][2], sc[g][1][3]);
+            }
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            uint32_t vf[4];
-            fd_ldmatrix_x4_trans(vf, v_s + at<SRC>(key0 + ((lane / 8) % 2) * 8 + lane % 8, 2 * j + lane / 16));
-            if constexpr (WORK == kLd) {
-                bits ^= vf[0] ^ vf[1] ^ vf[2] ^ vf[3];
-            } else {
-                fd_dtype<half>::mma(o[2 * j], pf, vf[0], vf[1]);
-                fd_dtype<half>::mma(o[2 * j + 1], pf, vf[2], vf[3]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                uint32_t vf[4];
+                fd_ldmatrix_x4_trans(vf, v_s + at<SRC>(key0 + 16 * g + ((lane / 8) % 2) * 8 + lane % 8,
+                                                       2 * j + lane / 16));
+                if constexpr (WORK == kLd) {
+                    bits ^= vf[0] ^ vf[1] ^ vf[2] ^ vf[3];
+                } else {
+                    fd_dtype<half>::mma(o[2 * j], pf[g], vf[0], vf[1]);
+                    fd_dtype<half>::mma(o[2 * j + 1], pf[g], vf[2], vf[3]);
+                }
             }
         }
     }
@@ -204,12 +226,14 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t bars[STAGES];
     half *smem = reinterpret_cast<half *>(smem_raw);
-    constexpr int kStageElems = 2 * KEYS * (SRC == kBulk ? PAD : D);
+    constexpr int kW = SRC == kWide ? 2 : 1;  // 64-key tiles a tile
+    constexpr int kTileKeys = kW * KEYS;
+    constexpr int kStageElems = 2 * kTileKeys * (SRC == kBulk ? PAD : D);
     const unsigned long long t0 = now();
     const auto tile_src = [&](int j) {
-        return src + (first + (long long)blockIdx.x * tiles + j) % tiles_total * (2 * TILE_ELEMS);
+        return src + (first + ((long long)blockIdx.x * tiles + j) * kW) % tiles_total * (2 * TILE_ELEMS);
     };
-    TileWork<SRC, WORK> work;
+    TileWork<SRC, WORK, kTileKeys / 16 / (THREADS / 32)> work;
     work.init();
     float ldg_acc = 0.f;
 
@@ -241,14 +265,14 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
         const auto load = [&](int j, int stage) {
             half *dst = smem + stage * kStageElems;
             const half *from = tile_src(j);
-            if constexpr (SRC == kCopy) {
+            if constexpr (SRC == kCopy || SRC == kWide) {
                 // Thread t copies chunk t % 16 of keys t / 16, + THREADS / 16, ... of K and of V.
                 const int chunk = threadIdx.x % 16;
 #pragma unroll
-                for (int key = threadIdx.x / 16; key < KEYS; key += THREADS / 16) {
+                for (int key = threadIdx.x / 16; key < kTileKeys; key += THREADS / 16) {
                     fd_cp_async_16(dst + at<SRC>(key, chunk), from + key * D + chunk * 8, true);
-                    fd_cp_async_16(dst + TILE_ELEMS + at<SRC>(key, chunk), from + TILE_ELEMS + key * D + chunk * 8,
-                                   true);
+                    fd_cp_async_16(dst + kW * TILE_ELEMS + at<SRC>(key, chunk),
+                                   from + kW * TILE_ELEMS + key * D + chunk * 8, true);
                 }
             } else {
                 // Thread r < 128 copies row r: keys 0-63 of K, then of V.
@@ -258,16 +282,16 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
         };
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < tiles) load(s, s);
-            if constexpr (SRC == kCopy) fd_cp_async_commit();
+            if constexpr (SRC != kBulk) fd_cp_async_commit();
         }
         for (int it = 0; it < tiles; ++it) {
             const int stage = it % STAGES;
-            if constexpr (SRC == kCopy) fd_cp_async_wait<STAGES - 2>();
+            if constexpr (SRC != kBulk) fd_cp_async_wait<STAGES - 2>();
             else mbar_wait(&bars[stage], (it / STAGES) & 1);
             __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
             const int next = it + STAGES - 1;
             if (next < tiles) load(next, next % STAGES);
-            if constexpr (SRC == kCopy) fd_cp_async_commit();
+            if constexpr (SRC != kBulk) fd_cp_async_commit();
             if constexpr (WORK != kNone) {
                 const half *k_s = smem + stage * kStageElems;
                 work.run(k_s, k_s + kStageElems / 2);
@@ -293,7 +317,8 @@ struct Config {
 
 template <int SRC, int WORK, int STAGES, int THREADS>
 Config make(const char *blocks) {
-    const int smem = SRC == kLdg ? 0 : STAGES * 2 * KEYS * (SRC == kBulk ? PAD : D) * 2;
+    const int keys = SRC == kWide ? 2 * KEYS : KEYS;
+    const int smem = SRC == kLdg ? 0 : STAGES * 2 * keys * (SRC == kBulk ? PAD : D) * 2;
     return Config{blocks, SRC, WORK, STAGES, THREADS, stream<SRC, WORK, STAGES, THREADS>, smem};
 }
 
@@ -324,6 +349,10 @@ int main(int argc, char **argv) {
         make<kBulk, kNone, 6, 128>("lone"), make<kBulk, kLd, 3, 128>("lone"),
         make<kBulk, kMma, 3, 128>("lone"),  make<kBulk, kSoft, 3, 128>("lone"),
         make<kBulk, kSoft, 5, 128>("lone"),
+        // Tiles of 128 keys: 4 warps of 32 keys, or 8 of 16.
+        make<kWide, kNone, 3, 128>("lone"), make<kWide, kSoft, 2, 128>("lone"),
+        make<kWide, kSoft, 3, 128>("lone"), make<kWide, kSoft, 3, 256>("lone"),
+        make<kWide, kSoft, 3, 128>("full1"), make<kWide, kSoft, 3, 256>("full1"),
         // Loads into registers: a lone SM's read with no shared memory at all.
         make<kLdg, kNone, 1, 1024>("lone"), make<kLdg, kNone, 2, 1024>("lone"),
         make<kLdg, kNone, 4, 1024>("lone"), make<kLdg, kNone, 4, 512>("lone"),
@@ -352,6 +381,7 @@ int main(int argc, char **argv) {
         const int smem = blocks == "full1" ? std::max(c.smem, 120 * 1024) : c.smem;
         if (smem > 48 * 1024)
             CK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        const int w = c.src == kWide ? 2 : 1;  // the kernel counts 128-key tiles, this program 64-key ones
         int grid = 1, tiles = 2048, only_sm = -1;
         if (blocks == "pair") grid = 2 * sms, only_sm = 0;
         if (blocks == "full1") grid = sms, tiles = 64;
@@ -364,7 +394,7 @@ int main(int argc, char **argv) {
             // Each launch starts where the last one ended, so no tile is in L2.
             const long long first = rotate;
             rotate = (rotate + (long long)grid * tiles) % tiles_total;
-            c.kernel<<<grid, c.threads, smem>>>(src, tiles_total, first, tiles, only_sm, stamps, sink);
+            c.kernel<<<grid, c.threads, smem>>>(src, tiles_total, first, tiles / w, only_sm, stamps, sink);
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             std::vector<unsigned long long> h(3 * grid);
