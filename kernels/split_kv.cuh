@@ -457,16 +457,18 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         if (split == 0 && row0 == 0) fd_fused_append<T, C::kThreads, kPaged>(p, pages, b, kv_head, base);
     }
     const fd_serving_score<kServing> score(p);  // serving: softcap, ALiBi, the rows' key ranges
+    // The stage of tile `it`, counted along the loop: no division by kStages a tile.
+    int stage = 0;
     for (int it = 0; it < n_tiles; ++it) {
         fd_cp_async_wait<C::kStages - 2>();
         __syncthreads();  // tile `it` landed for all; tile it-1's buffer is free
         if (it == 0) FD_TRACE(2);
         const int next = it + C::kStages - 1;
-        if (next < n_tiles) load_tile(tile_of(next), next % C::kStages, next);
+        const T *k_s = smem + stage * 2 * C::kTileElems;
+        const T *v_s = k_s + C::kTileElems;
+        if (next < n_tiles) load_tile(tile_of(next), stage == 0 ? C::kStages - 1 : stage - 1, next);
         fd_cp_async_commit();
 
-        const T *k_s = smem + (it % C::kStages) * 2 * C::kTileElems;
-        const T *v_s = k_s + C::kTileElems;
         const int key0 = tile_of(it) * C::kKeys + warp_key;
 
         // S = Q K^T for the warp's 16 keys: two 8-key mma column tiles, over
@@ -576,6 +578,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 DT::mma(o[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
             }
         }
+        stage = stage == C::kStages - 1 ? 0 : stage + 1;
     }
     fd_cp_async_wait<0>();
     __syncthreads();  // pipeline buffers are now the merge scratch
