@@ -200,10 +200,10 @@ func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll
 // same dtypes, head dims and rows, with the same launch facts.
 //
 //	kernel                       threads  keys/tile  smem   registers (sm_90)
-//	fd_split_kv_*_d64_r16          256       128     98304  123
-//	fd_split_kv_*_d128_r16         128        64     98304  178
+//	fd_split_kv_*_d64_r16          256       128     98304  116
+//	fd_split_kv_*_d128_r16         128        64     98304  175
 //	fd_split_kv_*_d128_r32         128        64     98304  255
-//	fd_split_kv_*_d256_r16         128        32     98304  186
+//	fd_split_kv_*_d256_r16         128        32     98304  178
 var variants = []Variant{
 	splitKV(Float16, 64, 16),
 	splitKV(Float16, 128, 16),
