@@ -7,9 +7,10 @@ with cuobjdump, then prints, for each kernel whose name matches --kernels
 (default: the stage-1 kernels at fp16): its registers and spill bytes, and
 its tile loop, the backward branch around the most HMMAs (tensor-core mmas):
 its instructions, how many of them one pass through it executes on each way
-its forward branches allow (up to four counts, else the range: a tile whose
-copies are skipped, a whole tile, a sequence's last tile...), and the HMMAs,
-LDGSTS (cp.async copies) and branches in it.
+its branches allow, code the compiler placed after the loop included (up to
+four counts, else the range: a tile whose copies are skipped, a whole tile,
+a sequence's last tile...; "uncounted" for a loop with an inner loop), and
+the HMMAs, LDGSTS (cp.async copies) and branches in it.
 
 With --against REV (a git revision) the kernels/ of that revision are built
 the same way and shown alongside, with whether each kernel's SASS is the
@@ -105,36 +106,60 @@ def tile_loop(instructions):
     return best
 
 
-def loop_paths(loop):
-    """The instruction counts of one pass through loop (tile_loop's list),
-    from its first instruction to its back branch, over every way its
-    forward branches allow, smallest first: a pass that issues no copies,
-    one that copies a whole tile, one that copies a sequence's last tile...
-    Past 64 counts at one instruction only the smallest and largest are kept:
-    then the second value returned is True."""
-    index = {addr: i for i, (addr, _) in enumerate(loop)}
-    lengths = [set() for _ in loop]
-    lengths[0].add(1)
-    pruned = False
-    for i, (addr, text) in enumerate(loop[:-1]):
-        if not lengths[i]:
-            continue
+def loop_paths(instructions, loop):
+    """The instruction counts of one pass through loop (tile_loop's list,
+    within the function's instructions), from its first instruction to its
+    back branch, over every way the branches allow, smallest first: a pass
+    that issues no copies, one that copies a whole tile, one that copies a
+    sequence's last tile... A pass may leave the loop's addresses for code
+    the compiler placed after it and jump back in. Past 64 counts at one
+    instruction only the smallest and largest are kept: then the second value
+    returned is True. An inner loop (a cycle that avoids the back branch)
+    gives no counts: ([], False)."""
+    index = {addr: i for i, (addr, _) in enumerate(instructions)}
+    head, tail = index[loop[0][0]], index[loop[-1][0]]
+
+    def successors(i):
+        if i == tail:  # the pass ends at the back branch
+            return []
+        text = instructions[i][1]
         words = text.split()
         predicated = words[0].startswith("@") and words[0] != "@PT"
-        targets = []
+        out = []
         if opcode(text) == "BRA":
             m = _BRANCH.search(text)
-            if m and int(m.group(1), 16) in index and int(m.group(1), 16) > addr:
-                targets.append(index[int(m.group(1), 16)])
+            if m and int(m.group(1), 16) in index:
+                out.append(index[int(m.group(1), 16)])
             if predicated:
-                targets.append(i + 1)
+                out.append(i + 1)
         elif opcode(text) not in ("EXIT", "RET") or predicated:
-            targets.append(i + 1)
-        for t in targets:
-            lengths[t] |= {n + 1 for n in lengths[i]}
-            if len(lengths[t]) > 64:  # many branches: keep the spread, not every count
-                lengths[t], pruned = {min(lengths[t]), max(lengths[t])}, True
-    return sorted(lengths[-1]), pruned
+            out.append(i + 1)
+        return [j for j in out if j != head and j < len(instructions)]
+
+    # Depth-first order of what a pass can reach; a node met again while it
+    # is still open closes a cycle.
+    order, state, stack = [], {head: 1}, [(head, iter(successors(head)))]
+    while stack:
+        node, it = stack[-1]
+        nxt = next(it, None)
+        if nxt is None:
+            state[node] = 2
+            order.append(node)
+            stack.pop()
+        elif state.get(nxt) == 1:
+            return [], False
+        elif nxt not in state:
+            state[nxt] = 1
+            stack.append((nxt, iter(successors(nxt))))
+    lengths = {i: set() for i in order}
+    lengths[head].add(1)
+    pruned = False
+    for i in reversed(order):  # a topological order
+        for j in successors(i):
+            lengths[j] |= {n + 1 for n in lengths[i]}
+            if len(lengths[j]) > 64:  # many branches: keep the spread, not every count
+                lengths[j], pruned = {min(lengths[j]), max(lengths[j])}, True
+    return sorted(lengths.get(tail, ())), pruned
 
 
 def opcode(text):
@@ -180,12 +205,13 @@ def export_kernels(rev, work):
 
 def summary(name, resources, sass):
     regs, spill_st, spill_ld = resources.get(name, (0, 0, 0))
-    loop = tile_loop(sass.get(name, []))
+    instructions = sass.get(name, [])
+    loop = tile_loop(instructions)
     spill = f", spills {spill_st}/{spill_ld} B" if spill_st or spill_ld else ""
     if not loop:
         return f"{regs} regs{spill}, {len(sass.get(name, []))} instructions, no mma loop"
-    paths, pruned = loop_paths(loop)
-    if not paths:  # an inner loop (a backward branch inside) that loop_paths does not follow
+    paths, pruned = loop_paths(instructions, loop)
+    if not paths:  # an inner loop: loop_paths counts no pass
         passes = "uncounted"
     elif len(paths) <= 4 and not pruned:
         passes = "/".join(map(str, paths))

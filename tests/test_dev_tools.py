@@ -100,12 +100,20 @@ def test_sass_tool_finds_the_tile_loop():
     assert loop[0][0] == 0x10 and loop[-1][0] == 0x60
     assert (sass.count(loop, "HMMA"), sass.count(loop, "LDGSTS"), sass.count(loop, "BRA")) == (2, 2, 2)
     # A pass skips the copies (@P0 BRA 0x50 taken: 5 instructions) or makes them (7).
-    assert sass.loop_paths(loop) == ([5, 7], False)
+    assert sass.loop_paths(body, loop) == ([5, 7], False)
     assert sass.tile_loop(kernels["fd_combine_f16"]) == []
     assert sass.parse_resources(_PTXAS) == {"fd_split_kv_f16_d128_r16": (178, 12, 4), "fd_combine_f16": (56, 0, 0)}
     resources = sass.parse_resources(_PTXAS)
     assert sass.summary("fd_split_kv_f16_d128_r16", resources, {"fd_split_kv_f16_d128_r16": loop}) == (
         "178 regs, spills 12/4 B, loop 7 instructions (5/7 a pass): 2 HMMA, 2 LDGSTS, 2 BRA")
+    # A pass that leaves the loop for code placed after it and jumps back in counts that code too.
+    out_of_line = [(0x0, "MOV R1, c[0x0][0x28]"), (0x10, "BAR.SYNC.DEFER_BLOCKING 0x0"), (0x20, "@P0 BRA 0x70"),
+                   (0x30, "HMMA.16816.F32 R8, R12, R16, RZ"), (0x40, "HMMA.16816.F32 R8, R12, R16, R8"),
+                   (0x50, "@!P1 BRA 0x10"), (0x60, "EXIT"), (0x70, "LDGSTS.E.BYPASS.128 [R5], desc[UR8][R2.64]"),
+                   (0x80, "LDGSTS.E.BYPASS.128 [R5+0x4000], desc[UR8][R6.64]"), (0x90, "BRA 0x30")]
+    loop = sass.tile_loop(out_of_line)
+    assert [addr for addr, _ in loop] == [0x10, 0x20, 0x30, 0x40, 0x50]
+    assert sass.loop_paths(out_of_line, loop) == ([5, 8], False)
     # An inner loop (an unconditional backward branch) stops the pass count, not the summary.
     inner = [(0x0, "BAR.SYNC.DEFER_BLOCKING 0x0"), (0x10, "HMMA.16816.F32 R8, R12, R16, RZ"), (0x20, "BRA 0x10"),
              (0x30, "HMMA.16816.F32 R8, R12, R16, R8"), (0x40, "@P0 BRA 0x0")]
