@@ -42,15 +42,7 @@
 #include <vector>
 
 #include "../../kernels/ptx.cuh"
-
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e = (x);                                                                \
-        if (e != cudaSuccess) {                                                             \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "../common.cuh"
 
 constexpr int D = 128;
 constexpr int KEYS = 64;                      // keys a tile
@@ -62,17 +54,6 @@ enum Source { kCopy, kBulk, kLdg, kWide };
 enum Work { kNone, kLd, kMma, kSoft };
 static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide"};
 static const char *kWorkName[] = {"none", "ld", "mma", "soft"};
-
-__device__ __forceinline__ unsigned long long now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ unsigned smid() {
-    unsigned s;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-    return s;
-}
 
 // Element offset of (row, 16-byte chunk) in a stage: swizzled for cp.async,
 // padded for bulk copies; both keep ldmatrix free of bank conflicts.
@@ -229,7 +210,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
     constexpr int kW = SRC == kWide ? 2 : 1;  // 64-key tiles a tile
     constexpr int kTileKeys = kW * KEYS;
     constexpr int kStageElems = 2 * kTileKeys * (SRC == kBulk ? PAD : D);
-    const unsigned long long t0 = now();
+    const unsigned long long t0 = gtime();
     const auto tile_src = [&](int j) {
         return src + (first + ((long long)blockIdx.x * tiles + j) * kW) % tiles_total * (2 * TILE_ELEMS);
     };
@@ -298,7 +279,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
             }
         }
     }
-    const unsigned long long t1 = now();
+    const unsigned long long t1 = gtime();
     if (threadIdx.x == 0) {
         stamps[3 * blockIdx.x] = t0;
         stamps[3 * blockIdx.x + 1] = t1;

@@ -23,19 +23,16 @@
 // The globaltimer ticks in 0.256 us steps on the H200.
 #include <cstdint>
 
+#include "../common.cuh"
+
 // One timestamp per block and hook, into the per-call buffer the wrapper
 // kernels below set.
 __shared__ unsigned long long *fd_trace_ts;
-__device__ __forceinline__ unsigned long long fd_trace_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 #define FD_TRACE(i)                                                                             \
     do {                                                                                        \
         if (threadIdx.x == 0)                                                                   \
             fd_trace_ts[8 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) + \
-                        (i)] = fd_trace_now();                                                  \
+                        (i)] = gtime();                                                         \
     } while (0)
 #include "../../kernels/flashdecode.cu"
 
@@ -50,22 +47,7 @@ __device__ __forceinline__ unsigned long long fd_trace_now() {
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                               \
-    do {                                                                                    \
-        cudaError_t e = (x);                                                                \
-        if (e != cudaSuccess) {                                                             \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
-
 typedef unsigned long long u64;
-__device__ __forceinline__ u64 gtime() { return fd_trace_now(); }
-__device__ __forceinline__ unsigned smid() {
-    unsigned s;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-    return s;
-}
 __device__ __forceinline__ int flat_block() {
     return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
