@@ -14,6 +14,9 @@
 //            bulk:  cp.async.bulk (the TMA engine), one copy a 256-byte row from the
 //                   first 128 threads, rows padded to 272 bytes (conflict-free ldmatrix),
 //                   an mbarrier a stage counting the bytes
+//            tensor: cp.async.bulk.tensor (the TMA engine with a tensor map), four copies a
+//                   tile from one thread, each a 64-key x 64-dim box (8 KiB) laid out with the
+//                   TMA's 128-byte swizzle (conflict-free ldmatrix), an mbarrier a stage
 //            ldg:   no shared memory: 16-byte loads into registers, a stage's tiles a round
 //            wide:  cp.async as copy, 128-key tiles (64 KiB): each of 4 warps owns 32 keys
 //                   (one softmax update and one rescale of its output for both halves),
@@ -29,7 +32,8 @@
 // (median over blocks, from %globaltimer at its start and its end) and the
 // GB/s of all working blocks together. Zero data, fp16.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -o stream dev/stream/stream.cu && ./stream
+//     nvcc -O3 -std=c++17 -arch=sm_90a -o stream dev/stream/stream.cu -lcuda && ./stream
+#include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -50,16 +54,19 @@ constexpr int TILE_ELEMS = KEYS * D;          // one K (or V) tile, 16 KiB
 constexpr int TILE_BYTES = 2 * TILE_ELEMS * 2;  // K and V, 32 KiB
 constexpr int PAD = D + 8;                    // bulk rows: 272 bytes
 
-enum Source { kCopy, kBulk, kLdg, kWide };
+enum Source { kCopy, kBulk, kLdg, kWide, kTensor };
 enum Work { kNone, kLd, kMma, kSoft };
-static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide"};
+static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide", "tensor"};
 static const char *kWorkName[] = {"none", "ld", "mma", "soft"};
 
-// Element offset of (row, 16-byte chunk) in a stage: swizzled for cp.async,
-// padded for bulk copies; both keep ldmatrix free of bank conflicts.
+// Element offset of (row, 16-byte chunk) in a K or V tile: swizzled for
+// cp.async, padded for bulk copies, and for tensor copies two 64-dim halves
+// of 128-byte rows, each with the TMA's 128-byte swizzle (chunk ^ row % 8);
+// all keep ldmatrix free of bank conflicts.
 template <int SRC>
 __device__ __forceinline__ int at(int row, int chunk) {
     if constexpr (SRC == kBulk) return row * PAD + chunk * 8;
+    else if constexpr (SRC == kTensor) return (chunk / 8) * KEYS * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
     else return fd_swizzle<D>(row, chunk);
 }
 
@@ -86,6 +93,15 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, int bytes,
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
             fd_smem_addr(dst)),
         "l"(src), "r"(bytes), "r"(fd_smem_addr(bar))
+        : "memory");
+}
+
+// One box of the tensor map at (dim, row) into shared memory, counted on bar.
+__device__ __forceinline__ void tensor_copy(void *dst, const CUtensorMap *map, int dim, int row, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            fd_smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(dim), "r"(row), "r"(fd_smem_addr(bar))
         : "memory");
 }
 
@@ -202,11 +218,14 @@ struct TileWork {
 // only_sm >= 0 works on that SM alone. Stamps: start, end, SM.
 template <int SRC, int WORK, int STAGES, int THREADS>
 __global__ void __launch_bounds__(THREADS) stream(const half *src, long long tiles_total, long long first, int tiles,
-                                                  int only_sm, unsigned long long *stamps, float *sink) {
+                                                  int only_sm, unsigned long long *stamps, float *sink,
+                                                  const __grid_constant__ CUtensorMap map) {
     if (only_sm >= 0 && smid() != (unsigned)only_sm) return;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t bars[STAGES];
-    half *smem = reinterpret_cast<half *>(smem_raw);
+    constexpr bool kTma = SRC == kBulk || SRC == kTensor;  // stages complete on mbarriers
+    // The TMA's 128-byte swizzle repeats every 1024 bytes: stages start on one.
+    half *smem = reinterpret_cast<half *>(SRC == kTensor ? smem_raw + (-fd_smem_addr(smem_raw) & 1023u) : smem_raw);
     constexpr int kW = SRC == kWide ? 2 : 1;  // 64-key tiles a tile
     constexpr int kTileKeys = kW * KEYS;
     constexpr int kStageElems = 2 * kTileKeys * (SRC == kBulk ? PAD : D);
@@ -236,7 +255,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
                 for (int i = 0; i < kPerThread; ++i) ldg_acc += x[s][i].x + x[s][i].y + x[s][i].z + x[s][i].w;
         }
     } else {
-        if constexpr (SRC == kBulk) {
+        if constexpr (kTma) {
             if (threadIdx.x == 0) {
                 for (int s = 0; s < STAGES; ++s) mbar_init(&bars[s]);
                 asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -255,6 +274,17 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
                     fd_cp_async_16(dst + kW * TILE_ELEMS + at<SRC>(key, chunk),
                                    from + kW * TILE_ELEMS + key * D + chunk * 8, true);
                 }
+            } else if constexpr (SRC == kTensor) {
+                // The map's rows are the buffer's 128-dim rows: a tile is 64 K rows, then 64 V rows.
+                if (threadIdx.x == 0) {
+                    mbar_expect(&bars[stage], TILE_BYTES);
+                    const int row = (int)((from - src) / D);
+#pragma unroll
+                    for (int kv = 0; kv < 2; ++kv)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+                            tensor_copy(dst + kv * TILE_ELEMS + h * KEYS * 64, &map, h * 64, row + kv * KEYS, &bars[stage]);
+                }
             } else {
                 // Thread r < 128 copies row r: keys 0-63 of K, then of V.
                 if (threadIdx.x == 0) mbar_expect(&bars[stage], TILE_BYTES);
@@ -263,16 +293,16 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
         };
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < tiles) load(s, s);
-            if constexpr (SRC != kBulk) fd_cp_async_commit();
+            if constexpr (!kTma) fd_cp_async_commit();
         }
         for (int it = 0; it < tiles; ++it) {
             const int stage = it % STAGES;
-            if constexpr (SRC != kBulk) fd_cp_async_wait<STAGES - 2>();
+            if constexpr (!kTma) fd_cp_async_wait<STAGES - 2>();
             else mbar_wait(&bars[stage], (it / STAGES) & 1);
             __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
             const int next = it + STAGES - 1;
             if (next < tiles) load(next, next % STAGES);
-            if constexpr (SRC != kBulk) fd_cp_async_commit();
+            if constexpr (!kTma) fd_cp_async_commit();
             if constexpr (WORK != kNone) {
                 const half *k_s = smem + stage * kStageElems;
                 work.run(k_s, k_s + kStageElems / 2);
@@ -292,14 +322,14 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
 struct Config {
     const char *blocks;  // lone, pair, full1, full2
     int src, work, stages, threads;
-    void (*kernel)(const half *, long long, long long, int, int, unsigned long long *, float *);
+    void (*kernel)(const half *, long long, long long, int, int, unsigned long long *, float *, const CUtensorMap);
     int smem;
 };
 
 template <int SRC, int WORK, int STAGES, int THREADS>
 Config make(const char *blocks) {
     const int keys = SRC == kWide ? 2 * KEYS : KEYS;
-    const int smem = SRC == kLdg ? 0 : STAGES * 2 * keys * (SRC == kBulk ? PAD : D) * 2;
+    const int smem = SRC == kLdg ? 0 : STAGES * 2 * keys * (SRC == kBulk ? PAD : D) * 2 + (SRC == kTensor ? 1024 : 0);
     return Config{blocks, SRC, WORK, STAGES, THREADS, stream<SRC, WORK, STAGES, THREADS>, smem};
 }
 
@@ -316,6 +346,17 @@ int main(int argc, char **argv) {
     float *sink;
     CK(cudaMalloc(&stamps, 3 * 4 * sms * sizeof(unsigned long long)));
     CK(cudaMalloc(&sink, 1024 * sizeof(float)));
+    // The buffer as rows of 128 fp16 dims, in boxes of 64 rows x 64 dims.
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {D, (cuuint64_t)(buffer_bytes / (2 * D))};
+    const cuuint64_t strides[1] = {2 * D};
+    const cuuint32_t box[2] = {64, KEYS}, unit[2] = {1, 1};
+    if (cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, src, dims, strides, box, unit,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        printf("cuTensorMapEncodeTiled failed\n");
+        return 1;
+    }
 
     std::vector<Config> configs = {
         // cp.async as stage 1 issues it; bytes in flight; a block's own work on top.
@@ -345,6 +386,13 @@ int main(int argc, char **argv) {
         make<kCopy, kSoft, 3, 128>("full1"), make<kCopy, kSoft, 3, 128>("full2"),
         make<kBulk, kSoft, 3, 128>("full1"), make<kBulk, kSoft, 3, 128>("full2"),
         make<kBulk, kSoft, 5, 128>("full1"), make<kLdg, kNone, 4, 1024>("full2"),
+        // Tensor copies: four instructions a tile from one thread.
+        make<kTensor, kNone, 2, 128>("lone"), make<kTensor, kNone, 3, 128>("lone"),
+        make<kTensor, kNone, 6, 128>("lone"), make<kTensor, kLd, 3, 128>("lone"),
+        make<kTensor, kMma, 3, 128>("lone"),  make<kTensor, kSoft, 3, 128>("lone"),
+        make<kTensor, kSoft, 4, 128>("lone"), make<kTensor, kSoft, 3, 128>("pair"),
+        make<kTensor, kNone, 3, 128>("full2"), make<kTensor, kSoft, 3, 128>("full1"),
+        make<kTensor, kSoft, 3, 128>("full2"),
     };
     printf("%-6s %-5s %-5s %6s %7s %7s %12s %9s\n", "blocks", "src", "work", "stages", "threads", "working",
            "tiles/us/blk", "GB/s all");
@@ -375,7 +423,7 @@ int main(int argc, char **argv) {
             // Each launch starts where the last one ended, so no tile is in L2.
             const long long first = rotate;
             rotate = (rotate + (long long)grid * tiles) % tiles_total;
-            c.kernel<<<grid, c.threads, smem>>>(src, tiles_total, first, tiles / w, only_sm, stamps, sink);
+            c.kernel<<<grid, c.threads, smem>>>(src, tiles_total, first, tiles / w, only_sm, stamps, sink, map);
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             std::vector<unsigned long long> h(3 * grid);
