@@ -5,7 +5,9 @@
 // hooks of split_kv.cuh defined, launches them exactly as the Go core does
 // (programmatic dependent launch, the same grids, clusters where asked) in a
 // CUDA graph of 20 calls over rotating layers, as the benchmark does, and
-// records %globaltimer per block: entering, released from the PDL wait,
+// records %globaltimer per block: entering, released from the PDL wait (the
+// kernel's own: its work before the wait, the L2 prefetch included, runs
+// before it as in the library), its first tiles' copies begun and issued,
 // first tile landed, loop done, rows written, exit. It prints, per scenario,
 // the event time per call and the medians over calls of those moments,
 // counted from the end of the previous call, and (from %smid) how many SMs
@@ -31,7 +33,7 @@ __shared__ unsigned long long *fd_trace_ts;
 #define FD_TRACE(i)                                                                             \
     do {                                                                                        \
         if (threadIdx.x == 0)                                                                   \
-            fd_trace_ts[8 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) + \
+            fd_trace_ts[10 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) + \
                         (i)] = gtime();                                                         \
     } while (0)
 #include "../../kernels/flashdecode.cu"
@@ -51,15 +53,16 @@ typedef unsigned long long u64;
 __device__ __forceinline__ int flat_block() {
     return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
-// 8 stamps per block: 0 enter, 1 after griddepcontrol.wait, 2 first tile
-// landed, 3 loop done, 4 rows written (parked, in a cluster), 5 exit, 6 smid;
-// for a combine block: 2 warp 0's loads merged, 3 the warps met.
-#define NS 8
-__device__ __forceinline__ void stamp(u64 *ts, u64 t0, u64 t1) {
+// 10 stamps per block: 0 enter, 1 after griddepcontrol.wait, 2 first tile
+// landed, 3 loop done, 4 rows written (parked, in a cluster), 5 exit, 6 smid,
+// 7 the first tiles' copies begin, 8 they are issued; for a combine block:
+// 2 warp 0's loads merged, 3 the warps met. t1 < 0: stamp 1 is the kernel's own.
+#define NS 10
+__device__ __forceinline__ void stamp(u64 *ts, u64 t0, long long t1) {
     if (threadIdx.x == 0) {
         u64 *s = ts + NS * flat_block();
         s[0] = t0;
-        s[1] = t1;
+        if (t1 >= 0) s[1] = t1;
         s[5] = gtime();
         s[6] = smid();
     }
@@ -71,12 +74,12 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
     __syncthreads();
-    fd_pdl_wait();
-    const u64 t1 = gtime();
+    // The kernel's own work before its PDL wait (argument loads, the L2
+    // prefetch) runs before it, as in the library; it stamps its release (1).
     if constexpr (kServing) fd_split_kv_serving<half, 128, 16, fd_form_serving>(p);
     else fd_split_kv<half, 128, 16>(p);
     __syncthreads();
-    stamp(ts, t0, t1);
+    stamp(ts, t0, -1);
 }
 
 template <int WARPS>
@@ -183,6 +186,9 @@ struct Scenario {
     // Bytes a cudaMemsetAsync zeroes before each stage-1 launch (0: none):
     // what a memset node costs inside the graph, e.g. for per-call counters.
     int memset_bytes = 0;
+    // Layers the calls rotate over (0: enough to rotate past the L2; 1: the
+    // same cache every call, L2-resident).
+    int layers = 0;
     // read kernel
     bool read = false;
     long long read_bytes = 0;
@@ -198,7 +204,7 @@ static void run(const Scenario &sc) {
     const int hq = sc.hq, hkv = sc.hkv, d = 128;
     const long long cache_bytes =
         sc.read ? sc.read_bytes : 2LL * sc.batch * sc.L * hkv * d * 2;
-    const int layers = std::max(3, (int)((240e6 + cache_bytes - 1) / cache_bytes));
+    const int layers = sc.layers > 0 ? sc.layers : std::max(3, (int)((240e6 + cache_bytes - 1) / cache_bytes));
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     std::vector<void *> bufs(layers);
@@ -354,7 +360,8 @@ static void run(const Scenario &sc) {
 
     // Per call (skip the first 2): all times relative to the previous call's end.
     Stats gap_enter, first_go, s1_lastgo, s1_end_p10, s1_end_p50, s1_end_max, c_go, c_end, period,
-        enter_spread, c_first_enter, ph_tile, ph_loop, ph_write, ph_tail, cph_load, cph_sync, cph_tail;
+        enter_spread, c_first_enter, ph_copies0, ph_copies, ph_tile, ph_loop, ph_write, ph_tail, cph_load, cph_sync,
+        cph_tail;
     // By the number of stage-1 blocks an SM held in a call: how many SMs
     // held that many, and their blocks' loop time and end (from the
     // previous call's end). Whether two blocks on one SM stream slower
@@ -403,6 +410,8 @@ static void run(const Scenario &sc) {
             for (auto &e : sms) sm_count[e.first].add(e.second);
             for (int b = 0; b < g1; ++b) {
                 const u64 *x = c + NS * b;
+                ph_copies0.add((double)x[7] - x[1]);
+                ph_copies.add((double)x[8] - x[1]);
                 ph_tile.add((double)x[2] - x[1]);
                 ph_loop.add((double)x[3] - x[2]);
                 ph_write.add((double)x[4] - x[3]);
@@ -465,8 +474,9 @@ static void run(const Scenario &sc) {
         printf(" | comb enter %6.2f go %6.2f end %6.2f", c_first_enter.med() / 1e3, c_go.med() / 1e3,
                c_end.med() / 1e3);
     if (!sc.read) {
-        printf("\n    per block (median): go->tile0 %5.2f, loop %6.2f, rows written %5.2f, ->exit %5.2f",
-               ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
+        printf("\n    per block (median), from go: copies begin %5.2f, issued %5.2f, tile0 %5.2f; loop %6.2f, "
+               "rows written %5.2f, ->exit %5.2f",
+               ph_copies0.med() / 1e3, ph_copies.med() / 1e3, ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
         printf("\n    slot time (%g slots): enter->tile0 %4.1f%%, loop %4.1f%%, loop end->exit %4.1f%%, idle %4.1f%%",
                slots, 100 * slot_start.med(), 100 * slot_loop.med(), 100 * slot_finish.med(),
                100 * (1 - slot_start.med() - slot_loop.med() - slot_finish.med()));
@@ -550,6 +560,8 @@ int main(int argc, char **argv) {
                             (sv == 1 ? ", serving" : sv == 2 ? ", paged 16" : "");
             v.back().serving = sv;
         }
+    att("b=1 1K, 8 splits in clusters of 8, one layer (in L2)", 1, 1024, 8, 8);
+    v.back().layers = 1;
     att("b=1 1K, 16 splits + combine", 1, 1024, 16, 1);
     att("b=8 1K, 2 splits in clusters of 2", 8, 1024, 2, 2);
     att("b=8 1K, 2 splits + combine", 8, 1024, 2, 1);
@@ -594,6 +606,8 @@ int main(int argc, char **argv) {
     att("b=1 32K, 16 splits + combine, memset 1 KB", 1, 32768, 16, 1);
     v.back().memset_bytes = 1024;
     rd("plain read 4 MB, 264 blocks", MB134 / 32, 264, 4);
+    rd("plain read 4 MB, 264 blocks, one layer (in L2)", MB134 / 32, 264, 4);
+    v.back().layers = 1;
     rd("plain read 134 MB, 264 blocks", MB134, 264, 8);
     rd("plain read 134 MB, 8192 blocks", MB134, 8192, 4);
     rd("plain read 537 MB (b=128 1K), 264 blocks", 4 * MB134, 264, 8);
