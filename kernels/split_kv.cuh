@@ -426,9 +426,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     }
     FD_TRACE(8);
     // Q as mma A fragments, straight from global memory into registers,
-    // loaded once the first tiles' copies are on their way: the copies are
-    // what the first mma waits on, and the code before them is the call's
-    // start-up latency (about 0.3 us less at b=1, 1024 keys).
+    // loaded once the first tiles' copies are on their way (the first mma
+    // waits on those copies, and work ahead of them delays the start of
+    // every call; docs/tuning.md), and before the appending forms' append.
     // Lane holds rows g and g+8 of each 16-row tile, columns 2*t4 (+1, +8, +9)
     // of each 16-wide slice of the head dim. Rows past the packed rows and
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
