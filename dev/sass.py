@@ -10,7 +10,9 @@ its instructions, how many of them one pass through it executes on each way
 its branches allow, code the compiler placed after the loop included (up to
 four counts, else the range: a tile whose copies are skipped, a whole tile,
 a sequence's last tile...; "uncounted" for a loop with an inner loop), and
-the HMMAs, LDGSTS (cp.async copies) and branches in it.
+the HMMAs, LDGSTS (cp.async copies) and branches in it; and how far in
+program order the first tile copy (a 16-byte LDGSTS) lies after the PDL
+wait (ACQBULK): the code every call runs before its first tile is on its way.
 
 With --against REV (a git revision) the kernels/ of that revision are built
 the same way and shown alongside, with whether each kernel's SASS is the
@@ -162,6 +164,19 @@ def loop_paths(instructions, loop):
     return sorted(lengths.get(tail, ())), pruned
 
 
+def first_copy(instructions):
+    """How many instructions after the PDL wait (ACQBULK, griddepcontrol.wait)
+    the first 16-byte LDGSTS (a tile's cp.async) lies, in program order; None
+    where the kernel has no such pair. Every call runs that code, or the
+    branch-free most of it, between its release and its first copy."""
+    words = [(text.split()[1] if text.startswith("@") else text.split()[0]) for _, text in instructions]
+    wait = next((i for i, w in enumerate(words) if w.split(".")[0] == "ACQBULK"), None)
+    if wait is None:
+        return None
+    return next((i - wait for i, w in enumerate(words)
+                 if i > wait and w.split(".")[0] == "LDGSTS" and w.endswith(".128")), None)
+
+
 def opcode(text):
     """An instruction's opcode without its modifiers or predicate: HMMA for
     "@P0 HMMA.16816.F32 R4, ...", BRA for "@!P1 BRA 0x55d0"."""
@@ -208,8 +223,10 @@ def summary(name, resources, sass):
     instructions = sass.get(name, [])
     loop = tile_loop(instructions)
     spill = f", spills {spill_st}/{spill_ld} B" if spill_st or spill_ld else ""
+    start = first_copy(instructions)
+    start = f", first tile copy {start} after the PDL wait" if start is not None else ""
     if not loop:
-        return f"{regs} regs{spill}, {len(sass.get(name, []))} instructions, no mma loop"
+        return f"{regs} regs{spill}, {len(sass.get(name, []))} instructions, no mma loop{start}"
     paths, pruned = loop_paths(instructions, loop)
     if not paths:  # an inner loop: loop_paths counts no pass
         passes = "uncounted"
@@ -218,7 +235,7 @@ def summary(name, resources, sass):
     else:
         passes = f"{paths[0]}-{paths[-1]}"
     return (f"{regs} regs{spill}, loop {len(loop)} instructions ({passes} a pass): "
-            f"{count(loop, 'HMMA')} HMMA, {count(loop, 'LDGSTS')} LDGSTS, {count(loop, 'BRA')} BRA")
+            f"{count(loop, 'HMMA')} HMMA, {count(loop, 'LDGSTS')} LDGSTS, {count(loop, 'BRA')} BRA{start}")
 
 
 def main():

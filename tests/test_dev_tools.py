@@ -121,6 +121,20 @@ def test_sass_tool_finds_the_tile_loop():
         "178 regs, spills 12/4 B, loop 5 instructions (uncounted a pass): 2 HMMA, 0 LDGSTS, 2 BRA")
 
 
+def test_sass_tool_finds_the_first_copy_after_the_pdl_wait():
+    sass = load_sass_tool()
+    body = [(0x0, "MOV R1, c[0x0][0x28]"), (0x10, "CCTL.E.PF2 [R24]"), (0x20, "ACQBULK"), (0x30, "@P0 PREEXIT"),
+            (0x40, "LDG.E R16, desc[UR10][R16.64]"), (0x50, "@P1 LDGSTS.E [R3], desc[UR10][R4.64]"),
+            (0x60, "IMAD R5, R2, 0x40, RZ"), (0x70, "@P2 LDGSTS.E.BYPASS.128 [R15], desc[UR10][R28.64]"),
+            (0x80, "LDGSTS.E.BYPASS.128 [R15+0x4000], desc[UR10][R30.64]"), (0x90, "EXIT")]
+    # A 4-byte copy (a page id) is not a tile copy; a predicated 16-byte one is.
+    assert sass.first_copy(body) == 5
+    assert sass.first_copy([ins for ins in body if ins[1] != "ACQBULK"]) is None
+    assert sass.first_copy(body[:7]) is None
+    assert sass.summary("k", {"k": (175, 0, 0)}, {"k": body}) == (
+        "175 regs, 10 instructions, no mma loop, first tile copy 5 after the PDL wait")
+
+
 def test_sass_tool_parses_its_arguments():
     child = run("dev/sass.py", "--help")
     assert child.returncode == 0, child.stderr[-2000:]
