@@ -169,19 +169,25 @@ def first_copy(instructions):
     the first 16-byte LDGSTS (a tile's cp.async) lies, in program order; None
     where the kernel has no such pair. Every call runs that code, or the
     branch-free most of it, between its release and its first copy."""
-    words = [(text.split()[1] if text.startswith("@") else text.split()[0]) for _, text in instructions]
-    wait = next((i for i, w in enumerate(words) if w.split(".")[0] == "ACQBULK"), None)
+    names = [mnemonic(text) for _, text in instructions]
+    wait = next((i for i, n in enumerate(names) if n == "ACQBULK"), None)
     if wait is None:
         return None
-    return next((i - wait for i, w in enumerate(words)
-                 if i > wait and w.split(".")[0] == "LDGSTS" and w.endswith(".128")), None)
+    return next((i - wait for i, n in enumerate(names) if i > wait and n.startswith("LDGSTS.") and n.endswith(".128")),
+                None)
+
+
+def mnemonic(text):
+    """An instruction's opcode with its modifiers, without its predicate:
+    LDGSTS.E.BYPASS.128 for "@P2 LDGSTS.E.BYPASS.128 [R15], ..."."""
+    words = text.split()
+    return words[1] if words[0].startswith("@") else words[0]
 
 
 def opcode(text):
     """An instruction's opcode without its modifiers or predicate: HMMA for
     "@P0 HMMA.16816.F32 R4, ...", BRA for "@!P1 BRA 0x55d0"."""
-    words = text.split()
-    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+    return mnemonic(text).split(".")[0]
 
 
 def count(instructions, name):
@@ -226,7 +232,7 @@ def summary(name, resources, sass):
     start = first_copy(instructions)
     start = f", first tile copy {start} after the PDL wait" if start is not None else ""
     if not loop:
-        return f"{regs} regs{spill}, {len(sass.get(name, []))} instructions, no mma loop{start}"
+        return f"{regs} regs{spill}, {len(instructions)} instructions, no mma loop{start}"
     paths, pruned = loop_paths(instructions, loop)
     if not paths:  # an inner loop: loop_paths counts no pass
         passes = "uncounted"
