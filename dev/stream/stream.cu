@@ -21,18 +21,34 @@
 //            wide:  cp.async as copy, 128-key tiles (64 KiB): each of 4 warps owns 32 keys
 //                   (one softmax update and one rescale of its output for both halves),
 //                   or each of 8 warps 16; rates still counted in 64-key tiles
+//            still: no copies in the loop: every tile is the first one, already landed
+//            ptens: tensor copies issued by a fifth, producer warp (stream_prod); the
+//                   four compute warps wait on a stage's mbarrier and free it on their own
+//            pcopy: the same with the producer's 32 lanes issuing cp.async
 //   work     none, ld (each warp's ldmatrix reads of its 16 keys of K and V),
-//            mma (ld and the mmas on them), soft (mma and the softmax between)
-//   stages   tiles in the pipeline (one fewer in flight while a tile is worked on)
+//            mma (ld and the mmas on them), soft (mma and the softmax between),
+//            regs (soft with K and V fragments made in registers: no shared-memory
+//            reads), spin (SPIN clocks a tile of nothing, 600 unless set);
+//            wg, wgah, wgx: the loop on wgmma (sm_90a, tensor copies; stream_wg,
+//            stream_wgx), wgx-mma / wgx-math / wgx-mm: wgx without its softmax /
+//            its copies / both. `./stream check` compares the wgmma loops' outputs
+//            with a softmax computed on the host.
+//   stages   tiles in the pipeline (one fewer in flight while a tile is worked on,
+//            except with a producer warp)
 //   blocks   lone: one block on the GPU; pair: two blocks on one SM (a grid of two
 //            an SM, all but SM 0's returning at once); full: one or two blocks on
-//            every SM, each streaming 64 tiles, as stage 1 at b=8 8K keys does
+//            every SM, each streaming 64 tiles, as stage 1 at b=8 8K keys does;
+//            half1 / half4: 64 blocks, one an SM, streaming 64 / 256 tiles each,
+//            as 8 splits of b=1 32768 / 131072 keys (8 K/V heads) in clusters
 //
 // It prints, per configuration, each working block's tiles a microsecond
 // (median over blocks, from %globaltimer at its start and its end) and the
-// GB/s of all working blocks together. Zero data, fp16.
+// GB/s of all working blocks together; with PHASES=1 also, for the loop of
+// stream(), block 0's clocks a tile in the copies' wait, the barrier, the
+// issue of the next copies and the work. Zero data, fp16.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -o stream dev/stream/stream.cu -lcuda && ./stream
+//     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o stream dev/stream/stream.cu -lcuda
+//     ./stream [name part | check]
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -41,6 +57,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -54,10 +71,10 @@ constexpr int TILE_ELEMS = KEYS * D;          // one K (or V) tile, 16 KiB
 constexpr int TILE_BYTES = 2 * TILE_ELEMS * 2;  // K and V, 32 KiB
 constexpr int PAD = D + 8;                    // bulk rows: 272 bytes
 
-enum Source { kCopy, kBulk, kLdg, kWide, kTensor };
-enum Work { kNone, kLd, kMma, kSoft };
-static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide", "tensor"};
-static const char *kWorkName[] = {"none", "ld", "mma", "soft"};
+enum Source { kCopy, kBulk, kLdg, kWide, kTensor, kStill, kProdTensor, kProdCopy };
+enum Work { kNone, kLd, kMma, kSoft, kWg, kWgAhead, kWgx, kWgxMma, kWgxMath, kWgxMmaMath, kRegs, kSpin };
+static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide", "tensor", "still", "ptens", "pcopy"};
+static const char *kWorkName[] = {"none", "ld", "mma", "soft", "wg", "wgah", "wgx", "wgx-mma", "wgx-math", "wgx-mm", "regs", "spin"};
 
 // Element offset of (row, 16-byte chunk) in a K or V tile: swizzled for
 // cp.async, padded for bulk copies, and for tensor copies two 64-dim halves
@@ -66,7 +83,7 @@ static const char *kWorkName[] = {"none", "ld", "mma", "soft"};
 template <int SRC>
 __device__ __forceinline__ int at(int row, int chunk) {
     if constexpr (SRC == kBulk) return row * PAD + chunk * 8;
-    else if constexpr (SRC == kTensor) return (chunk / 8) * KEYS * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
+    else if constexpr (SRC == kTensor || SRC == kProdTensor) return (chunk / 8) * KEYS * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
     else return fd_swizzle<D>(row, chunk);
 }
 
@@ -105,10 +122,48 @@ __device__ __forceinline__ void tensor_copy(void *dst, const CUtensorMap *map, i
         : "memory");
 }
 
+// Tile `tile` of the buffer (64 K rows, then 64 V rows of 128 dims) into dst
+// by four tensor copies of 64 keys x 64 dims, counted on bar; one thread.
+__device__ __forceinline__ void tensor_tile(half *dst, const CUtensorMap *map, long long tile, uint64_t *bar) {
+    const int row = (int)(tile * 2 * KEYS);
+    mbar_expect(bar, TILE_BYTES);
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) tensor_copy(dst + kv * TILE_ELEMS + h * KEYS * 64, map, h * 64, row + kv * KEYS, bar);
+}
+
+// The block's start and end (%globaltimer) and its SM + 1 (0: the block
+// returned without working), from thread 0.
+__device__ __forceinline__ void stamp(unsigned long long t0, unsigned long long *stamps) {
+    const unsigned long long t1 = gtime();
+    if (threadIdx.x == 0) {
+        stamps[3 * blockIdx.x] = t0;
+        stamps[3 * blockIdx.x + 1] = t1;
+        stamps[3 * blockIdx.x + 2] = smid() + 1;
+    }
+}
+
+__device__ long long g_spin = 600;  // spin: clocks a tile (SPIN=n in the environment)
+__device__ long long g_phase[4];    // block 0's thread 0: clocks in each part of the loop (PHASES=1 prints them)
+
+// The buffer's tile that block x's j-th tile is: (first + x * per_block + j)
+// mod tiles_total, base being that for j = 0 (one 64-bit modulo a block: a
+// software division a tile would cost a lone block several percent).
+__device__ __forceinline__ long long tile_at(long long base, long long j, long long tiles_total) {
+    const long long t = base + j;
+    return t >= tiles_total ? t - tiles_total : t;
+}
+
 // Stage 1's tile work on one landed tile (WORK >= kLd), for a warp's G
-// groups of 16 keys (one online-softmax update for all of them).
+// groups of 16 keys (one online-softmax update for all of them). regs: the
+// whole loop with K and V fragments made in registers instead of read with
+// ldmatrix (no shared-memory reads); spin: g_spin clocks of nothing.
 template <int SRC, int WORK, int G>
 struct TileWork {
+    static constexpr bool kMath = WORK == kMma || WORK == kSoft || WORK == kRegs;
+    static constexpr bool kSoftmax = WORK == kSoft || WORK == kRegs;
+    uint32_t round = 0;
     uint32_t qf[8][4];  // a fixed Q fragment: 16 rows x 128 dims
     float o[16][4];     // P V accumulators: 16 rows x 128 columns
     float m[2], l[2];
@@ -125,6 +180,13 @@ struct TileWork {
     }
 
     __device__ void run(const half *k_s, const half *v_s) {
+        if constexpr (WORK == kSpin) {
+            const long long t = clock64();
+            while (clock64() - t < g_spin) {
+            }
+            return;
+        }
+        ++round;
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int key0 = warp * 16 * G;
         float sc[G][2][4] = {}, sc_odd[G][2][4] = {};
@@ -133,7 +195,11 @@ struct TileWork {
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 uint32_t kf[4];
-                fd_ldmatrix_x4(kf, k_s + at<SRC>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+                if constexpr (WORK == kRegs) {
+                    for (int i = 0; i < 4; ++i) kf[i] = qf[kk][i] ^ round;
+                } else {
+                    fd_ldmatrix_x4(kf, k_s + at<SRC>(key0 + 16 * g + (lane / 16) * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+                }
                 if constexpr (WORK == kLd) {
                     bits ^= kf[0] ^ kf[1] ^ kf[2] ^ kf[3];
                 } else {
@@ -144,12 +210,12 @@ struct TileWork {
             }
         }
         uint32_t pf[G][4];
-        if constexpr (WORK >= kMma) {
+        if constexpr (kMath) {
 #pragma unroll
             for (int g = 0; g < G; ++g)
 #pragma unroll
                 for (int e = 0; e < 8; ++e) sc[g][e / 4][e % 4] += sc_odd[g][e / 4][e % 4];
-            if constexpr (WORK == kSoft) {
+            if constexpr (kSoftmax) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     float mx = -1e30f;
@@ -194,8 +260,12 @@ struct TileWork {
 #pragma unroll
             for (int g = 0; g < G; ++g) {
                 uint32_t vf[4];
-                fd_ldmatrix_x4_trans(vf, v_s + at<SRC>(key0 + 16 * g + ((lane / 8) % 2) * 8 + lane % 8,
-                                                       2 * j + lane / 16));
+                if constexpr (WORK == kRegs) {
+                    for (int i = 0; i < 4; ++i) vf[i] = qf[j][i] + round;
+                } else {
+                    fd_ldmatrix_x4_trans(vf, v_s + at<SRC>(key0 + 16 * g + ((lane / 8) % 2) * 8 + lane % 8,
+                                                           2 * j + lane / 16));
+                }
                 if constexpr (WORK == kLd) {
                     bits ^= vf[0] ^ vf[1] ^ vf[2] ^ vf[3];
                 } else {
@@ -230,8 +300,9 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
     constexpr int kTileKeys = kW * KEYS;
     constexpr int kStageElems = 2 * kTileKeys * (SRC == kBulk ? PAD : D);
     const unsigned long long t0 = gtime();
+    const long long base = (first + (long long)blockIdx.x * tiles * kW) % tiles_total;
     const auto tile_src = [&](int j) {
-        return src + (first + ((long long)blockIdx.x * tiles + j) * kW) % tiles_total * (2 * TILE_ELEMS);
+        return src + tile_at(base, (long long)j * kW, tiles_total) * (2 * TILE_ELEMS);
     };
     TileWork<SRC, WORK, kTileKeys / 16 / (THREADS / 32)> work;
     work.init();
@@ -265,7 +336,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
         const auto load = [&](int j, int stage) {
             half *dst = smem + stage * kStageElems;
             const half *from = tile_src(j);
-            if constexpr (SRC == kCopy || SRC == kWide) {
+            if constexpr (SRC == kCopy || SRC == kWide || SRC == kStill) {
                 // Thread t copies chunk t % 16 of keys t / 16, + THREADS / 16, ... of K and of V.
                 const int chunk = threadIdx.x % 16;
 #pragma unroll
@@ -275,16 +346,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
                                    from + kW * TILE_ELEMS + key * D + chunk * 8, true);
                 }
             } else if constexpr (SRC == kTensor) {
-                // The map's rows are the buffer's 128-dim rows: a tile is 64 K rows, then 64 V rows.
-                if (threadIdx.x == 0) {
-                    mbar_expect(&bars[stage], TILE_BYTES);
-                    const int row = (int)((from - src) / D);
-#pragma unroll
-                    for (int kv = 0; kv < 2; ++kv)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h)
-                            tensor_copy(dst + kv * TILE_ELEMS + h * KEYS * 64, &map, h * 64, row + kv * KEYS, &bars[stage]);
-                }
+                if (threadIdx.x == 0) tensor_tile(dst, &map, (from - src) / (2 * TILE_ELEMS), &bars[stage]);
             } else {
                 // Thread r < 128 copies row r: keys 0-63 of K, then of V.
                 if (threadIdx.x == 0) mbar_expect(&bars[stage], TILE_BYTES);
@@ -295,32 +357,125 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
             if (s < tiles) load(s, s);
             if constexpr (!kTma) fd_cp_async_commit();
         }
-        for (int it = 0; it < tiles; ++it) {
+        if constexpr (SRC == kStill) {  // the loop's work alone: every tile is the first one
+            fd_cp_async_wait<0>();
+            __syncthreads();
+            for (int it = 0; it < tiles; ++it) {
+                __syncthreads();
+                if constexpr (WORK != kNone) work.run(smem, smem + kStageElems / 2);
+            }
+        }
+        long long phase[4] = {0, 0, 0, 0};  // clocks in the wait, the barrier, the copies' issue, the work
+        for (int it = 0; it < (SRC == kStill ? 0 : tiles); ++it) {
             const int stage = it % STAGES;
+            const long long c0 = clock64();
             if constexpr (!kTma) fd_cp_async_wait<STAGES - 2>();
             else mbar_wait(&bars[stage], (it / STAGES) & 1);
+            const long long c1 = clock64();
             __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
+            const long long c2 = clock64();
             const int next = it + STAGES - 1;
             if (next < tiles) load(next, next % STAGES);
             if constexpr (!kTma) fd_cp_async_commit();
+            const long long c3 = clock64();
             if constexpr (WORK != kNone) {
                 const half *k_s = smem + stage * kStageElems;
                 work.run(k_s, k_s + kStageElems / 2);
             }
+            const long long c4 = clock64();
+            phase[0] += c1 - c0, phase[1] += c2 - c1, phase[2] += c3 - c2, phase[3] += c4 - c3;
         }
+        if (blockIdx.x == 0 && threadIdx.x == 0)
+            for (int i = 0; i < 4; ++i) g_phase[i] = phase[i];
     }
-    const unsigned long long t1 = gtime();
-    if (threadIdx.x == 0) {
-        stamps[3 * blockIdx.x] = t0;
-        stamps[3 * blockIdx.x + 1] = t1;
-        stamps[3 * blockIdx.x + 2] = smid() + 1;  // 0: the block returned without working
-    }
+    stamp(t0, stamps);
     const float r = work.result() + ldg_acc;
     if (r == 1.2345f) sink[threadIdx.x] = r;  // keeps the work; never true for zero data
 }
 
+// ---------------------------------------------------------------------------
+// A producer warp. In the loop above a tile's copies cost the block about
+// 450 clocks to issue (2048 cp.async through the LSU, or the issuing thread
+// held by its four tensor copies), on the path of every tile: a lone block
+// pays them on top of its work. Here a fifth warp only issues the copies
+// (ptens: tensor copies from one lane; pcopy: cp.async from all 32 lanes,
+// each lane's completion counted on the stage's mbarrier), and the four
+// compute warps run the same tile work, each warp releasing a stage on its
+// own (no block barrier a tile): the copies' issue leaves their path.
+__device__ __forceinline__ void mbar_init_count(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(fd_smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(fd_smem_addr(bar)) : "memory");
+}
+// An arrival on bar once this thread's cp.async copies so far have landed.
+__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fd_smem_addr(bar)) : "memory");
+}
+
+template <int SRC, int WORK, int STAGES>
+__global__ void __launch_bounds__(160) stream_prod(const half *src, long long tiles_total, long long first, int tiles,
+                                                   int only_sm, unsigned long long *stamps, float *sink,
+                                                   const __grid_constant__ CUtensorMap map) {
+    if (only_sm >= 0 && smid() != (unsigned)only_sm) return;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ uint64_t full[STAGES], empty[STAGES];
+    half *smem = reinterpret_cast<half *>(smem_raw + (-fd_smem_addr(smem_raw) & 1023u));
+    constexpr int kStageElems = 2 * TILE_ELEMS;
+    const unsigned long long t0 = gtime();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init_count(&full[s], SRC == kProdTensor ? 1 : 32);
+            mbar_init_count(&empty[s], 4);  // one arrival a compute warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const long long base = (first + (long long)blockIdx.x * tiles) % tiles_total;
+    if (warp == 4) {  // the producer
+        for (int j = 0; j < tiles; ++j) {
+            const int stage = j % STAGES;
+            if (j >= STAGES) mbar_wait(&empty[stage], (j / STAGES - 1) & 1);
+            half *dst = smem + stage * kStageElems;
+            const long long tile = tile_at(base, j, tiles_total);
+            if constexpr (SRC == kProdTensor) {
+                if (lane == 0) tensor_tile(dst, &map, tile, &full[stage]);
+            } else {
+                const half *from = src + tile * (2 * TILE_ELEMS);
+                const int chunk = lane % 16;
+#pragma unroll 8
+                for (int key = lane / 16; key < KEYS; key += 2) {
+                    fd_cp_async_16(dst + at<SRC>(key, chunk), from + key * D + chunk * 8, true);
+                    fd_cp_async_16(dst + TILE_ELEMS + at<SRC>(key, chunk), from + TILE_ELEMS + key * D + chunk * 8, true);
+                }
+                cp_async_arrive(&full[stage]);
+            }
+        }
+        if constexpr (SRC != kProdTensor) fd_cp_async_wait<0>();
+        return;
+    }
+    TileWork<SRC, WORK, 1> work;
+    work.init();
+    for (int it = 0; it < tiles; ++it) {
+        const int stage = it % STAGES;
+        mbar_wait(&full[stage], (it / STAGES) & 1);
+        if constexpr (WORK != kNone) {
+            const half *k_s = smem + stage * kStageElems;
+            work.run(k_s, k_s + TILE_ELEMS);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[stage]);
+    }
+    stamp(t0, stamps);
+    const float r = work.result();
+    if (r == 1.2345f) sink[threadIdx.x] = r;  // keeps the work; never true for zero data
+}
+
+#include "wgmma.cuh"  // the loop on wgmma: stream_wg, stream_wgx
+
 struct Config {
-    const char *blocks;  // lone, pair, full1, full2
+    const char *blocks;  // lone, pair, full1, full2, half1, half4
     int src, work, stages, threads;
     void (*kernel)(const half *, long long, long long, int, int, unsigned long long *, float *, const CUtensorMap);
     int smem;
@@ -333,8 +488,31 @@ Config make(const char *blocks) {
     return Config{blocks, SRC, WORK, STAGES, THREADS, stream<SRC, WORK, STAGES, THREADS>, smem};
 }
 
+template <int SRC, int WORK, int STAGES>
+Config make_prod(const char *blocks) {
+    return Config{blocks, SRC, WORK, STAGES, 160, stream_prod<SRC, WORK, STAGES>, STAGES * TILE_BYTES + 1024};
+}
+
+// The wgmma loop (source tensor, work wg or wgah).
+template <int STAGES, bool AHEAD>
+Config make_wg(const char *blocks) {
+    return Config{blocks, kTensor, AHEAD ? kWgAhead : kWg, STAGES, 128, stream_wg<STAGES, AHEAD>,
+                  STAGES * TILE_BYTES + 16 * D * 2 + 1024};
+}
+
+template <int STAGES, int PART = 0>
+Config make_wgx(const char *blocks) {
+    return Config{blocks, kTensor, kWgx + PART, STAGES, 128, stream_wgx<STAGES, PART>, STAGES * TILE_BYTES + 16 * D * 2 + 2048 + 1024};
+}
+
+#include "wgmma_check.cuh"  // check_wg: the wgmma loops against the host
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : nullptr;
+    if (const char *spin = getenv("SPIN")) {
+        const long long clocks = atoll(spin);
+        CK(cudaMemcpyToSymbol(g_spin, &clocks, sizeof clocks));
+    }
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const long long buffer_bytes = 2ll << 30;  // rotates far past the 60 MB L2
@@ -356,6 +534,18 @@ int main(int argc, char **argv) {
                                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
         printf("cuTensorMapEncodeTiled failed\n");
         return 1;
+    }
+
+    if (only && !strcmp(only, "check")) {
+        for (int tiles : {1, 5, 8}) {
+            check_wg<3, false>(src, tiles, tiles_total, stamps, sink, map);
+            check_wg<3, true>(src, tiles, tiles_total, stamps, sink, map);
+            check_wg<4, true>(src, tiles, tiles_total, stamps, sink, map);
+            check_wg<3, false, true>(src, tiles, tiles_total, stamps, sink, map);
+            check_wg<4, false, true>(src, tiles, tiles_total, stamps, sink, map);
+        }
+        CK(cudaMemset(src, 0, buffer_bytes));
+        return 0;
     }
 
     std::vector<Config> configs = {
@@ -393,6 +583,36 @@ int main(int argc, char **argv) {
         make<kTensor, kSoft, 4, 128>("lone"), make<kTensor, kSoft, 3, 128>("pair"),
         make<kTensor, kNone, 3, 128>("full2"), make<kTensor, kSoft, 3, 128>("full1"),
         make<kTensor, kSoft, 3, 128>("full2"),
+        // The tile loop on wgmma.
+        make_wg<3, false>("lone"), make_wg<4, false>("lone"), make_wg<3, true>("lone"), make_wg<4, true>("lone"),
+        make_wg<5, true>("lone"), make_wg<3, true>("pair"), make_wg<3, false>("full1"), make_wg<3, true>("full1"),
+        make_wg<3, true>("full2"), make_wg<4, true>("full1"),
+        make_wgx<3>("lone"), make_wgx<4>("lone"), make_wgx<5>("lone"), make_wgx<3>("pair"), make_wgx<3>("full1"),
+        make_wgx<3>("full2"), make_wgx<4>("full1"),
+        make_wgx<3, 1>("lone"), make_wgx<3, 2>("lone"), make_wgx<3, 3>("lone"),
+        // Does the tile loop's work overlap the copies? The loop without its
+        // shared-memory reads, and a spin of g_spin clocks a tile.
+        make<kCopy, kRegs, 3, 128>("lone"), make<kCopy, kRegs, 5, 128>("lone"), make<kStill, kRegs, 3, 128>("lone"),
+        make<kCopy, kSpin, 3, 128>("lone"), make<kCopy, kSpin, 5, 128>("lone"), make<kStill, kSpin, 3, 128>("lone"),
+        make<kTensor, kSpin, 3, 128>("lone"), make<kTensor, kSpin, 5, 128>("lone"),
+        // A producer warp issuing the copies.
+        make_prod<kProdTensor, kNone, 2>("lone"), make_prod<kProdTensor, kNone, 3>("lone"),
+        make_prod<kProdTensor, kNone, 6>("lone"), make_prod<kProdTensor, kSoft, 2>("lone"),
+        make_prod<kProdTensor, kSoft, 3>("lone"), make_prod<kProdTensor, kSoft, 4>("lone"),
+        make_prod<kProdTensor, kSoft, 6>("lone"), make_prod<kProdTensor, kSpin, 3>("lone"),
+        make_prod<kProdTensor, kSoft, 3>("pair"), make_prod<kProdTensor, kSoft, 3>("full1"),
+        make_prod<kProdTensor, kSoft, 3>("full2"),
+        make_prod<kProdTensor, kSoft, 3>("half1"), make_prod<kProdTensor, kSoft, 4>("half1"),
+        make_prod<kProdTensor, kSoft, 3>("half4"), make_prod<kProdTensor, kSoft, 4>("half4"),
+        make<kCopy, kSoft, 3, 128>("half1"), make<kCopy, kSoft, 3, 128>("half4"),
+        make<kTensor, kSoft, 3, 128>("half1"), make<kTensor, kSoft, 3, 128>("half4"),
+        make_prod<kProdCopy, kNone, 3>("lone"), make_prod<kProdCopy, kNone, 6>("lone"),
+        make_prod<kProdCopy, kSoft, 3>("lone"), make_prod<kProdCopy, kSoft, 4>("lone"),
+        make_prod<kProdCopy, kSoft, 6>("lone"), make_prod<kProdCopy, kSpin, 3>("lone"),
+        make_prod<kProdCopy, kSoft, 3>("pair"), make_prod<kProdCopy, kSoft, 3>("full1"),
+        make_prod<kProdCopy, kSoft, 3>("full2"),
+        // The mma.sync loop's work alone, on the first tile over and over.
+        make<kStill, kLd, 3, 128>("lone"), make<kStill, kMma, 3, 128>("lone"), make<kStill, kSoft, 3, 128>("lone"),
     };
     printf("%-6s %-5s %-5s %6s %7s %7s %12s %9s\n", "blocks", "src", "work", "stages", "threads", "working",
            "tiles/us/blk", "GB/s all");
@@ -407,7 +627,7 @@ int main(int argc, char **argv) {
         if (only && !strstr(name, only)) continue;
         const std::string blocks = c.blocks;
         // full1 asks for more shared memory than two blocks of an SM can share.
-        const int smem = blocks == "full1" ? std::max(c.smem, 120 * 1024) : c.smem;
+        const int smem = blocks == "full1" || blocks[0] == 'h' ? std::max(c.smem, 120 * 1024) : c.smem;
         if (smem > 48 * 1024)
             CK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         const int w = c.src == kWide ? 2 : 1;  // the kernel counts 128-key tiles, this program 64-key ones
@@ -415,6 +635,8 @@ int main(int argc, char **argv) {
         if (blocks == "pair") grid = 2 * sms, only_sm = 0;
         if (blocks == "full1") grid = sms, tiles = 64;
         if (blocks == "full2") grid = 2 * sms, tiles = 64;
+        if (blocks == "half1") grid = 64, tiles = 64;  // b=1, 8 K/V heads, 32768 keys in 8 splits
+        if (blocks == "half4") grid = 64, tiles = 256;  // 131072 keys
         std::vector<double> rates;
         double gbs = 0;
         int working = 0;
@@ -442,6 +664,15 @@ int main(int argc, char **argv) {
             gbs = double(working) * tiles * TILE_BYTES / double(hi - lo);
         }
         std::sort(rates.begin(), rates.end());
+        if (getenv("PHASES")) {
+            long long ph[4];
+            CK(cudaMemcpyFromSymbol(ph, g_phase, sizeof ph));
+            printf("  clocks a tile: wait %.0f, barrier %.0f, issue %.0f, work %.0f\n", ph[0] / double(tiles / w),
+                   ph[1] / double(tiles / w), ph[2] / double(tiles / w), ph[3] / double(tiles / w));
+            CK(cudaMemset(stamps, 0, 8));
+            const long long zero[4] = {0, 0, 0, 0};
+            CK(cudaMemcpyToSymbol(g_phase, zero, sizeof zero));
+        }
         printf("%-6s %-5s %-5s %6d %7d %7d %12.2f %9.1f\n", c.blocks, kSourceName[c.src], kWorkName[c.work], c.stages,
                c.threads, working, rates[rates.size() / 2], gbs);
     }
