@@ -25,6 +25,8 @@
 //            ptens: tensor copies issued by a fifth, producer warp (stream_prod); the
 //                   four compute warps wait on a stage's mbarrier and free it on their own
 //            pcopy: the same with the producer's 32 lanes issuing cp.async
+//            sprd2, sprd4: cp.async as copy, the next tile's copies issued in 2 or 4
+//                   parts between the steps of this tile's work
 //   work     none, ld (each warp's ldmatrix reads of its 16 keys of K and V),
 //            mma (ld and the mmas on them), soft (mma and the softmax between),
 //            regs (soft with K and V fragments made in registers: no shared-memory
@@ -71,9 +73,9 @@ constexpr int TILE_ELEMS = KEYS * D;          // one K (or V) tile, 16 KiB
 constexpr int TILE_BYTES = 2 * TILE_ELEMS * 2;  // K and V, 32 KiB
 constexpr int PAD = D + 8;                    // bulk rows: 272 bytes
 
-enum Source { kCopy, kBulk, kLdg, kWide, kTensor, kStill, kProdTensor, kProdCopy };
+enum Source { kCopy, kBulk, kLdg, kWide, kTensor, kStill, kProdTensor, kProdCopy, kSpread2, kSpread4 };
 enum Work { kNone, kLd, kMma, kSoft, kWg, kWgAhead, kWgx, kWgxMma, kWgxMath, kWgxMmaMath, kRegs, kSpin };
-static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide", "tensor", "still", "ptens", "pcopy"};
+static const char *kSourceName[] = {"copy", "bulk", "ldg", "wide", "tensor", "still", "ptens", "pcopy", "sprd2", "sprd4"};
 static const char *kWorkName[] = {"none", "ld", "mma", "soft", "wg", "wgah", "wgx", "wgx-mma", "wgx-math", "wgx-mm", "regs", "spin"};
 
 // Element offset of (row, 16-byte chunk) in a K or V tile: swizzled for
@@ -180,6 +182,12 @@ struct TileWork {
     }
 
     __device__ void run(const half *k_s, const half *v_s) {
+        run(k_s, v_s, [](int) {});
+    }
+    // between(i) runs at four points of the tile's work: 0 before Q K^T, 1
+    // after it, 2 after the softmax, 3 after P V.
+    template <typename F>
+    __device__ void run(const half *k_s, const half *v_s, F &&between) {
         if constexpr (WORK == kSpin) {
             const long long t = clock64();
             while (clock64() - t < g_spin) {
@@ -189,6 +197,7 @@ struct TileWork {
         ++round;
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int key0 = warp * 16 * G;
+        between(0);
         float sc[G][2][4] = {}, sc_odd[G][2][4] = {};
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
@@ -209,6 +218,7 @@ struct TileWork {
                 }
             }
         }
+        between(1);
         uint32_t pf[G][4];
         if constexpr (kMath) {
 #pragma unroll
@@ -255,6 +265,7 @@ struct TileWork {
                 pf[g][3] = fd_dtype<half>::pack(sc[g][1][2], sc[g][1][3]);
             }
         }
+        between(2);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -274,6 +285,7 @@ struct TileWork {
                 }
             }
         }
+        between(3);
     }
 
     __device__ float result() const {
@@ -336,7 +348,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
         const auto load = [&](int j, int stage) {
             half *dst = smem + stage * kStageElems;
             const half *from = tile_src(j);
-            if constexpr (SRC == kCopy || SRC == kWide || SRC == kStill) {
+            if constexpr (SRC == kCopy || SRC == kWide || SRC == kStill || SRC == kSpread2 || SRC == kSpread4) {
                 // Thread t copies chunk t % 16 of keys t / 16, + THREADS / 16, ... of K and of V.
                 const int chunk = threadIdx.x % 16;
 #pragma unroll
@@ -375,10 +387,30 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
             __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
             const long long c2 = clock64();
             const int next = it + STAGES - 1;
-            if (next < tiles) load(next, next % STAGES);
-            if constexpr (!kTma) fd_cp_async_commit();
+            constexpr bool kSpread = SRC == kSpread2 || SRC == kSpread4;
+            if (!kSpread && next < tiles) load(next, next % STAGES);
+            if constexpr (!kTma && !kSpread) fd_cp_async_commit();
             const long long c3 = clock64();
-            if constexpr (WORK != kNone) {
+            if constexpr (kSpread) {
+                // The next tile's copies in parts between the steps of this tile's work.
+                const half *k_s = smem + stage * kStageElems;
+                half *dst = smem + (next % STAGES) * kStageElems;
+                const half *from = next < tiles ? tile_src(next) : nullptr;
+                const int chunk = threadIdx.x % 16;
+                work.run(k_s, k_s + kStageElems / 2, [&](int point) {
+                    constexpr int kParts = SRC == kSpread4 ? 4 : 2;
+                    const int part = kParts == 4 ? point : point - 1;  // sprd2: after Q K^T, after the softmax
+                    if (from == nullptr || part < 0 || part >= kParts) return;
+#pragma unroll
+                    for (int i = 0; i < 8 / kParts; ++i) {
+                        const int key = threadIdx.x / 16 + (part * (8 / kParts) + i) * (THREADS / 16);
+                        fd_cp_async_16(dst + at<SRC>(key, chunk), from + key * D + chunk * 8, true);
+                        fd_cp_async_16(dst + TILE_ELEMS + at<SRC>(key, chunk), from + TILE_ELEMS + key * D + chunk * 8,
+                                       true);
+                    }
+                });
+                fd_cp_async_commit();
+            } else if constexpr (WORK != kNone) {
                 const half *k_s = smem + stage * kStageElems;
                 work.run(k_s, k_s + kStageElems / 2);
             }
@@ -611,6 +643,11 @@ int main(int argc, char **argv) {
         make_prod<kProdCopy, kSoft, 6>("lone"), make_prod<kProdCopy, kSpin, 3>("lone"),
         make_prod<kProdCopy, kSoft, 3>("pair"), make_prod<kProdCopy, kSoft, 3>("full1"),
         make_prod<kProdCopy, kSoft, 3>("full2"),
+        // The next tile's copies spread over this tile's work, in 2 or 4 parts.
+        make<kSpread2, kSoft, 3, 128>("lone"), make<kSpread4, kSoft, 3, 128>("lone"),
+        make<kSpread2, kSoft, 4, 128>("lone"), make<kSpread4, kSoft, 4, 128>("lone"),
+        make<kSpread4, kSoft, 3, 128>("pair"), make<kSpread4, kSoft, 3, 128>("half1"),
+        make<kSpread4, kSoft, 3, 128>("full2"),
         // The mma.sync loop's work alone, on the first tile over and over.
         make<kStill, kLd, 3, 128>("lone"), make<kStill, kMma, 3, 128>("lone"), make<kStill, kSoft, 3, 128>("lone"),
     };
