@@ -1,10 +1,13 @@
 """The developer tools in dev/ still run where CI runs (no GPU): the sanitizer
 driver plans every kernel path it is named for, the thread benchmark parses
-its arguments, and the SASS reader finds a kernel's tile loop and its counts
-in cuobjdump's and ptxas's output."""
+its arguments, the SASS reader finds a kernel's tile loop and its counts in
+cuobjdump's and ptxas's output, and the streaming probe compiles for sm_90a
+with its wgmma loops unserialized."""
 
 import importlib.util
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -139,3 +142,24 @@ def test_sass_tool_parses_its_arguments():
     child = run("dev/sass.py", "--help")
     assert child.returncode == 0, child.stderr[-2000:]
     assert "--against" in child.stdout
+
+
+def find_nvcc():
+    home = os.environ.get("CUDA_HOME")
+    if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="no nvcc (set CUDA_HOME or put nvcc on PATH)")
+def test_stream_probe_compiles_with_its_wgmma_loops_unserialized(tmp_path):
+    # ptxas says C7515 where it serializes wgmma (an accumulator written by
+    # another instruction while a wgmma may own it) and C7519 where it has to
+    # wait for the warpgroup before a wgmma; the probe's loops must need neither.
+    child = subprocess.run([find_nvcc(), "-O3", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a",
+                            "-Xptxas", "-v", "-c", "-o", str(tmp_path / "stream.o"), "dev/stream/stream.cu"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    log = child.stdout + child.stderr
+    assert child.returncode == 0, log[-3000:]
+    assert "stream_wgx" in log and "stream_prod" in log  # the kernels were compiled
+    assert "C7515" not in log and "C7519" not in log, [line for line in log.splitlines() if "C75" in line][:5]
