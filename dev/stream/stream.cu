@@ -47,7 +47,8 @@
 // (median over blocks, from %globaltimer at its start and its end) and the
 // GB/s of all working blocks together; with PHASES=1 also, for the loop of
 // stream(), block 0's clocks a tile in the copies' wait, the barrier, the
-// issue of the next copies and the work. Zero data, fp16.
+// issue of the next copies and the work, and (stream() and stream_prod())
+// its clocks from its start to its first tile landed. Zero data, fp16.
 //
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o stream dev/stream/stream.cu -lcuda
 //     ./stream [name part | check]
@@ -147,7 +148,8 @@ __device__ __forceinline__ void stamp(unsigned long long t0, unsigned long long 
 }
 
 __device__ long long g_spin = 600;  // spin: clocks a tile (SPIN=n in the environment)
-__device__ long long g_phase[4];    // block 0's thread 0: clocks in each part of the loop (PHASES=1 prints them)
+__device__ long long g_phase[5];    // block 0's thread 0: clocks in each part of the loop, and from its
+                                    // start to its first tile landed (PHASES=1 prints them)
 
 // The buffer's tile that block x's j-th tile is: (first + x * per_block + j)
 // mod tiles_total, base being that for j = 0 (one 64-bit modulo a block: a
@@ -303,6 +305,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
                                                   int only_sm, unsigned long long *stamps, float *sink,
                                                   const __grid_constant__ CUtensorMap map) {
     if (only_sm >= 0 && smid() != (unsigned)only_sm) return;
+    const long long k0 = clock64();
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t bars[STAGES];
     constexpr bool kTma = SRC == kBulk || SRC == kTensor;  // stages complete on mbarriers
@@ -384,6 +387,7 @@ __global__ void __launch_bounds__(THREADS) stream(const half *src, long long til
             if constexpr (!kTma) fd_cp_async_wait<STAGES - 2>();
             else mbar_wait(&bars[stage], (it / STAGES) & 1);
             const long long c1 = clock64();
+            if (it == 0 && blockIdx.x == 0 && threadIdx.x == 0) g_phase[4] = c1 - k0;
             __syncthreads();  // tile `it` landed for all; tile it-1's stage is free
             const long long c2 = clock64();
             const int next = it + STAGES - 1;
@@ -450,6 +454,7 @@ __global__ void __launch_bounds__(160) stream_prod(const half *src, long long ti
                                                    int only_sm, unsigned long long *stamps, float *sink,
                                                    const __grid_constant__ CUtensorMap map) {
     if (only_sm >= 0 && smid() != (unsigned)only_sm) return;
+    const long long k0 = clock64();
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t full[STAGES], empty[STAGES];
     half *smem = reinterpret_cast<half *>(smem_raw + (-fd_smem_addr(smem_raw) & 1023u));
@@ -492,6 +497,7 @@ __global__ void __launch_bounds__(160) stream_prod(const half *src, long long ti
     for (int it = 0; it < tiles; ++it) {
         const int stage = it % STAGES;
         mbar_wait(&full[stage], (it / STAGES) & 1);
+        if (it == 0 && blockIdx.x == 0 && threadIdx.x == 0) g_phase[4] = clock64() - k0;
         if constexpr (WORK != kNone) {
             const half *k_s = smem + stage * kStageElems;
             work.run(k_s, k_s + TILE_ELEMS);
@@ -702,12 +708,12 @@ int main(int argc, char **argv) {
         }
         std::sort(rates.begin(), rates.end());
         if (getenv("PHASES")) {
-            long long ph[4];
+            long long ph[5];
             CK(cudaMemcpyFromSymbol(ph, g_phase, sizeof ph));
-            printf("  clocks a tile: wait %.0f, barrier %.0f, issue %.0f, work %.0f\n", ph[0] / double(tiles / w),
-                   ph[1] / double(tiles / w), ph[2] / double(tiles / w), ph[3] / double(tiles / w));
-            CK(cudaMemset(stamps, 0, 8));
-            const long long zero[4] = {0, 0, 0, 0};
+            printf("  clocks a tile: wait %.0f, barrier %.0f, issue %.0f, work %.0f; first tile landed %lld clocks in\n",
+                   ph[0] / double(tiles / w), ph[1] / double(tiles / w), ph[2] / double(tiles / w),
+                   ph[3] / double(tiles / w), ph[4]);
+            const long long zero[5] = {0, 0, 0, 0, 0};
             CK(cudaMemcpyToSymbol(g_phase, zero, sizeof zero));
         }
         printf("%-6s %-5s %-5s %6d %7d %7d %12.2f %9.1f\n", c.blocks, kSourceName[c.src], kWorkName[c.work], c.stages,
