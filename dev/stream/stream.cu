@@ -41,7 +41,8 @@
 //            an SM, all but SM 0's returning at once); full: one or two blocks on
 //            every SM, each streaming 64 tiles, as stage 1 at b=8 8K keys does;
 //            half1 / half4: 64 blocks, one an SM, streaming 64 / 256 tiles each,
-//            as 8 splits of b=1 32768 / 131072 keys (8 K/V heads) in clusters
+//            as 8 splits of b=1 32768 / 131072 keys (8 K/V heads) in clusters;
+//            of96: 96 blocks of 64 tiles, as 48/48 heads at b=1, 8192 keys, 2 splits
 //
 // It prints, per configuration, each working block's tiles a microsecond
 // (median over blocks, from %globaltimer at its start and its end) and the
@@ -513,7 +514,7 @@ __global__ void __launch_bounds__(160) stream_prod(const half *src, long long ti
 #include "wgmma.cuh"  // the loop on wgmma: stream_wg, stream_wgx
 
 struct Config {
-    const char *blocks;  // lone, pair, full1, full2, half1, half4
+    const char *blocks;  // lone, pair, full1, full2, half1, half4, of96
     int src, work, stages, threads;
     void (*kernel)(const half *, long long, long long, int, int, unsigned long long *, float *, const CUtensorMap);
     int smem;
@@ -644,6 +645,8 @@ int main(int argc, char **argv) {
         make_prod<kProdTensor, kSoft, 3>("half4"), make_prod<kProdTensor, kSoft, 4>("half4"),
         make<kCopy, kSoft, 3, 128>("half1"), make<kCopy, kSoft, 3, 128>("half4"),
         make<kTensor, kSoft, 3, 128>("half1"), make<kTensor, kSoft, 3, 128>("half4"),
+        make<kCopy, kSoft, 3, 128>("of96"), make<kTensor, kSoft, 3, 128>("of96"),
+        make_prod<kProdTensor, kSoft, 3>("of96"), make_prod<kProdTensor, kSoft, 4>("of96"),
         make_prod<kProdCopy, kNone, 3>("lone"), make_prod<kProdCopy, kNone, 6>("lone"),
         make_prod<kProdCopy, kSoft, 3>("lone"), make_prod<kProdCopy, kSoft, 4>("lone"),
         make_prod<kProdCopy, kSoft, 6>("lone"), make_prod<kProdCopy, kSpin, 3>("lone"),
@@ -670,7 +673,7 @@ int main(int argc, char **argv) {
         if (only && !strstr(name, only)) continue;
         const std::string blocks = c.blocks;
         // full1 asks for more shared memory than two blocks of an SM can share.
-        const int smem = blocks == "full1" || blocks[0] == 'h' ? std::max(c.smem, 120 * 1024) : c.smem;
+        const int smem = blocks == "full1" || blocks[0] == 'h' || blocks[0] == 'o' ? std::max(c.smem, 120 * 1024) : c.smem;
         if (smem > 48 * 1024)
             CK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         const int w = c.src == kWide ? 2 : 1;  // the kernel counts 128-key tiles, this program 64-key ones
@@ -680,6 +683,7 @@ int main(int argc, char **argv) {
         if (blocks == "full2") grid = 2 * sms, tiles = 64;
         if (blocks == "half1") grid = 64, tiles = 64;  // b=1, 8 K/V heads, 32768 keys in 8 splits
         if (blocks == "half4") grid = 64, tiles = 256;  // 131072 keys
+        if (blocks == "of96") grid = 96, tiles = 64;    // 48/48 heads, b=1, 8192 keys in 2 splits
         std::vector<double> rates;
         double gbs = 0;
         int working = 0;
