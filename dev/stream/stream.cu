@@ -52,7 +52,9 @@
 // its clocks from its start to its first tile landed. Zero data, fp16.
 //
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o stream dev/stream/stream.cu -lcuda
-//     ./stream [name part | check]
+//     ./stream [name part | check | first]
+// (first: a first tile's clocks from its copies' issue to landed, cp.async
+// against tensor copies with and without the map's prefetch.)
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -513,6 +515,48 @@ __global__ void __launch_bounds__(160) stream_prod(const half *src, long long ti
 
 #include "wgmma.cuh"  // the loop on wgmma: stream_wg, stream_wgx
 
+// How long a block's first tile takes to land once its copies are issued,
+// the block having started 4000 clocks before (about the time a stage-1
+// block spends before its first copies: its setup and the PDL wait). SRC
+// copy or tensor; PREFETCH: the tensor map's fetch (prefetch.tensormap)
+// issued at the block's start. Each block writes its issue-to-landed
+// clocks to lat[blockIdx.x].
+template <int SRC, bool PREFETCH>
+__global__ void __launch_bounds__(128) first_tile(const half *src, long long tiles_total, long long first,
+                                                  long long *lat, const __grid_constant__ CUtensorMap map) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ uint64_t bar;
+    half *smem = reinterpret_cast<half *>(smem_raw + (-fd_smem_addr(smem_raw) & 1023u));
+    const long long k0 = clock64();
+    if (PREFETCH && threadIdx.x == 0)
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+    if (threadIdx.x == 0) {
+        mbar_init(&bar);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    while (clock64() - k0 < 4000) {
+    }
+    const long long tile = (first + blockIdx.x) % tiles_total;
+    const long long c0 = clock64();
+    if constexpr (SRC == kTensor) {
+        if (threadIdx.x == 0) tensor_tile(smem, &map, tile, &bar);
+        mbar_wait(&bar, 0);
+    } else {
+        const half *from = src + tile * (2 * TILE_ELEMS);
+        const int chunk = threadIdx.x % 16;
+#pragma unroll
+        for (int key = threadIdx.x / 16; key < KEYS; key += 8) {
+            fd_cp_async_16(smem + at<kCopy>(key, chunk), from + key * D + chunk * 8, true);
+            fd_cp_async_16(smem + TILE_ELEMS + at<kCopy>(key, chunk), from + TILE_ELEMS + key * D + chunk * 8, true);
+        }
+        fd_cp_async_commit();
+        fd_cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) lat[blockIdx.x] = clock64() - c0;
+}
+
 struct Config {
     const char *blocks;  // lone, pair, full1, full2, half1, half4, of96
     int src, work, stages, threads;
@@ -575,6 +619,35 @@ int main(int argc, char **argv) {
         return 1;
     }
 
+    if (only && !strcmp(only, "first")) {  // first tiles: issue to landed, clocks (median over blocks)
+        long long *lat;
+        CK(cudaMalloc(&lat, 1024 * sizeof(long long)));
+        const struct {
+            const char *name;
+            void (*kernel)(const half *, long long, long long, long long *, const CUtensorMap);
+        } kinds[] = {{"cp.async", first_tile<kCopy, false>},
+                     {"tensor", first_tile<kTensor, false>},
+                     {"tensor, map prefetched", first_tile<kTensor, true>}};
+        long long rotate = 0;
+        for (int grid : {1, 64, 132}) {
+            for (const auto &k : kinds) {
+                CK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 * 1024));
+                std::vector<long long> all;
+                for (int rep = 0; rep < 6; ++rep) {
+                    k.kernel<<<grid, 128, 120 * 1024>>>(src, tiles_total, rotate, lat, map);
+                    rotate = (rotate + 4096) % tiles_total;
+                    CK(cudaDeviceSynchronize());
+                    std::vector<long long> h(grid);
+                    CK(cudaMemcpy(h.data(), lat, grid * sizeof(long long), cudaMemcpyDeviceToHost));
+                    if (rep > 0) all.insert(all.end(), h.begin(), h.end());
+                }
+                std::sort(all.begin(), all.end());
+                printf("first tile, %3d blocks, %-22s: %lld clocks (median), %lld-%lld\n", grid, k.name,
+                       all[all.size() / 2], all.front(), all.back());
+            }
+        }
+        return 0;
+    }
     if (only && !strcmp(only, "check")) {
         for (int tiles : {1, 5, 8}) {
             check_wg<3, false>(src, tiles, tiles_total, stamps, sink, map);
