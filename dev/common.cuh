@@ -1,6 +1,6 @@
 // common.cuh: what the CUDA programs in dev/ share (developer tools, not part
-// of the library): a check on every CUDA runtime call, and a block's clock
-// and SM.
+// of the library): a check on every CUDA runtime call, a block's clock and
+// SM, and a CUDA graph's launches timed.
 #ifndef FLASHDECODE_DEV_COMMON_CUH
 #define FLASHDECODE_DEV_COMMON_CUH
 
@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 // Exits with the error's name and place when a CUDA runtime call fails.
 #define CK(x)                                                                               \
@@ -31,6 +32,25 @@ __device__ __forceinline__ unsigned smid() {
     unsigned s;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
     return s;
+}
+
+// Milliseconds of each of `reps` launches of a graph on stream s, timed by
+// events around each launch.
+inline std::vector<float> time_graph(cudaGraphExec_t exec, cudaStream_t s, int reps) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms(reps);
+    for (int r = 0; r < reps; ++r) {
+        CK(cudaEventRecord(e0, s));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms[r], e0, e1));
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return ms;
 }
 
 #endif  // FLASHDECODE_DEV_COMMON_CUH

@@ -52,9 +52,10 @@
 // its clocks from its start to its first tile landed. Zero data, fp16.
 //
 //     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o stream dev/stream/stream.cu -lcuda
-//     ./stream [name part | check | first]
+//     ./stream [name part | check | first | b1]
 // (first: a first tile's clocks from its copies' issue to landed, cp.async
-// against tensor copies with and without the map's prefetch.)
+// against tensor copies with and without the map's prefetch; b1: batch 1's
+// cluster plan end to end with a producer warp, b1.cuh.)
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -513,6 +514,7 @@ __global__ void __launch_bounds__(160) stream_prod(const half *src, long long ti
     if (r == 1.2345f) sink[threadIdx.x] = r;  // keeps the work; never true for zero data
 }
 
+#include "b1.cuh"     // batch 1's cluster plan end to end: b1_cluster
 #include "wgmma.cuh"  // the loop on wgmma: stream_wg, stream_wgx
 
 // How long a block's first tile takes to land once its copies are issued,
@@ -619,6 +621,41 @@ int main(int argc, char **argv) {
         return 1;
     }
 
+    if (only && !strcmp(only, "b1")) {  // batch 1 in clusters of 8, µs a call in a CUDA graph
+        half *out;
+        CK(cudaMalloc(&out, kB1Heads * 16 * D * sizeof(half)));
+        cudaStream_t stream;
+        CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        const struct {
+            const char *name;
+            void (*kernel)(half *, int, const CUtensorMap);
+            int stages;
+        } kinds[] = {{"3 stages", b1_cluster<3>, 3}, {"4 stages", b1_cluster<4>, 4}};
+        for (int keys : {32768, 131072}) {
+            for (const auto &k : kinds) {
+                const int smem = k.stages * TILE_BYTES + 1024;
+                CK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                constexpr int kCalls = 20;
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+                for (int i = 0; i < kCalls; ++i)
+                    k.kernel<<<dim3(kB1Splits, kB1Heads), 160, smem, stream>>>(out, keys / KEYS, map);
+                CK(cudaStreamEndCapture(stream, &graph));
+                CK(cudaGraphInstantiate(&exec, graph, 0));
+                std::vector<float> per_call = time_graph(exec, stream, 6);
+                per_call.erase(per_call.begin());  // warm-up
+                for (float &t : per_call) t *= 1e3f / kCalls;
+                std::sort(per_call.begin(), per_call.end());
+                const double bytes = double(kB1Heads) * keys * TILE_BYTES / KEYS;
+                printf("b1 %6d keys, 8 heads, clusters of 8, %s: %.1f us a call (median of 5 graphs of %d), %.2f TB/s\n",
+                       keys, k.name, per_call[per_call.size() / 2], kCalls, bytes / per_call[per_call.size() / 2] / 1e6);
+                CK(cudaGraphExecDestroy(exec));
+                CK(cudaGraphDestroy(graph));
+            }
+        }
+        return 0;
+    }
     if (only && !strcmp(only, "first")) {  // first tiles: issue to landed, clocks (median over blocks)
         long long *lat;
         CK(cudaMalloc(&lat, 1024 * sizeof(long long)));

@@ -341,20 +341,9 @@ static void run(const Scenario &sc) {
     for (int i = 0; i < kCalls; ++i) call(i);
     CK(cudaStreamEndCapture(s, &graph));
     CK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     CK(cudaGraphLaunch(exec, s));
     Stats per;
-    for (int r = 0; r < 9; ++r) {
-        CK(cudaEventRecord(e0, s));
-        CK(cudaGraphLaunch(exec, s));
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        per.add(ms * 1e3 / kCalls);
-    }
+    for (float ms : time_graph(exec, s, 9)) per.add(ms * 1e3 / kCalls);
     std::vector<u64> h(per_call * kCalls);
     CK(cudaMemcpy(h.data(), ts, h.size() * 8, cudaMemcpyDeviceToHost));
 
