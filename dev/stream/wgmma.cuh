@@ -38,6 +38,53 @@ __device__ __forceinline__ void wg_setup(half *q_s, uint64_t *bars, int stages) 
     __syncthreads();
 }
 
+// The stages of a wgmma loop, fed by tensor copies from thread 0: STAGES
+// tiles from the 1024-byte-aligned start of dynamic shared memory (the
+// 128-byte swizzle repeats every 1024 bytes), Q after them; the block's
+// tiles start at (first + blockIdx.x * tiles) mod tiles_total.
+template <int STAGES>
+struct WgPipe {
+    half *smem;
+    uint64_t *bars;
+    const CUtensorMap *map;
+    long long base, tiles_total;
+    __device__ WgPipe(unsigned char *raw, uint64_t *bars, const CUtensorMap *map, long long first, int tiles,
+                      long long tiles_total)
+        : smem(reinterpret_cast<half *>(raw + (-fd_smem_addr(raw) & 1023u))), bars(bars), map(map),
+          base((first + (long long)blockIdx.x * tiles) % tiles_total), tiles_total(tiles_total) {}
+    __device__ half *k(int stage) const { return smem + stage * 2 * TILE_ELEMS; }
+    __device__ half *v(int stage) const { return k(stage) + TILE_ELEMS; }
+    __device__ half *q() const { return k(STAGES); }  // two 16-row x 64-dim halves, 128-byte swizzle
+    // Tile j's copies into `stage`, counted on its mbarrier.
+    __device__ void load(int j, int stage) const {
+        if (threadIdx.x == 0) tensor_tile(k(stage), map, tile_at(base, j, tiles_total), &bars[stage]);
+    }
+    // Q and the mbarriers set up (wg_setup), then the first STAGES - 1 tiles' copies.
+    __device__ void start(int tiles) const {
+        wg_setup(q(), bars, STAGES);
+        for (int s = 0; s < STAGES - 1; ++s)
+            if (s < tiles) load(s, s);
+    }
+};
+
+// The max of x over the 8 lanes of a warp that share t4 (the keys g of S^T).
+__device__ __forceinline__ float wg_key_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+
+// The same lanes' sum, in place, for each of a thread's four rows.
+__device__ __forceinline__ void wg_key_sums(float (&l)[2][2]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float &x = l[i / 2][i % 2];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+    }
+}
+
 // A shared-memory matrix descriptor, 128-byte swizzle; byte offsets.
 __device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((fd_smem_addr(p) & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
@@ -93,19 +140,11 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
     if (only_sm >= 0 && smid() != (unsigned)only_sm) return;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t bars[STAGES];
-    half *smem = reinterpret_cast<half *>(smem_raw + (-fd_smem_addr(smem_raw) & 1023u));
-    constexpr int kStageElems = 2 * TILE_ELEMS;
-    half *q_s = smem + STAGES * kStageElems;  // two 16-row x 64-dim halves, 128-byte swizzle
+    const WgPipe<STAGES> pipe(smem_raw, bars, &map, first, tiles, tiles_total);
+    half *q_s = pipe.q();
     const unsigned long long t0 = gtime();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-
-    wg_setup(q_s, bars, STAGES);
-    const long long base = (first + (long long)blockIdx.x * tiles) % tiles_total;
-    const auto load = [&](int j, int stage) {
-        if (threadIdx.x == 0) tensor_tile(smem + stage * kStageElems, &map, tile_at(base, j, tiles_total), &bars[stage]);
-    };
-    for (int s = 0; s < STAGES - 1; ++s)
-        if (s < tiles) load(s, s);
+    pipe.start(tiles);
 
     const float scale = g_scale;
     const int key_limit = 1 << 30;
@@ -117,7 +156,7 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
 
     const auto issue_qk = [&](float (&s)[8], int stage) {
-        const half *k_s = smem + stage * kStageElems;
+        const half *k_s = pipe.k(stage);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
@@ -142,10 +181,7 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
                 float &x0 = s[4 * j + e], &x1 = s[4 * j + 2 + e];
                 x0 = key0 + g < key_limit ? x0 * scale : -INFINITY;
                 x1 = key0 + g + 8 < key_limit ? x1 * scale : -INFINITY;
-                float mx = fmaxf(x0, x1);
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float mx = wg_key_max(fmaxf(x0, x1));
                 const float m_new = fmaxf(m[j][e], mx);
                 alpha[j][e] = fd_exp2_ftz(m[j][e] - m_new);
                 m[j][e] = m_new;
@@ -175,7 +211,7 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
         }
     };
     const auto issue_pv = [&](const uint32_t (&pf)[4], int stage) {
-        const half *v_s = smem + stage * kStageElems + TILE_ELEMS;
+        const half *v_s = pipe.v(stage);
         // Every k-step's A fragment (warp w's P over its own keys only), all
         // defined before the fence: a register defined between the wgmmas
         // makes the compiler wait for the warpgroup there.
@@ -206,7 +242,7 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
             issue_qk(s, stage);
             wg_wait<0>();  // this S^T, and the last P V
             __syncthreads();  // every warp's last P V is done: its stage is free
-            if (it + STAGES - 1 < tiles) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+            if (it + STAGES - 1 < tiles) pipe.load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
             uint32_t pf[4];
             float alpha_o[2];
             softmax(s, it * KEYS + warp * 16, pf, alpha_o);
@@ -223,7 +259,7 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
             softmax(s, it * KEYS + warp * 16, pf, alpha_o);
             wg_wait<0>();  // the last P V and the next S^T
             __syncthreads();  // every warp's last P V is done: its stage is free
-            if (it + STAGES - 1 < tiles) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+            if (it + STAGES - 1 < tiles) pipe.load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
             rescale(alpha_o);
             issue_pv(pf, stage);
         }
@@ -247,14 +283,8 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
     float r = 0.f;
 #pragma unroll
     for (int i = 0; i < 64; ++i) r += o[i];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float &x = l[i / 2][i % 2];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        r += x;
-    }
+    wg_key_sums(l);
+    r += l[0][0] + l[0][1] + l[1][0] + l[1][1];
     if (r == 1.2345f) sink[threadIdx.x] = r;  // keeps the work; never true for zero data
     if (g_check && blockIdx.x == 0) {
         float *w = g_dump + warp * 16 * (2 + D);
@@ -299,20 +329,12 @@ __global__ void __launch_bounds__(128) stream_wgx(const half *src, long long til
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t bars[STAGES];
     __shared__ float4 red[16];  // [row]: the four warps' maxima
-    half *smem = reinterpret_cast<half *>(smem_raw + (-fd_smem_addr(smem_raw) & 1023u));
-    constexpr int kStageElems = 2 * TILE_ELEMS;
-    half *q_s = smem + STAGES * kStageElems;  // Q: two 16-row x 64-dim halves, 128-byte swizzle
-    half *p_s = q_s + 16 * D;                 // P: 16 rows x 64 keys, 128-byte swizzle
+    const WgPipe<STAGES> pipe(smem_raw, bars, &map, first, tiles, tiles_total);
+    half *q_s = pipe.q();
+    half *p_s = q_s + 16 * D;  // P: 16 rows x 64 keys, 128-byte swizzle
     const unsigned long long t0 = gtime();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-
-    wg_setup(q_s, bars, STAGES);
-    const long long base = (first + (long long)blockIdx.x * tiles) % tiles_total;
-    const auto load = [&](int j, int stage) {
-        if (threadIdx.x == 0) tensor_tile(smem + stage * kStageElems, &map, tile_at(base, j, tiles_total), &bars[stage]);
-    };
-    for (int s = 0; s < STAGES - 1; ++s)
-        if (s < tiles) load(s, s);
+    pipe.start(tiles);
 
     const float scale = g_scale;
     const int key_limit = 1 << 30;
@@ -338,8 +360,8 @@ __global__ void __launch_bounds__(128) stream_wgx(const half *src, long long til
         for (int st = 0; st < STAGES - 1 && st < tiles; ++st) mbar_wait(&bars[st], 0);
     for (int it = 0; it < tiles; ++it) {
         const int stage = kCopies ? it % STAGES : 0;
-        const half *k_s = smem + stage * kStageElems;
-        const half *v_s = k_s + TILE_ELEMS;
+        const half *k_s = pipe.k(stage);
+        const half *v_s = pipe.v(stage);
         if (kCopies) mbar_wait(&bars[stage], (it / STAGES) & 1);
         float s[8];
         wg_fence();
@@ -356,7 +378,7 @@ __global__ void __launch_bounds__(128) stream_wgx(const half *src, long long til
         float alpha[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
         if constexpr (!kSoftmax) {
             __syncthreads();  // every warp's last P V is done
-            if (kCopies && it + STAGES - 1 < tiles) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+            if (kCopies && it + STAGES - 1 < tiles) pipe.load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
         } else {
         const int key0 = it * KEYS + warp * 16;
         float mx[2][2];
@@ -367,17 +389,14 @@ __global__ void __launch_bounds__(128) stream_wgx(const half *src, long long til
                 float &x0 = s[4 * j + e], &x1 = s[4 * j + 2 + e];
                 x0 = key0 + g < key_limit ? x0 * scale : -INFINITY;
                 x1 = key0 + g + 8 < key_limit ? x1 * scale : -INFINITY;
-                float x = fmaxf(x0, x1);
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-                mx[j][e] = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+                mx[j][e] = wg_key_max(fmaxf(x0, x1));
             }
         if (g == 0) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) reinterpret_cast<float *>(&red[8 * (i / 2) + 2 * t4 + i % 2])[warp] = mx[i / 2][i % 2];
         }
         __syncthreads();  // the maxima are in; every warp's last P V is done (its stage and P are free)
-        if (kCopies && it + STAGES - 1 < tiles) load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+        if (kCopies && it + STAGES - 1 < tiles) pipe.load(it + STAGES - 1, (it + STAGES - 1) % STAGES);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -424,14 +443,8 @@ __global__ void __launch_bounds__(128) stream_wgx(const half *src, long long til
     float r = r_sink;
 #pragma unroll
     for (int i = 0; i < 16; ++i) r += o[i / 8][i % 8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float &x = l[i / 2][i % 2];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        r += x;
-    }
+    wg_key_sums(l);
+    r += l[0][0] + l[0][1] + l[1][0] + l[1][1];
     if (r == 1.2345f) sink[threadIdx.x] = r;  // keeps the work; never true for zero data
     if (g_check && blockIdx.x == 0) {  // everything in warp 0's slot (g_dump zeroed before)
 #pragma unroll
