@@ -106,6 +106,20 @@ __device__ __forceinline__ void wg_qk(float (&d)[8], uint64_t a, uint64_t b) {
         : "l"(a), "l"(b), "n"(ACC ? 1 : 0));
 }
 
+// S^T = K Q^T for the tile k_s (the TMA's two 64-dim boxes) and Q q_s
+// (the same layout), issued and committed as one group: 8 k16 steps.
+__device__ __forceinline__ void wg_issue_qk(float (&s)[8], const half *k_s, const half *q_s) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        const uint64_t a = wg_desc(k_s + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
+        const uint64_t b = wg_desc(q_s + (kk / 4) * 16 * 64 + (kk % 4) * 16, 16, 1024);
+        if (kk == 0) wg_qk<false>(s, a, b);
+        else wg_qk<true>(s, a, b);
+    }
+    wg_commit();
+}
+
 // d += A B, m64n128k16, A from registers, B MN-major in shared memory.
 __device__ __forceinline__ void wg_pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     asm volatile(
@@ -155,18 +169,7 @@ __global__ void __launch_bounds__(128) stream_wg(const half *src, long long tile
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
 
-    const auto issue_qk = [&](float (&s)[8], int stage) {
-        const half *k_s = pipe.k(stage);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-            const uint64_t a = wg_desc(k_s + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
-            const uint64_t b = wg_desc(q_s + (kk / 4) * 16 * 64 + (kk % 4) * 16, 16, 1024);
-            if (kk == 0) wg_qk<false>(s, a, b);
-            else wg_qk<true>(s, a, b);
-        }
-        wg_commit();
-    };
+    const auto issue_qk = [&](float (&s)[8], int stage) { wg_issue_qk(s, pipe.k(stage), q_s); };
     // The softmax of one tile's S^T (scores of keys g, g + 8 of the warp's 16,
     // rows 8j + 2 t4 + e), returning P as the A fragment of P V and the
     // rescale of O's rows g and g + 8.
@@ -364,15 +367,7 @@ __global__ void __launch_bounds__(128) stream_wgx(const half *src, long long til
         const half *v_s = pipe.v(stage);
         if (kCopies) mbar_wait(&bars[stage], (it / STAGES) & 1);
         float s[8];
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-            const uint64_t a = wg_desc(k_s + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
-            const uint64_t b = wg_desc(q_s + (kk / 4) * 16 * 64 + (kk % 4) * 16, 16, 1024);
-            if (kk == 0) wg_qk<false>(s, a, b);
-            else wg_qk<true>(s, a, b);
-        }
-        wg_commit();
+        wg_issue_qk(s, k_s, q_s);
         wg_wait<0>();  // this S^T, and the last P V
 
         float alpha[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
