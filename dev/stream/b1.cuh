@@ -4,7 +4,10 @@
 // head's tiles split 8 ways, round robin as stage 1 deals them, in clusters
 // of 8 blocks that merge their splits through distributed shared memory.
 // The tile work is TileWork's (no masking, zero data); `./stream b1` times it
-// per call against what stage 1 plus the combine take in dev/trace.
+// per call against what stage 1 plus the combine take in dev/trace. It reads
+// the same bytes every call, where the library's benchmark rotates its caches
+// past L2; stage 1 built this way ran slower (docs/tuning.md, "Tried and not
+// kept").
 #ifndef FLASHDECODE_DEV_STREAM_B1_CUH
 #define FLASHDECODE_DEV_STREAM_B1_CUH
 
