@@ -53,7 +53,7 @@ func TestAutoSplits(t *testing.T) {
 	}{
 		{"doc example: b=1, 8 kv heads, 32K keys", 8, 132, 264, 512, 128, 16, 16},
 		{"doc example without clusters", 8, 132, 264, 512, 128, 1, 16},
-		{"two blocks per SM", 8, 264, 264, 512, 64, 16, 31},
+		{"two blocks per SM: 32 even splits, not 31 of up to 17 tiles", 8, 264, 264, 512, 64, 16, 32},
 		{"b=16: one wave of 256", 128, 264, 264, 512, 64, 1, 2},
 		{"b=4", 32, 264, 264, 512, 64, 1, 8},
 		{"b=5: 6 splits fill one wave", 40, 264, 264, 512, 64, 1, 6},
@@ -84,8 +84,10 @@ func TestAutoSplits(t *testing.T) {
 		{"4096 keys: limited by min chunk", 8, 264, 264, 64, 8, 1, 8},
 		{"too short to split", 8, 264, 264, 5, 1, 16, 1},
 		{"empty cache", 8, 264, 264, 0, 1, 16, 1},
-		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 264, 2048, 128, 16, 121},
+		{"MQA 128K keys: cap, beyond a cluster", 1, 132, 264, 2048, 128, 16, 128},
 		{"uneven tiles", 16, 132, 264, 100, 12, 1, 8},
+		// Within the tolerance of 16 splits of 8 tiles, 15 would hold up to 9.
+		{"b=1 8192 keys: 16 even splits, not 15", 8, 132, 264, 128, 128, 1, 16},
 		// 256 keys: the combine does not pay for 3 saved tiles, a cluster
 		// merge does.
 		{"4 tiles, no clusters", 8, 132, 264, 4, 4, 1, 1},

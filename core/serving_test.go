@@ -440,8 +440,8 @@ func TestServingPlanJSONAndString(t *testing.T) {
 		splits int
 		want   []string
 	}{
-		{0, []string{"fd_append_kv_f16 grid (1,1,5) x 128 threads, then fd_split_kv_serving_f16_d128_r16 grid (31,8,1)",
-			"lse_partial at 507904, q_rot at 512000"}},
+		{0, []string{"fd_append_kv_f16 grid (1,1,5) x 128 threads, then fd_split_kv_serving_f16_d128_r16 grid (32,8,1)",
+			"lse_partial at 524288, q_rot at 528384"}},
 		{1, []string{"1 split, no combine; workspace 8192 B (q_rot)"}},
 	} {
 		s.NumSplits = tt.splits
@@ -493,7 +493,7 @@ func TestServingPlansFillBothSlotsUnlessClustered(t *testing.T) {
 	}{
 		{"b=8, 4096 keys: clusters of 2, as plain", 8, 4096, 2, 2, 2},
 		{"b=8, 32768 keys: 4 splits and the combine", 8, 32768, 4, 1, 2},
-		{"b=1, 32768 keys", 1, 32768, 31, 1, 16},
+		{"b=1, 32768 keys", 1, 32768, 32, 1, 16},
 		{"b=32, 8192 keys: unsplit", 32, 8192, 1, 1, 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

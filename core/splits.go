@@ -55,7 +55,8 @@ const (
 	sharedSlotPct = 120
 	// splitTolerancePct: among split counts whose modelled time is within
 	// this many percent of the best, the smallest wins (fewer partials, a
-	// cheaper combine).
+	// cheaper combine), unless it only makes a one-wave grid's splits
+	// longer (longerSplits).
 	splitTolerancePct = 5
 	// busySlotsPct: an unsplit grid of one wave that fills at least this
 	// share of the block slots stays unsplit. HBM is then close to saturated
@@ -98,7 +99,9 @@ const (
 //     busySlotsPct) or maxN <= 1: 1 split;
 //   - else the n in [1, maxN] with the least splitCost, preferring the
 //     smallest n within splitTolerancePct of it (fewer partials), which
-//     favours whole waves and splits that divide the tiles evenly.
+//     favours whole waves and splits that divide the tiles evenly, but
+//     never one that only makes a one-wave grid's splits longer
+//     (longerSplits).
 //
 // (planVariant passes slots = SMs x targetBlocks: one block per SM for the
 // kernels of 4 or more warps, and resident = SMs x blocks per SM.)
@@ -134,17 +137,31 @@ func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) me
 		return 1
 	}
 	costs := make([]int, maxN+1)
-	best := splitCost(blocks, slots, resident, tiles, 1, mergeCombine)
+	bestN := 1
 	for n := 1; n <= maxN; n++ {
 		costs[n] = splitCost(blocks, slots, resident, tiles, n, merging(n))
-		best = min(best, costs[n])
+		if costs[n] < costs[bestN] {
+			bestN = n
+		}
 	}
+	best := costs[bestN]
 	for n := 1; n <= maxN; n++ {
-		if costs[n]*100 <= best*(100+splitTolerancePct) {
+		if costs[n]*100 <= best*(100+splitTolerancePct) && !longerSplits(blocks, slots, tiles, n, bestN, merging) {
 			return n
 		}
 	}
-	return 1 // unreachable: the best cost itself qualifies
+	return bestN
+}
+
+// longerSplits reports whether n splits would only trade bestN's for fewer,
+// longer ones: both merge the same way, bestN's blocks each have a slot
+// (one wave), and n's splits hold more tiles. Such a call lasts as long as
+// its longest split, and n's fewer partials do not make up for a whole tile
+// more: b=1 32/8 8192 keys took 13.2 µs in 15 splits (9 tiles the longest)
+// against 12.9 in 16 (8), MQA b=1 32768 keys 11.2 in 103 against 10.8 in
+// 128 (docs/tuning.md, splitTolerancePct).
+func longerSplits(blocks, slots, tiles, n, bestN int, merging func(n int) merge) bool {
+	return n > 1 && blocks*bestN <= slots && merging(n) == merging(bestN) && ceilDiv(tiles, n) > ceilDiv(tiles, bestN)
 }
 
 // splitCost models the time of a decode, in half key-tile loads of one

@@ -373,7 +373,7 @@ def test_binding_with_fake_driver():
     assert report["plan_paged16_window"]["kernel"] == "fd_split_kv_serving_f16_d128_r16"
     assert {k: report["plan_window"][k] for k in ("num_splits", "cluster", "grid")} == \
         {k: report["plan_257"][k] for k in ("num_splits", "cluster", "grid")}
-    readme = {"num_splits": 31, "grid": [31, 8, 1], "cluster": 1, "kernel": "fd_split_kv_paged_append_f16_d128_r16",
+    readme = {"num_splits": 32, "grid": [32, 8, 1], "cluster": 1, "kernel": "fd_split_kv_paged_append_f16_d128_r16",
               "fused_append": True}  # the README's serving answer
     assert {k: report["plan_readme_serving"][k] for k in readme} == readme
     assert report["error_rotary"][0] == "ValueError" and "rotary_cos" in report["error_rotary"][1]
