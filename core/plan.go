@@ -192,8 +192,10 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	if splits > 0 {
 		splits = clampSplits(splits, tiles)
 	} else {
-		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(min(packed, v.Rows)), v.KeysPerTile))
-		if w, m := tailSplit(blocks, sms*blocksPerSM, maxN); m > 1 {
+		rows := min(packed, v.Rows)
+		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows), v.KeysPerTile))
+		tailN := maxAutoSplits(tiles, ceilDiv(minTailSplitKeys(rows), v.KeysPerTile))
+		if w, m := tailSplit(blocks, sms*blocksPerSM, tailN); m > 1 {
 			splits, whole = m, w
 		} else {
 			splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, merging)

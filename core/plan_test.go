@@ -197,9 +197,12 @@ func TestSplitHelpers(t *testing.T) {
 			t.Errorf("maxAutoSplits(%d, %d) = %d, want %d", tt.tiles, tt.minTiles, got, tt.want)
 		}
 	}
-	for _, tt := range []struct{ rows, want int }{{1, 64}, {4, 64}, {16, 256}, {17, 272}, {64, 1024}} {
+	for _, tt := range []struct{ rows, want, tail int }{{1, 64, 64}, {4, 64, 64}, {16, 64, 256}, {17, 68, 272}, {32, 128, 512}, {64, 256, 1024}} {
 		if got := minKeysPerSplit(tt.rows); got != tt.want {
 			t.Errorf("minKeysPerSplit(%d) = %d, want %d", tt.rows, got, tt.want)
+		}
+		if got := minTailSplitKeys(tt.rows); got != tt.tail {
+			t.Errorf("minTailSplitKeys(%d) = %d, want %d", tt.rows, got, tt.tail)
 		}
 	}
 }
@@ -552,7 +555,8 @@ func TestPlanTailSplit(t *testing.T) {
 		// 384 items of 10 rows: 264 whole, 120 in 2 splits, their 1200 rows merged.
 		{"48/48, b=8, seqlen_q 10", mha, 264, 2, 264 + 120*2, 1200, 2640},
 		// 280 items (70 x 2 K/V heads x 2 row tiles of 32 of the 64 rows):
-		// 264 whole, 16 in 8 splits (4096 keys: at least 512 keys a split).
+		// 264 whole, 16 in 8 splits (4096 keys: a tail split holds at least
+		// 512 keys, minTailSplitKeys).
 		{"two row tiles a K/V head", tiles, 264, 8, 264 + 16*8, 16 * 32, 264 / 2 * 64},
 	}
 	for _, tt := range tests {

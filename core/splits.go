@@ -18,6 +18,9 @@ const (
 	// minSplitKeys is the fewest keys the heuristic gives a split: one
 	// 64-key tile at head dim 128 (minKeysPerSplit adds a floor per row).
 	minSplitKeys = 64
+	// minSplitRowKeys is the fewest keys a split holds per packed query
+	// row (minKeysPerSplit).
+	minSplitRowKeys = 4
 	// combineRoundCost is one L2 round trip of the combine (combineRounds),
 	// about 2.5 tile loads.
 	combineRoundCost = 5
@@ -271,11 +274,21 @@ func targetBlocks(v Variant, blocksPerSM int) int {
 }
 
 // minKeysPerSplit is the fewest keys the heuristic gives one split when a
-// block holds rows packed query rows: max(minSplitKeys, 16*rows). A split
-// writes rows*d fp32 partials that the combine reads back (8*rows*d bytes)
-// while it reads 4*keys*d bytes of K and V, so 16 keys per row keep that
-// extra traffic within 1/8.
-func minKeysPerSplit(rows int) int { return max(minSplitKeys, 16*rows) }
+// block holds rows packed query rows: max(minSplitKeys, minSplitRowKeys*rows).
+// A split writes rows*d fp32 partials that the combine reads back (8*rows*d
+// bytes) while it reads 4*keys*d bytes of K and V: at 4 keys a row the
+// partials are at most half as many bytes, and they go through L2, not HBM.
+// A floor of 16 a row kept the splits of many-row shapes too few: b=1 32/8
+// 1024 keys with 8 query tokens (32 rows) took 17.2 µs in the 2 splits it
+// allowed and 10.8 in 8 (docs/tuning.md, minSplitKeys).
+func minKeysPerSplit(rows int) int { return max(minSplitKeys, minSplitRowKeys*rows) }
+
+// minTailSplitKeys is the fewest keys a split of the tail split (tailSplit)
+// holds: max(minSplitKeys, 16*rows). Its grid already holds more blocks than
+// the GPU runs at once, and short splits there only add partials and the
+// combine: 48/48 heads at b=8, 256 keys and 16 query tokens took 20.4 µs
+// whole and 27.7 with the last wave's items in 2 splits of 2 tiles.
+func minTailSplitKeys(rows int) int { return max(minSplitKeys, 16*rows) }
 
 // maxAutoSplits is the most splits the heuristic considers for a length of
 // tiles key tiles when a split must hold at least minTiles of them:
