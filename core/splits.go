@@ -19,8 +19,10 @@ const (
 	// 64-key tile at head dim 128 (minKeysPerSplit adds a floor per row).
 	minSplitKeys = 64
 	// minSplitRowKeys is the fewest keys a split holds per packed query
-	// row (minKeysPerSplit).
-	minSplitRowKeys = 4
+	// row (minKeysPerSplit), and minTailSplitRowKeys the same in a tail
+	// split (minTailSplitKeys).
+	minSplitRowKeys     = 4
+	minTailSplitRowKeys = 16
 	// combineRoundCost is one L2 round trip of the combine (combineRounds),
 	// about 2.5 tile loads.
 	combineRoundCost = 5
@@ -160,9 +162,7 @@ func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) me
 // longer ones: both merge the same way, bestN's blocks each have a slot
 // (one wave), and n's splits hold more tiles. Such a call lasts as long as
 // its longest split, and n's fewer partials do not make up for a whole tile
-// more: b=1 32/8 8192 keys took 13.2 µs in 15 splits (9 tiles the longest)
-// against 12.9 in 16 (8), MQA b=1 32768 keys 11.2 in 103 against 10.8 in
-// 128 (docs/tuning.md, splitTolerancePct).
+// more (docs/tuning.md, splitTolerancePct, has the sweeps).
 func longerSplits(blocks, slots, tiles, n, bestN int, merging func(n int) merge) bool {
 	return n > 1 && blocks*bestN <= slots && merging(n) == merging(bestN) && ceilDiv(tiles, n) > ceilDiv(tiles, bestN)
 }
@@ -277,18 +277,15 @@ func targetBlocks(v Variant, blocksPerSM int) int {
 // block holds rows packed query rows: max(minSplitKeys, minSplitRowKeys*rows).
 // A split writes rows*d fp32 partials that the combine reads back (8*rows*d
 // bytes) while it reads 4*keys*d bytes of K and V: at 4 keys a row the
-// partials are at most half as many bytes, and they go through L2, not HBM.
-// A floor of 16 a row kept the splits of many-row shapes too few: b=1 32/8
-// 1024 keys with 8 query tokens (32 rows) took 17.2 µs in the 2 splits it
-// allowed and 10.8 in 8 (docs/tuning.md, minSplitKeys).
+// partials are at most half as many bytes, and they go through L2, not HBM
+// (docs/tuning.md, minSplitRowKeys, has the sweeps).
 func minKeysPerSplit(rows int) int { return max(minSplitKeys, minSplitRowKeys*rows) }
 
 // minTailSplitKeys is the fewest keys a split of the tail split (tailSplit)
-// holds: max(minSplitKeys, 16*rows). Its grid already holds more blocks than
-// the GPU runs at once, and short splits there only add partials and the
-// combine: 48/48 heads at b=8, 256 keys and 16 query tokens took 20.4 µs
-// whole and 27.7 with the last wave's items in 2 splits of 2 tiles.
-func minTailSplitKeys(rows int) int { return max(minSplitKeys, 16*rows) }
+// holds: max(minSplitKeys, minTailSplitRowKeys*rows). Its grid already holds
+// more blocks than the GPU runs at once, and short splits there only add
+// partials and the combine.
+func minTailSplitKeys(rows int) int { return max(minSplitKeys, minTailSplitRowKeys*rows) }
 
 // maxAutoSplits is the most splits the heuristic considers for a length of
 // tiles key tiles when a split must hold at least minTiles of them:
