@@ -193,8 +193,8 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		splits = clampSplits(splits, tiles)
 	} else {
 		rows := min(packed, v.Rows)
-		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows), v.KeysPerTile))
-		tailN := maxAutoSplits(tiles, ceilDiv(minTailSplitKeys(rows), v.KeysPerTile))
+		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows, minSplitRowKeys), v.KeysPerTile))
+		tailN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows, minTailSplitRowKeys), v.KeysPerTile))
 		if w, m := tailSplit(blocks, sms*blocksPerSM, tailN); m > 1 {
 			splits, whole = m, w
 		} else {

@@ -198,11 +198,11 @@ func TestSplitHelpers(t *testing.T) {
 		}
 	}
 	for _, tt := range []struct{ rows, want, tail int }{{1, 64, 64}, {4, 64, 64}, {16, 64, 256}, {17, 68, 272}, {32, 128, 512}, {64, 256, 1024}} {
-		if got := minKeysPerSplit(tt.rows); got != tt.want {
-			t.Errorf("minKeysPerSplit(%d) = %d, want %d", tt.rows, got, tt.want)
+		if got := minKeysPerSplit(tt.rows, minSplitRowKeys); got != tt.want {
+			t.Errorf("minKeysPerSplit(%d, minSplitRowKeys) = %d, want %d", tt.rows, got, tt.want)
 		}
-		if got := minTailSplitKeys(tt.rows); got != tt.tail {
-			t.Errorf("minTailSplitKeys(%d) = %d, want %d", tt.rows, got, tt.tail)
+		if got := minKeysPerSplit(tt.rows, minTailSplitRowKeys); got != tt.tail {
+			t.Errorf("minKeysPerSplit(%d, minTailSplitRowKeys) = %d, want %d", tt.rows, got, tt.tail)
 		}
 	}
 }
@@ -556,7 +556,7 @@ func TestPlanTailSplit(t *testing.T) {
 		{"48/48, b=8, seqlen_q 10", mha, 264, 2, 264 + 120*2, 1200, 2640},
 		// 280 items (70 x 2 K/V heads x 2 row tiles of 32 of the 64 rows):
 		// 264 whole, 16 in 8 splits (4096 keys: a tail split holds at least
-		// 512 keys, minTailSplitKeys).
+		// 512 keys, minTailSplitRowKeys).
 		{"two row tiles a K/V head", tiles, 264, 8, 264 + 16*8, 16 * 32, 264 / 2 * 64},
 	}
 	for _, tt := range tests {

@@ -19,8 +19,10 @@ const (
 	// 64-key tile at head dim 128 (minKeysPerSplit adds a floor per row).
 	minSplitKeys = 64
 	// minSplitRowKeys is the fewest keys a split holds per packed query
-	// row (minKeysPerSplit), and minTailSplitRowKeys the same in a tail
-	// split (minTailSplitKeys).
+	// row, and minTailSplitRowKeys the same in a tail split (tailSplit),
+	// whose grid already holds more blocks than the GPU runs at once, so
+	// that short splits there only add partials and the combine
+	// (minKeysPerSplit).
 	minSplitRowKeys     = 4
 	minTailSplitRowKeys = 16
 	// combineRoundCost is one L2 round trip of the combine (combineRounds),
@@ -141,17 +143,18 @@ func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) me
 	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1
 	}
-	costs := make([]int, maxN+1)
+	costs, merges := make([]int, maxN+1), make([]merge, maxN+1)
 	bestN := 1
 	for n := 1; n <= maxN; n++ {
-		costs[n] = splitCost(blocks, slots, resident, tiles, n, merging(n))
+		merges[n] = merging(n)
+		costs[n] = splitCost(blocks, slots, resident, tiles, n, merges[n])
 		if costs[n] < costs[bestN] {
 			bestN = n
 		}
 	}
 	best := costs[bestN]
 	for n := 1; n <= maxN; n++ {
-		if costs[n]*100 <= best*(100+splitTolerancePct) && !longerSplits(blocks, slots, tiles, n, bestN, merging) {
+		if costs[n]*100 <= best*(100+splitTolerancePct) && !longerSplits(blocks, slots, tiles, n, bestN, merges) {
 			return n
 		}
 	}
@@ -162,9 +165,10 @@ func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) me
 // longer ones: both merge the same way, bestN's blocks each have a slot
 // (one wave), and n's splits hold more tiles. Such a call lasts as long as
 // its longest split, and n's fewer partials do not make up for a whole tile
-// more (docs/tuning.md, splitTolerancePct, has the sweeps).
-func longerSplits(blocks, slots, tiles, n, bestN int, merging func(n int) merge) bool {
-	return n > 1 && blocks*bestN <= slots && merging(n) == merging(bestN) && ceilDiv(tiles, n) > ceilDiv(tiles, bestN)
+// more (docs/tuning.md, splitTolerancePct, has the sweeps). merges[n] is
+// how n splits merge.
+func longerSplits(blocks, slots, tiles, n, bestN int, merges []merge) bool {
+	return n > 1 && blocks*bestN <= slots && merges[n] == merges[bestN] && ceilDiv(tiles, n) > ceilDiv(tiles, bestN)
 }
 
 // splitCost models the time of a decode, in half key-tile loads of one
@@ -274,18 +278,13 @@ func targetBlocks(v Variant, blocksPerSM int) int {
 }
 
 // minKeysPerSplit is the fewest keys the heuristic gives one split when a
-// block holds rows packed query rows: max(minSplitKeys, minSplitRowKeys*rows).
+// block holds rows packed query rows and a split rowKeys keys a row
+// (minSplitRowKeys, minTailSplitRowKeys): max(minSplitKeys, rowKeys*rows).
 // A split writes rows*d fp32 partials that the combine reads back (8*rows*d
 // bytes) while it reads 4*keys*d bytes of K and V: at 4 keys a row the
 // partials are at most half as many bytes, and they go through L2, not HBM
 // (docs/tuning.md, minSplitRowKeys, has the sweeps).
-func minKeysPerSplit(rows int) int { return max(minSplitKeys, minSplitRowKeys*rows) }
-
-// minTailSplitKeys is the fewest keys a split of the tail split (tailSplit)
-// holds: max(minSplitKeys, minTailSplitRowKeys*rows). Its grid already holds
-// more blocks than the GPU runs at once, and short splits there only add
-// partials and the combine.
-func minTailSplitKeys(rows int) int { return max(minSplitKeys, minTailSplitRowKeys*rows) }
+func minKeysPerSplit(rows, rowKeys int) int { return max(minSplitKeys, rowKeys*rows) }
 
 // maxAutoSplits is the most splits the heuristic considers for a length of
 // tiles key tiles when a split must hold at least minTiles of them:
