@@ -61,8 +61,9 @@
 //   - It never splits when the unsplit grid already keeps 80-100% of the
 //     block slots busy in one wave, never makes a split shorter than 64
 //     keys (4 per packed query row, so the fp32 partials, which go through
-//     L2, stay under half the K/V bytes; 16 in a tail split), and never
-//     makes more than MaxSplits.
+//     L2, stay under half the K/V bytes; 16 in a tail split; but a sequence
+//     of 8 tiles or more may always take 8 splits, which merge on chip in
+//     a cluster), and never makes more than MaxSplits.
 //   - Otherwise it takes the count that streams the cache soonest by a
 //     model of each block's bytes (the SMs given two blocks end last, and
 //     HBM bounds a grid of more blocks than SMs), plus a fixed cost and the

@@ -193,7 +193,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		splits = clampSplits(splits, tiles)
 	} else {
 		rows := min(packed, v.Rows)
-		maxN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows, minSplitRowKeys), v.KeysPerTile))
+		maxN := autoSplitCap(tiles, ceilDiv(minKeysPerSplit(rows, minSplitRowKeys), v.KeysPerTile))
 		tailN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows, minTailSplitRowKeys), v.KeysPerTile))
 		if w, m := tailSplit(blocks, sms*blocksPerSM, tailN); m > 1 {
 			splits, whole = m, w

@@ -197,6 +197,13 @@ func TestSplitHelpers(t *testing.T) {
 			t.Errorf("maxAutoSplits(%d, %d) = %d, want %d", tt.tiles, tt.minTiles, got, tt.want)
 		}
 	}
+	for _, tt := range []struct{ tiles, minTiles, want int }{
+		{512, 8, 64}, {8, 2, 8}, {8, 8, 8}, {15, 4, 8}, {16, 2, 8}, {7, 2, 3}, {4, 2, 2}, {0, 8, 1},
+	} {
+		if got := autoSplitCap(tt.tiles, tt.minTiles); got != tt.want {
+			t.Errorf("autoSplitCap(%d, %d) = %d, want %d", tt.tiles, tt.minTiles, got, tt.want)
+		}
+	}
 	for _, tt := range []struct{ rows, want, tail int }{{1, 64, 64}, {4, 64, 64}, {16, 64, 256}, {17, 68, 272}, {32, 128, 512}, {64, 256, 1024}} {
 		if got := minKeysPerSplit(tt.rows, minSplitRowKeys); got != tt.want {
 			t.Errorf("minKeysPerSplit(%d, minSplitRowKeys) = %d, want %d", tt.rows, got, tt.want)

@@ -25,6 +25,11 @@ const (
 	// (minKeysPerSplit).
 	minSplitRowKeys     = 4
 	minTailSplitRowKeys = 16
+	// floorlessSplits is how many splits a sequence of at least that many
+	// key tiles may always take, a tile or more each, whatever the per-row
+	// floor (autoSplitCap): eight one-tile splits merged in a portable
+	// cluster beat four of two tiles wherever the floor stopped at four.
+	floorlessSplits = 8
 	// combineRoundCost is one L2 round trip of the combine (combineRounds),
 	// about 2.5 tile loads.
 	combineRoundCost = 5
@@ -291,6 +296,18 @@ func minKeysPerSplit(rows, rowKeys int) int { return max(minSplitKeys, rowKeys*r
 // min(MaxSplits, tiles/minTiles), and at least 1.
 func maxAutoSplits(tiles, minTiles int) int {
 	return max(1, min(MaxSplits, tiles/max(minTiles, 1)))
+}
+
+// autoSplitCap is the most splits autoSplits considers: maxAutoSplits, but
+// at least floorlessSplits for a sequence of that many tiles or more. (A
+// shorter one keeps the floor: at 32 packed rows, four one-tile splits and
+// their merge ran slower than one block of four tiles.)
+func autoSplitCap(tiles, minTiles int) int {
+	n := maxAutoSplits(tiles, minTiles)
+	if tiles >= floorlessSplits {
+		n = max(n, floorlessSplits)
+	}
+	return n
 }
 
 // clampSplits is what a requested split count n > 0 becomes:
