@@ -65,8 +65,9 @@
 //     of 8 tiles or more may always take 8 splits, which merge on chip in
 //     a cluster), and never makes more than MaxSplits.
 //   - Otherwise it takes the count that streams the cache soonest by a
-//     model of each block's bytes (the SMs given two blocks end last, and
-//     HBM bounds a grid of more blocks than SMs), plus a fixed cost and the
+//     model of each block's bytes (the SMs given two blocks end last, HBM
+//     bounds a grid of more blocks than SMs, and a block of 32 query rows
+//     takes longer over a tile than one of 16), plus a fixed cost and the
 //     merge's: the combine's launch and L2 round trips, or a cluster's
 //     barrier where the device runs every cluster at once (Device.Clusters)
 //     and the splits are short, or, for 2 splits in a grid of more blocks

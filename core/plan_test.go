@@ -98,7 +98,7 @@ func TestAutoSplits(t *testing.T) {
 		{"16 tiles in clusters of up to 8", 8, 132, 264, 16, 16, 8, 8},
 	}
 	for _, tt := range tests {
-		got := autoSplits(tt.blocks, tt.slots, tt.resident, tt.tiles, tt.mx, fusedUpTo(tt.mc))
+		got := autoSplits(tt.blocks, tt.slots, tt.resident, tt.tiles, tt.mx, narrowBlock, fusedUpTo(tt.mc))
 		if got != tt.want {
 			t.Errorf("%s: autoSplits(%d, %d, %d, %d, %d, %d) = %d, want %d", tt.name, tt.blocks, tt.slots, tt.resident, tt.tiles, tt.mx, tt.mc, got, tt.want)
 		}
@@ -113,7 +113,7 @@ func TestAutoSplitsProperties(t *testing.T) {
 			for _, tiles := range []int{0, 1, 8, 9, 100, 512, 2048, 4096} {
 				for _, mc := range []int{1, 8, 16} {
 					mx := maxAutoSplits(tiles, 8)
-					n := autoSplits(blocks, slots, 2*slots, tiles, mx, fusedUpTo(mc))
+					n := autoSplits(blocks, slots, 2*slots, tiles, mx, narrowBlock, fusedUpTo(mc))
 					if n < 1 || n > mx || n > MaxSplits {
 						t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d out of [1,%d]", blocks, slots, tiles, mx, mc, n, mx)
 					}
@@ -121,10 +121,10 @@ func TestAutoSplitsProperties(t *testing.T) {
 					if oneWave && n != 1 {
 						t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d with a full wave", blocks, slots, tiles, mx, mc, n)
 					}
-					c := splitCost(blocks, slots, 2*slots, tiles, n, fusedUpTo(mc)(n))
+					c := splitCost(blocks, slots, 2*slots, tiles, n, narrowBlock, fusedUpTo(mc)(n))
 					optimize := !oneWave
 					for m := 1; m <= mx && optimize; m++ {
-						if best := splitCost(blocks, slots, 2*slots, tiles, m, fusedUpTo(mc)(m)); c*100 > best*(100+splitTolerancePct) {
+						if best := splitCost(blocks, slots, 2*slots, tiles, m, narrowBlock, fusedUpTo(mc)(m)); c*100 > best*(100+splitTolerancePct) {
 							t.Fatalf("autoSplits(%d,%d,%d,%d,%d) = %d costs %d; %d costs %d", blocks, slots, tiles, mx, mc, n, c, m, best)
 						}
 					}
@@ -178,8 +178,20 @@ func TestSplitHelpers(t *testing.T) {
 		{144, 132, 264, 64, 1, 1, 238}, {144, 132, 264, 64, 2, 1, 291},
 		{144, 132, 264, 64, 3, 1, 252}, {144, 132, 264, 64, 4, 1, 259},
 	} {
-		if got := splitCost(tt.blocks, tt.slots, tt.resident, tt.tiles, tt.n, fusedUpTo(tt.mc)(tt.n)); got != tt.want {
+		if got := splitCost(tt.blocks, tt.slots, tt.resident, tt.tiles, tt.n, narrowBlock, fusedUpTo(tt.mc)(tt.n)); got != tt.want {
 			t.Errorf("splitCost(%d,%d,%d,%d,%d,%d) = %d, want %d", tt.blocks, tt.slots, tt.resident, tt.tiles, tt.n, tt.mc, got, tt.want)
+		}
+	}
+	// A 32-row block (wideTileCost a tile, a merge of two 16-row tiles):
+	// 16 splits of 4 tiles, in clusters 3*4 + 24 + 6, with the combine
+	// 3*4 + 24 + 9; unsplit 3*64 + 24.
+	wide := blockCostsOf(splitKV(Float16, 128, 32))
+	if wide != (blockCosts{tile: wideTileCost, clusterMerge: 2 * clusterMergeCost}) || blockCostsOf(splitKV(Float16, 128, 16)) != narrowBlock {
+		t.Errorf("blockCostsOf: %+v for 32 rows, %+v for 16", wide, blockCostsOf(splitKV(Float16, 128, 16)))
+	}
+	for _, tt := range []struct{ n, mc, want int }{{16, 16, 42}, {16, 1, 45}, {1, 1, 216}} {
+		if got := splitCost(8, 132, 264, 64, tt.n, wide, fusedUpTo(tt.mc)(tt.n)); got != tt.want {
+			t.Errorf("splitCost(8,132,264,64,%d,wide,%d) = %d, want %d", tt.n, tt.mc, got, tt.want)
 		}
 	}
 	for _, tt := range []struct{ n, tiles, want int }{

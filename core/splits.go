@@ -39,8 +39,14 @@ const (
 	combineLaunchCost = 4
 	// clusterMergeCost is merging the splits inside stage 1 in clusters
 	// (mergeCluster): a cluster barrier, each block's pushes into its peers'
-	// shared memory, and every block held until its cluster's slowest ends.
+	// shared memory, and every block held until its cluster's slowest ends;
+	// per 16 packed rows a block merges (blockCostsOf).
 	clusterMergeCost = 3
+	// wideTileCost is a key tile of a block of more than 16 packed rows
+	// (the 32-row variants, which run at their register limit), where a
+	// 16-row block's tile costs 2: such a block streams a tile about 1.5
+	// times as long (blockCostsOf).
+	wideTileCost = 3
 	// pairMergeCost is merging in pairs (mergePairs): more than
 	// clusterMergeCost, since a block whose partner runs in a later wave
 	// holds its SM until then, and less than the combine (9).
@@ -100,6 +106,23 @@ const (
 	mergePairs
 )
 
+// blockCosts is what one block of a variant costs in the model: a key tile
+// of its stream, and its share of a cluster merge.
+type blockCosts struct{ tile, clusterMerge int }
+
+// narrowBlock is the costs of a block of up to 16 packed rows, the unit the
+// model's other constants are fitted in.
+var narrowBlock = blockCosts{tile: 2, clusterMerge: clusterMergeCost}
+
+// blockCostsOf gives v's block costs: narrowBlock up to 16 rows; beyond,
+// wideTileCost a tile and clusterMergeCost per 16 rows merged.
+func blockCostsOf(v Variant) blockCosts {
+	if v.Rows <= 16 {
+		return narrowBlock
+	}
+	return blockCosts{tile: wideTileCost, clusterMerge: clusterMergeCost * ceilDiv(v.Rows, 16)}
+}
+
 // autoSplits is the num_splits=0 heuristic. Decode streams the whole K/V
 // cache once and is memory-bound; its unsplit grid has only blocks =
 // batch x K/V heads x row tiles blocks, often far fewer than the slots =
@@ -109,7 +132,8 @@ const (
 //
 //   - blocks in 80-100% of slots (one nearly full wave already;
 //     busySlotsPct) or maxN <= 1: 1 split;
-//   - else the n in [1, maxN] with the least splitCost, preferring the
+//   - else the n in [1, maxN] with the least splitCost (with block costs c),
+//     preferring the
 //     smallest n within splitTolerancePct of it (fewer partials), which
 //     favours whole waves and splits that divide the tiles evenly, but
 //     never one that only makes a one-wave grid's splits longer
@@ -144,7 +168,7 @@ const (
 // of 32 tiles left alone at the end), 4 cost 259: unsplit. With batch 6
 // (288 blocks, more than resident) autoSplits is not asked: planVariant
 // keeps 264 items whole and splits the other 24 in 11 (tailSplit).
-func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) merge) int {
+func autoSplits(blocks, slots, resident, tiles, maxN int, c blockCosts, merging func(n int) merge) int {
 	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1
 	}
@@ -152,7 +176,7 @@ func autoSplits(blocks, slots, resident, tiles, maxN int, merging func(n int) me
 	bestN := 1
 	for n := 1; n <= maxN; n++ {
 		merges[n] = merging(n)
-		costs[n] = splitCost(blocks, slots, resident, tiles, n, merges[n])
+		costs[n] = splitCost(blocks, slots, resident, tiles, n, c, merges[n])
 		if costs[n] < costs[bestN] {
 			bestN = n
 		}
@@ -181,7 +205,8 @@ func longerSplits(blocks, slots, tiles, n, bestN int, merges []merge) bool {
 // split n ways: g = blocks*n blocks of t = ceil(tiles/n) tiles, on a GPU
 // that streams slots blocks at one per slot (see targetBlocks) and holds
 // resident blocks at once (its occupancy). Decode is memory-bound, so a
-// block's time is the bytes it streams:
+// block's time is the bytes it streams, c.tile per tile (2 for a block of
+// up to 16 rows; the formulas below write that case):
 //
 //   - g <= slots: each block streams alone in its slot, 2t + blockCost.
 //     (HBM caps these too from about hbmSlotsPct of the slots up, but
@@ -203,26 +228,26 @@ func longerSplits(blocks, slots, tiles, n, bestN int, merges []merge) bool {
 //     others still stream.
 //
 // With n > 1 the splits merge (m) inside stage 1 in clusters that all run
-// at once (mergeCluster: one block per slot, plus clusterMergeCost), or in
+// at once (mergeCluster: one block per slot, plus c.clusterMerge), or in
 // pairs among the grid's waves (mergePairs: the waves, plus
 // pairMergeCost), else the combine kernel adds combineLaunchCost plus
 // combineRoundCost per round trip (combineRounds).
-func splitCost(blocks, slots, resident, tiles, n int, m merge) int {
+func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m merge) int {
 	g, t := blocks*n, ceilDiv(tiles, n)
 	// wave is the time of w blocks started at once, at most k per slot.
 	wave := func(w, k int) int {
-		busiest := 2 * t
+		busiest := c.tile * t
 		if k > 1 {
-			busiest = ceilDiv(2*k*t*100, sharedSlotPct)
+			busiest = ceilDiv(c.tile*k*t*100, sharedSlotPct)
 		}
-		return max(busiest, ceilDiv(2*w*t*100, slots*hbmSlotsPct))
+		return max(busiest, ceilDiv(c.tile*w*t*100, slots*hbmSlotsPct))
 	}
 	var cost int
 	switch {
 	case n > 1 && m == mergeCluster:
-		return 2*t + blockCost + clusterMergeCost
+		return c.tile*t + blockCost + c.clusterMerge
 	case g <= slots:
-		cost = 2*t + blockCost
+		cost = c.tile*t + blockCost
 	case g <= resident:
 		cost = wave(g, ceilDiv(g, slots)) + blockCost
 	default:
