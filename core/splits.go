@@ -132,12 +132,11 @@ func blockCostsOf(v Variant) blockCosts {
 //
 //   - blocks in 80-100% of slots (one nearly full wave already;
 //     busySlotsPct) or maxN <= 1: 1 split;
-//   - else the n in [1, maxN] with the least splitCost (with block costs c),
-//     preferring the
-//     smallest n within splitTolerancePct of it (fewer partials), which
-//     favours whole waves and splits that divide the tiles evenly, but
-//     never one that only makes a one-wave grid's splits longer
-//     (longerSplits).
+//   - else the n in [1, maxN] with the least splitCost (with block costs
+//     c), preferring the smallest n within splitTolerancePct of it (fewer
+//     partials), which favours whole waves and splits that divide the
+//     tiles evenly, but never one that only makes a one-wave grid's splits
+//     longer (longerSplits).
 //
 // (planVariant passes slots = SMs x targetBlocks: one block per SM for the
 // kernels of 4 or more warps, and resident = SMs x blocks per SM.)
