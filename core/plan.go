@@ -198,12 +198,13 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		if w, m := tailSplit(blocks, sms*blocksPerSM, tailN); m > 1 {
 			splits, whole = m, w
 		} else {
-			splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, blockCostsOf(v), merging)
+			costs := blockCostsOf(v)
+			splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, costs, merging)
 			// A serving block (page lookups, per-row key ranges) streams
 			// slower alone than a plain one, which only a cluster merge's
 			// one-wave grid makes up for; other plans fill every slot.
 			if v.Form.Serving() && (splits < 2 || merging(splits) != mergeCluster) {
-				splits = autoSplits(blocks, sms*blocksPerSM, sms*blocksPerSM, tiles, maxN, blockCostsOf(v), merging)
+				splits = autoSplits(blocks, sms*blocksPerSM, sms*blocksPerSM, tiles, maxN, costs, merging)
 			}
 		}
 	}
