@@ -93,7 +93,9 @@
 // (Plan.EarlyDependents, for programmatic dependent launch on sm_90): as it
 // starts when a combine follows or its grid fits one block an SM, else once
 // each block has streamed its keys, so that the next layer's call cannot
-// crowd a grid of more blocks than SMs onto half of them; and, where the
+// crowd a grid of more blocks than SMs onto half of them; when the combine
+// lets it in (Plan.CombineEarlyDependents: as stage 1 ends, where the
+// combine has no more blocks than stage 1 and than SMs); and, where the
 // splits merge in clusters and are a tile or two each, that each block
 // sends its keys into L2 before that wait (Plan.PrefetchTiles).
 //

@@ -87,6 +87,17 @@ func (p Plan) EarlyDependents() bool {
 	return p.CombineGrid > 0 || p.Grid[0]*p.Grid[1]*p.Grid[2] <= p.SMs
 }
 
+// CombineEarlyDependents reports whether the combine lets the next kernel in
+// the stream be scheduled once stage 1 has finished (programmatic dependent
+// launch), so that the next kernel's blocks wait on the SMs the combine
+// leaves idle rather than being scheduled after it ends: where the combine
+// has no more blocks than stage 1 and than the GPU has SMs. Behind a
+// combine of more blocks than stage 1, the next layer's stage 1, let in
+// early, ran far slower (docs/tuning.md).
+func (p Plan) CombineEarlyDependents() bool {
+	return p.CombineGrid > 0 && p.CombineGrid <= min(p.Grid[0]*p.Grid[1]*p.Grid[2], p.SMs)
+}
+
 // FusedAppend reports whether stage 1 is an appending form
 // (Variant.Form.FusedAppend; Append is then ""): it reads the new keys from
 // k and v and writes them into the cache itself, so no append kernel runs

@@ -504,6 +504,40 @@ func TestEarlyDependents(t *testing.T) {
 	}
 }
 
+// TestCombineEarlyDependents: the combine lets the next kernel in once stage
+// 1 is done only when it has no more blocks than stage 1 and than SMs.
+func TestCombineEarlyDependents(t *testing.T) {
+	shape := func(batch, headsQ, headsKV, seqlenQ, keys, splits int) Shape {
+		return Shape{DType: Float16, Batch: batch, SeqlenQ: seqlenQ, HeadsQ: headsQ, HeadsKV: headsKV, HeadDim: 128,
+			SeqlenCache: keys, Seqlen: -1, NumSplits: splits}
+	}
+	tests := []struct {
+		name string
+		s    Shape
+		want bool
+	}{
+		{"32/8 b=1, 16 splits: 128 blocks, 32 rows", shape(1, 32, 8, 1, 32768, 16), true},
+		{"8/1 b=1, 128 splits: 128 blocks, 8 rows", shape(1, 8, 1, 1, 131072, 128), true},
+		{"32/8 b=1 with 4 tokens: 128 blocks, 128 rows", shape(1, 32, 8, 4, 32768, 16), true},
+		{"48/48 b=1 with 10 tokens: 96 blocks, 480 rows", shape(1, 48, 48, 10, 8192, 2), false},
+		{"8/1 b=32, 4 splits: 128 blocks, 256 rows", shape(32, 8, 1, 1, 16384, 4), false},
+		{"48/48 b=8, 3 splits: 1152 blocks, 384 rows", shape(8, 48, 48, 1, 4096, 3), false},
+		{"clusters: no combine", shape(1, 32, 8, 1, 1024, 8), false},
+		{"unsplit: no combine", shape(16, 32, 8, 1, 1024, 1), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := MakePlan(tt.s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.CombineEarlyDependents(); got != tt.want {
+				t.Errorf("%v: CombineEarlyDependents() = %v, want %v", p, got, tt.want)
+			}
+		})
+	}
+}
+
 // TestPrefetchTiles: a plain stage 1 sends its split's tiles into L2 before
 // the PDL wait only where its splits merge in clusters and are at most the
 // pipeline's depth.

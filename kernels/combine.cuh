@@ -20,9 +20,10 @@
 // CombineWideThreads); 3 or 15 KB of static shared memory. It may be
 // launched with programmatic dependent launch (sm_90): its blocks then start
 // while stage 1 drains and wait in fd_pdl_wait for its results, which hides
-// most of the second launch's latency. Once stage 1 is done it lets the next
-// such kernel in (the next layer's stage 1, say), whose blocks then take the
-// SMs it leaves idle and wait there instead of being scheduled after it.
+// most of the second launch's latency. Where the plan says so
+// (p.combine_early_dependents), once stage 1 is done it lets the next such
+// kernel in (the next layer's stage 1, say), whose blocks then take the SMs
+// it leaves idle and wait there instead of being scheduled after it.
 //
 // Why it is fast enough. It reads num_splits * head_dim * 4 bytes per row, a
 // small fraction of the KV cache stage 1 read, so its time is L2 round trips,
@@ -67,7 +68,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     const float *o_row = p.o_partial + (long long)row * p.head_dim;  // split s at + s * rows_total * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
-    fd_pdl_launch_dependents();
+    if (p.combine_early_dependents) fd_pdl_launch_dependents();
 
     // Warp w merges splits w, w + WARPS, ... into its own state and columns
     // (fd_fold_states), so 8 * WARPS splits cost a single round trip to L2.

@@ -20,8 +20,7 @@
 // (core.MergeProblem.Launch) and (WARPS - 1) * FD_MERGE_WARP_SHARED_BYTES of
 // dynamic shared memory, where the warps after the first leave their sums.
 // It may be launched with programmatic dependent launch (sm_90): its blocks
-// then start while the kernel before drains, and wait in fd_pdl_wait; from
-// there they let the next such kernel be scheduled.
+// then start while the kernel before drains, and wait in fd_pdl_wait.
 //
 // Why it is fast. A row is a few hundred bytes per state, so its time is
 // round trips to memory, not bytes. As in combine.cuh, warp w takes states
@@ -93,7 +92,6 @@ __device__ __forceinline__ void fd_merge_states(const fd_merge_params &p) {
     const long long lse_row = i0 * p.lses.strides[0] + i1 * p.lses.strides[1] + i2 * p.lses.strides[2];
     fd_touch_params(out_row, lse_row, p.outs.ptrs[0], p.lses.ptrs[0], p.num_states);  // (ptx.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until the kernel before has finished
-    fd_pdl_launch_dependents();
 
     // Warp w folds states w, w + warps, ... into its own state and columns
     // (fd_fold_states); a weightless state adds nothing, whatever its output

@@ -46,6 +46,7 @@ typedef struct fd_params {
     int row_tiles;          // ceil(group * seqlen_q / variant rows): grid.y = heads_kv * row_tiles
     int causal;             // 1: query i sees keys j <= len - seqlen_q + i (bottom-right aligned)
     int early_dependents;   // 1: stage 1 lets the next kernel be scheduled as it starts, 0: once its loop is done
+    int combine_early_dependents;  // 1: the combine lets the next kernel be scheduled once stage 1 is done, 0: as it ends
     int prefetch_tiles;     // plain stage 1: tiles of its split a block sends into L2 before the PDL wait (core.Plan.PrefetchTiles)
     // 0: the stage-1 grid is (num_splits, heads_kv * row_tiles, batch). > 0: a
     // 1-D grid whose first whole_items blocks each take one whole item (a

@@ -166,6 +166,9 @@ func plainParams(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params 
 	if pl.EarlyDependents() {
 		k.early_dependents = 1
 	}
+	if pl.CombineEarlyDependents() {
+		k.combine_early_dependents = 1
+	}
 	k.prefetch_tiles = C.int(pl.PrefetchTiles)
 	k.whole_items = C.int(pl.WholeItems)
 	k.combine_row0 = C.int(pl.CombineRow0)

@@ -264,6 +264,9 @@ static void run(const Scenario &sc) {
     int num_sms = 0;
     CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
     const bool early_dependents = combine || g1 <= num_sms;
+    // As core.Plan.CombineEarlyDependents: the combine lets the next kernel
+    // in once stage 1 is done when it has no more blocks than stage 1 and SMs.
+    const bool combine_early_dependents = combine && g2 <= std::min(g1, num_sms);
     // As core.Plan.PrefetchTiles: the plain kernel's splits of at most two
     // tiles that merge in clusters go into L2 before the PDL wait.
     const int split_tiles = (sc.L / 64 + sc.splits - 1) / sc.splits;
@@ -309,6 +312,7 @@ static void run(const Scenario &sc) {
         p.num_splits = sc.splits;
         p.row_tiles = 1;
         p.early_dependents = early_dependents;
+        p.combine_early_dependents = combine_early_dependents;
         p.prefetch_tiles = prefetch_tiles;
         p.scale = 0.088f;
         p.scale_log2 = 0.088f * 1.4427f;
