@@ -178,6 +178,10 @@ struct Scenario {
     std::string name;
     // attention
     int batch = 1, L = 1024, splits = 1, cluster = 1, hq = 32, hkv = 8;
+    int sq = 1;  // query tokens per sequence: group * sq rows a block, at most 16
+    // Whether the combine lets the next call in once stage 1 is done: -1 as
+    // core.Plan.CombineEarlyDependents, 0 never, 1 always.
+    int combine_early = -1;
     // Where the layers sit: 0 one cudaMalloc each; 1 back to back in one
     // allocation (as torch's caching allocator carves them from a cached
     // segment); 2 one cudaMalloc each, after 6.4 GB were allocated and
@@ -227,7 +231,7 @@ static void run(const Scenario &sc) {
     }
     void *counters;
     CK(cudaMalloc(&counters, 1 << 16));
-    const int rows = sc.batch * hq;
+    const int rows = sc.batch * hq * sc.sq;
     void *q, *out, *ws = nullptr;
     CK(cudaMalloc(&q, (size_t)rows * d * 2));
     CK(cudaMemset(q, 0, (size_t)rows * d * 2));
@@ -266,7 +270,8 @@ static void run(const Scenario &sc) {
     const bool early_dependents = combine || g1 <= num_sms;
     // As core.Plan.CombineEarlyDependents: the combine lets the next kernel
     // in once stage 1 is done when it has no more blocks than stage 1 and SMs.
-    const bool combine_early_dependents = combine && g2 <= std::min(g1, num_sms);
+    const bool combine_early_dependents =
+        combine && (sc.combine_early < 0 ? g2 <= std::min(g1, num_sms) : sc.combine_early == 1);
     // As core.Plan.PrefetchTiles: the plain kernel's splits of at most two
     // tiles that merge in clusters go into L2 before the PDL wait.
     const int split_tiles = (sc.L / 64 + sc.splits - 1) / sc.splits;
@@ -292,17 +297,17 @@ static void run(const Scenario &sc) {
             p.o_partial = (float *)ws;
             p.lse_partial = (float *)ws + (size_t)sc.splits * rows * d;
         }
-        p.q_batch_stride = hq * d;
+        p.q_batch_stride = (long long)sc.sq * hq * d;  // (b, s, h, d)
         p.q_seq_stride = hq * d;
         p.q_head_stride = d;
         p.k_batch_stride = p.v_batch_stride = (long long)hkv * sc.L * d;  // (b, h, s, d)
         p.k_seq_stride = p.v_seq_stride = d;
         p.k_head_stride = p.v_head_stride = (long long)sc.L * d;
-        p.out_batch_stride = hq * d;
+        p.out_batch_stride = (long long)sc.sq * hq * d;
         p.out_seq_stride = hq * d;
         p.out_head_stride = d;
         p.batch = sc.batch;
-        p.seqlen_q = 1;
+        p.seqlen_q = sc.sq;
         p.heads_q = hq;
         p.heads_kv = hkv;
         p.group = hq / hkv;
@@ -569,6 +574,17 @@ int main(int argc, char **argv) {
     // block (MQA b=32, 4 splits; 64/8 heads b=8, 2 splits) instead of 4.
     att("MQA b=32 16K, 4 splits + combine", 32, 16384, 4, 1, true, 8, 1);
     att("64/8 b=8 8K, 2 splits + combine", 8, 8192, 2, 1, true, 64, 8);
+    // 96 blocks and a combine of 480 one-row blocks, whose letting the next
+    // call in early slowed it (docs/tuning.md, "The combine lets the next
+    // kernel in"), and 8 query tokens (384 rows), which did not.
+    for (int sq : {8, 10})
+        for (int early : {0, 1}) {
+            att("", 1, 8192, 2, 1, true, 48, 48);
+            v.back().sq = sq;
+            v.back().combine_early = early;
+            v.back().name = "MHA 48/48 b=1 8K sq" + std::to_string(sq) + ", 2 splits + combine, " +
+                            (early ? "next let in early" : "next let in at its end");
+        }
     // MHA, one query row per KV head: unsplit, cuDNN's launch shape (one
     // block per sequence and head), against the planner's 3 splits, and
     // b=2 (96 blocks, one an SM) as the lone-block reference.
