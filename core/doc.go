@@ -93,11 +93,12 @@
 // (Plan.EarlyDependents, for programmatic dependent launch on sm_90): as it
 // starts when a combine follows or its grid fits one block an SM, else once
 // each block has streamed its keys, so that the next layer's call cannot
-// crowd a grid of more blocks than SMs onto half of them; when the combine
-// lets it in (Plan.CombineEarlyDependents: as stage 1 ends, where the
-// combine has no more blocks than stage 1 and than SMs); and, where the
+// crowd a grid of more blocks than SMs onto half of them; and, where the
 // splits merge in clusters and are a tile or two each, that each block
-// sends its keys into L2 before that wait (Plan.PrefetchTiles).
+// sends its keys into L2 before that wait (Plan.PrefetchTiles). Where the
+// combine has no more blocks than stage 1 and than SMs, the combine lets
+// the next kernel in as soon as stage 1 has ended
+// (Plan.CombineEarlyDependents); otherwise that kernel starts after it.
 //
 // # Where things live
 //
