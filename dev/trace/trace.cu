@@ -576,8 +576,8 @@ int main(int argc, char **argv) {
     att("64/8 b=8 8K, 2 splits + combine", 8, 8192, 2, 1, true, 64, 8);
     // 96 blocks and a combine of 480 one-row blocks, whose letting the next
     // call in early slowed it (docs/tuning.md, "The combine lets the next
-    // kernel in"), and 8 query tokens (384 rows), which did not.
-    for (int sq : {8, 10})
+    // kernel in"), 8 query tokens (384 rows), which did not, and one (48).
+    for (int sq : {1, 8, 10})
         for (int early : {0, 1}) {
             att("", 1, 8192, 2, 1, true, 48, 48);
             v.back().sq = sq;
