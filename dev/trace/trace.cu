@@ -182,6 +182,12 @@ struct Scenario {
     // Whether the combine lets the next call in once stage 1 is done: -1 as
     // core.Plan.CombineEarlyDependents, 0 never, 1 always.
     int combine_early = -1;
+    // Whether stage 1 lets the combine in at its start (else after its
+    // loop): -1 as core.Plan.EarlyDependents, 0 never, 1 always.
+    int stage1_early = -1;
+    // Items (sequence, KV head) taken whole by the first blocks of a 1-D
+    // grid, the rest split (core.Plan.WholeItems); 0: the 3-D grid.
+    int whole = 0;
     // Where the layers sit: 0 one cudaMalloc each; 1 back to back in one
     // allocation (as torch's caching allocator carves them from a cached
     // segment); 2 one cudaMalloc each, after 6.4 GB were allocated and
@@ -241,8 +247,12 @@ static void run(const Scenario &sc) {
     float *partial;
     CK(cudaMalloc(&partial, 1 << 20));
 
-    const int g1 = sc.read ? sc.read_blocks : sc.splits * hkv * sc.batch;
-    const int g2 = combine ? rows : 0;
+    const int items = hkv * sc.batch;
+    const int g1 = sc.read ? sc.read_blocks
+                 : sc.whole > 0 ? sc.whole + (items - sc.whole) * sc.splits
+                                : sc.splits * items;
+    const int row0 = sc.whole * (hq / hkv) * sc.sq;  // the combine's first row
+    const int g2 = combine ? rows - row0 : 0;
     u64 *ts;
     const size_t per_call = (size_t)(g1 + g2) * NS;
     CK(cudaMalloc(&ts, per_call * kCalls * 8));
@@ -267,7 +277,7 @@ static void run(const Scenario &sc) {
     // start when the combine follows or the grid has no more blocks than SMs.
     int num_sms = 0;
     CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
-    const bool early_dependents = combine || g1 <= num_sms;
+    const bool early_dependents = sc.stage1_early < 0 ? combine || g1 <= num_sms : sc.stage1_early == 1;
     // As core.Plan.CombineEarlyDependents: the combine lets the next kernel
     // in once stage 1 is done when it has no more blocks than stage 1 and SMs.
     const bool combine_early_dependents =
@@ -316,6 +326,8 @@ static void run(const Scenario &sc) {
         p.seqlen = sc.L;
         p.num_splits = sc.splits;
         p.row_tiles = 1;
+        p.whole_items = sc.whole;
+        p.combine_row0 = row0;
         p.early_dependents = early_dependents;
         p.combine_early_dependents = combine_early_dependents;
         p.prefetch_tiles = prefetch_tiles;
@@ -333,13 +345,13 @@ static void run(const Scenario &sc) {
             p.k_batch_stride = p.v_batch_stride = 16 * d;
         }
         if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
-        launch(sc.serving ? tr_split<true> : tr_split<false>, dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl,
-               sc.cluster, p, t);
+        launch(sc.serving ? tr_split<true> : tr_split<false>,
+               sc.whole > 0 ? dim3(g1) : dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl, sc.cluster, p, t);
         if (combine) {
             if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
-                launch(tr_combine<16>, dim3(rows), 512, 0, s, sc.pdl, 1, p, t + NS * g1);
+                launch(tr_combine<16>, dim3(g2), 512, 0, s, sc.pdl, 1, p, t + NS * g1);
             else
-                launch(tr_combine<4>, dim3(rows), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
+                launch(tr_combine<4>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
         }
     };
     for (int i = 0; i < 3; ++i) call(i);
@@ -585,6 +597,25 @@ int main(int argc, char **argv) {
             v.back().name = "MHA 48/48 b=1 8K sq" + std::to_string(sq) + ", 2 splits + combine, " +
                             (early ? "next let in early" : "next let in at its end");
         }
+    // The same with stage 1 letting the combine in after its loop rather
+    // than at its start, so that the combine's blocks do not wait beside it.
+    for (int sq : {1, 8, 10}) {
+        att("", 1, 8192, 2, 1, true, 48, 48);
+        v.back().sq = sq;
+        v.back().stage1_early = 0;
+        v.back().name = "MHA 48/48 b=1 8K sq" + std::to_string(sq) + ", 2 splits + combine let in late";
+    }
+    // Whole items and a split tail (the planner's plan at b=8 with 10 query
+    // tokens: 264 whole, 120 in 2 splits, a combine of 1200 one-row blocks),
+    // with the combine let in at stage 1's start (as now) or after its loop.
+    for (int s1e : {-1, 0}) {
+        att("", 8, 4096, 2, 1, true, 48, 48);
+        v.back().sq = 10;
+        v.back().whole = 264;
+        v.back().stage1_early = s1e;
+        v.back().name = std::string("MHA 48/48 b=8 4K sq10, 264 whole + 120 in 2 splits, combine let in ") +
+                        (s1e ? "early" : "late");
+    }
     // MHA, one query row per KV head: unsplit, cuDNN's launch shape (one
     // block per sequence and head), against the planner's 3 splits, and
     // b=2 (96 blocks, one an SM) as the lone-block reference.
