@@ -33,9 +33,10 @@
 // A split that saw no key has LSE -inf and weight 0; a row that saw no key
 // at all (length 0, or masked by the causal mask) gets out = 0 and
 // LSE = -inf. With one split, stage 1 writes the output itself and no
-// combine runs. The combine has 4 warps, or 16 for more than 32 splits
-// (Plan.Combine names the one a plan runs), so that all of a row's splits
-// are loaded in one round trip to L2. ReferenceDecode does exactly this on
+// combine runs. The combine gives a row 4 warps, or 16 for more than 32
+// splits, or for at most 8 splits one warp, 4 rows a block (Plan.Combine
+// names the one a plan runs), so that all of a row's splits are loaded in
+// one round trip to L2. ReferenceDecode does exactly this on
 // the CPU and the tests check it against NaiveAttention.
 //
 // On sm_90 (H100/H200) short splits can skip the second stage: the splits

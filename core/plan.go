@@ -23,12 +23,15 @@ type Plan struct {
 	// Variant.ClusterDenseSharedBytes, two (pairs in a larger grid).
 	Cluster int `json:"cluster"`
 	// CombineGrid blocks of CombineThreads run the combine kernel Combine
-	// (Variant.Combine, or Variant.CombineWide for more splits than
-	// Variant.Combine loads at once); all are zero when NumSplits == 1
-	// (stage 1 then writes out and lse itself) or Cluster > 1.
+	// (Variant.CombineNarrow for splits one warp loads at once,
+	// Variant.CombineWide for more than Variant.Combine does, else
+	// Variant.Combine), each merging CombineRows output rows; all are zero
+	// when NumSplits == 1 (stage 1 then writes out and lse itself) or
+	// Cluster > 1.
 	Combine        string `json:"combine"`
 	CombineGrid    int    `json:"combine_grid"`
 	CombineThreads int    `json:"combine_threads"`
+	CombineRows    int    `json:"combine_rows"`
 	// The workspace holds o_partial, float32 [NumSplits][rows][HeadDim]
 	// at offset 0, and lse_partial, float32 [NumSplits][rows] at
 	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ and
@@ -241,8 +244,8 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.Grid = [3]int{whole + (blocks-whole)*splits, 1, 1}
 		p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
 		partials = splits
-		p.CombineGrid = ceilDiv(rows-p.CombineRow0, v.CombineRows)
-		p.Combine, p.CombineThreads = combineFor(v, splits)
+		p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, splits)
+		p.CombineGrid = ceilDiv(rows-p.CombineRow0, p.CombineRows)
 	case merging(splits) == mergeCluster:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterSharedBytes
@@ -254,8 +257,8 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.SharedBytes = v.ClusterDenseSharedBytes
 	case splits > 1:
 		partials = splits
-		p.CombineGrid = ceilDiv(rows, v.CombineRows)
-		p.Combine, p.CombineThreads = combineFor(v, splits)
+		p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, splits)
+		p.CombineGrid = ceilDiv(rows, p.CombineRows)
 	}
 	if s.RotaryQ {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
@@ -323,14 +326,19 @@ func (s Shape) plannedKeys() int {
 	return length
 }
 
-// combineFor is the combine kernel (name and threads) that merges n splits
-// of v: v.Combine, or v.CombineWide where v has one and n outnumbers the
-// splits v.Combine loads in one round trip to L2.
-func combineFor(v Variant, n int) (string, int) {
-	if v.CombineWide != "" && v.CombineWideThreads > 0 && n > combineSplitsPerStep(v.CombineThreads) {
-		return v.CombineWide, v.CombineWideThreads
+// combineFor is the combine kernel that merges n splits of v, with its
+// threads and the output rows a block merges: v.CombineNarrow where v has
+// one and a warp loads all n at once, v.CombineWide where v has one and n
+// outnumbers the splits v.Combine loads in one round trip to L2, else
+// v.Combine.
+func combineFor(v Variant, n int) (name string, threads, rows int) {
+	switch {
+	case v.CombineNarrow != "" && v.CombineNarrowRows > 0 && n <= combineUnroll:
+		return v.CombineNarrow, 32 * v.CombineNarrowRows, v.CombineNarrowRows
+	case v.CombineWide != "" && v.CombineWideThreads > 0 && n > combineSplitsPerStep(v.CombineThreads):
+		return v.CombineWide, v.CombineWideThreads, v.CombineRows
 	}
-	return v.Combine, v.CombineThreads
+	return v.Combine, v.CombineThreads, v.CombineRows
 }
 
 // checkVariant reports why v cannot run s, or nil.

@@ -54,6 +54,8 @@ type variantJSON struct {
 	CombineRows        int    `json:"combine_rows"`
 	CombineWide        string `json:"combine_wide"`
 	CombineWideThreads int    `json:"combine_wide_threads"`
+	CombineNarrow      string `json:"combine_narrow"`
+	CombineNarrowRows  int    `json:"combine_narrow_rows"`
 	Form               string `json:"form"`
 	Append             string `json:"append,omitzero"`
 	// The form's properties, as flags (Form's methods).
@@ -73,6 +75,6 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		FusedAppend bool `json:"fused_append,omitzero"`
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
 		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
-		v.CombineWide, v.CombineWideThreads, v.Form.String(), v.Append, v.Form.Serving(), v.Form.Paged(),
+		v.CombineWide, v.CombineWideThreads, v.CombineNarrow, v.CombineNarrowRows, v.Form.String(), v.Append, v.Form.Serving(), v.Form.Paged(),
 		v.Form.FusedAppend()}, plain(p), p.FusedAppend()})
 }

@@ -88,7 +88,7 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		fail("a cluster is not one cluster of every split")
 	case combines != (p.CombineGrid > 0) || combines != (p.Combine != ""):
 		fail("the combine runs exactly when splits are not merged in stage 1")
-	case combines && (p.CombineGrid*v.CombineRows < rows-p.CombineRow0 || (p.CombineGrid-1)*v.CombineRows >= rows-p.CombineRow0):
+	case combines && (p.CombineGrid*p.CombineRows < rows-p.CombineRow0 || (p.CombineGrid-1)*p.CombineRows >= rows-p.CombineRow0):
 		fail("the combine grid does not cover the split rows exactly")
 	case p.WholeItems == 0 && p.CombineRow0 != 0, p.CombineRow0 < 0 || p.CombineRow0 >= max(rows, 1):
 		fail("the combine's first row is outside the rows")

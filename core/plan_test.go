@@ -135,14 +135,15 @@ func TestAutoSplitsProperties(t *testing.T) {
 }
 
 // TestCombineRounds checks the cost model's round trips against the combine
-// each compiled variant's plans launch: the model assumes they all have
-// the same two combines.
+// each compiled variant's plans launch (a warp loads combineUnroll splits of
+// its row at once): the model assumes they all have the same three combines.
 func TestCombineRounds(t *testing.T) {
 	for _, v := range Variants() {
-		for _, n := range []int{2, 16, 32, 33, 64, 128} {
-			_, threads := combineFor(v, n)
-			if want := ceilDiv(n, combineSplitsPerStep(threads)); combineRounds(n) != want {
-				t.Errorf("%s, %d splits: combineRounds %d, its combine of %d threads takes %d", v.Kernel, n, combineRounds(n), threads, want)
+		for _, n := range []int{2, 8, 9, 16, 32, 33, 64, 128} {
+			_, threads, rows := combineFor(v, n)
+			if want := ceilDiv(n, threads/32/rows*combineUnroll); combineRounds(n) != want {
+				t.Errorf("%s, %d splits: combineRounds %d, its combine of %d threads and %d rows a block takes %d",
+					v.Kernel, n, combineRounds(n), threads, rows, want)
 			}
 		}
 	}
@@ -519,9 +520,10 @@ func TestCombineEarlyDependents(t *testing.T) {
 		{"32/8 b=1, 16 splits: 128 blocks, 32 rows", shape(1, 32, 8, 1, 32768, 16), true},
 		{"8/1 b=1, 128 splits: 128 blocks, 8 rows", shape(1, 8, 1, 1, 131072, 128), true},
 		{"32/8 b=1 with 4 tokens: 128 blocks, 128 rows", shape(1, 32, 8, 4, 32768, 16), true},
-		{"48/48 b=1 with 10 tokens: 96 blocks, 480 rows", shape(1, 48, 48, 10, 8192, 2), false},
-		{"8/1 b=32, 4 splits: 128 blocks, 256 rows", shape(32, 8, 1, 1, 16384, 4), false},
-		{"48/48 b=8, 3 splits: 1152 blocks, 384 rows", shape(8, 48, 48, 1, 4096, 3), false},
+		{"48/48 b=1 with 10 tokens: 96 blocks, 480 rows, 120 narrow blocks", shape(1, 48, 48, 10, 8192, 2), false},
+		{"8/1 b=32, 4 splits: 128 blocks, 256 rows, 64 narrow blocks", shape(32, 8, 1, 1, 16384, 4), true},
+		{"48/48 b=8, 3 splits: 1152 blocks, 384 rows, 96 narrow blocks", shape(8, 48, 48, 1, 4096, 3), true},
+		{"32/8 b=8 with 4 tokens, 16 splits: 1024 blocks, 1024 rows", shape(8, 32, 8, 4, 32768, 16), false},
 		{"clusters: no combine", shape(1, 32, 8, 1, 1024, 8), false},
 		{"unsplit: no combine", shape(16, 32, 8, 1, 1024, 1), false},
 	}
@@ -605,12 +607,13 @@ func TestPlanTailSplit(t *testing.T) {
 		s                                  Shape
 		whole, splits, grid, combine, row0 int
 	}{
-		// 384 items of 10 rows: 264 whole, 120 in 2 splits, their 1200 rows merged.
-		{"48/48, b=8, seqlen_q 10", mha, 264, 2, 264 + 120*2, 1200, 2640},
+		// 384 items of 10 rows: 264 whole, 120 in 2 splits, their 1200 rows
+		// merged by the narrow combine, 4 a block.
+		{"48/48, b=8, seqlen_q 10", mha, 264, 2, 264 + 120*2, 300, 2640},
 		// 280 items (70 x 2 K/V heads x 2 row tiles of 32 of the 64 rows):
 		// 264 whole, 16 in 8 splits (4096 keys: a tail split holds at least
-		// 512 keys, minTailSplitRowKeys).
-		{"two row tiles a K/V head", tiles, 264, 8, 264 + 16*8, 16 * 32, 264 / 2 * 64},
+		// 512 keys, minTailSplitRowKeys), their 512 rows merged 4 a block.
+		{"two row tiles a K/V head", tiles, 264, 8, 264 + 16*8, 16 * 32 / 4, 264 / 2 * 64},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -789,8 +792,8 @@ func TestPlanJSONAndString(t *testing.T) {
 			t.Errorf("JSON %s lacks %q", b, k)
 		}
 	}
-	if len(m) != 16 {
-		t.Errorf("JSON %s has %d keys, want 16", b, len(m))
+	if len(m) != 17 {
+		t.Errorf("JSON %s has %d keys, want 17", b, len(m))
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",

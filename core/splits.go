@@ -268,7 +268,7 @@ func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m merge) int
 // combineRounds is how many round trips to L2 the combine of n splits
 // makes, as combineFor picks it for the compiled variants (all share
 // combineThreads and combineWideThreads; TestCombineRounds checks): one
-// for the 4-warp combine (up to 32 splits), else the 16-warp one's
+// for the narrow and the 4-warp combines (up to 8 and 32 splits), else the 16-warp one's
 // ceil(n / 128).
 func combineRounds(n int) int {
 	if n <= combineSplitsPerStep(combineThreads) {

@@ -31,6 +31,13 @@ type Variant struct {
 	ClusterDenseSharedBytes int
 	CombineThreads          int // stage-2 threads per block
 	CombineRows             int // output rows one stage-2 block merges
+	// CombineNarrow, when set, is the combine that plans of at most
+	// combineUnroll splits launch instead of Combine: a warp per output row,
+	// CombineNarrowRows rows a block of 32*CombineNarrowRows threads, each
+	// warp loading its row's splits in one round trip to L2, with no
+	// exchange between warps and a quarter of Combine's blocks.
+	CombineNarrow     string
+	CombineNarrowRows int
 	// CombineWide, when set, is a wider combine (CombineWideThreads
 	// threads) that plans launch instead of Combine when their splits
 	// outnumber the ones Combine loads in one round trip to L2
@@ -115,6 +122,7 @@ const (
 	combineThreads     = 128 // fd_combine_<dtype>: 4 warps share a row's splits
 	combineWideThreads = 512 // fd_combine_<dtype>_w16: 16 warps
 	combineRows        = 1   // one output row per combine block
+	combineNarrowRows  = 4   // fd_combine_<dtype>_r4: a warp per row, 4 rows a block
 	combineUnroll      = 8   // kernels/combine.cuh FD_COMBINE_UNROLL: splits a warp loads at once
 	appendThreads      = 128 // fd_append_kv_<dtype>: threads per block (Shape.appendParts blocks per token and sequence)
 
@@ -168,6 +176,8 @@ func splitKV(dt DType, headDim, rows int) Variant {
 		ClusterDenseSharedBytes: dense,
 		CombineThreads:          combineThreads,
 		CombineRows:             combineRows,
+		CombineNarrow:           "fd_combine_" + name + "_r4",
+		CombineNarrowRows:       combineNarrowRows,
 		CombineWide:             "fd_combine_" + name + "_w16",
 		CombineWideThreads:      combineWideThreads,
 	}
@@ -186,7 +196,8 @@ func formKV(f Form, dt DType, headDim, rows int) Variant {
 // combineSplitsPerStep is how many splits a combine of `threads` threads
 // loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
 // round trip adds to every call, so plans with more splits than the 4-warp
-// combine takes at once (32) run the 16-warp one (128 at once). With fewer
+// combine takes at once (32) run the 16-warp one (128 at once), and plans
+// of at most 8 run the narrow one, a warp a row (Variant.CombineNarrow). With fewer
 // splits the 4-warp one is faster: the extra warps only add to the final
 // merge.
 func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }

@@ -16,7 +16,7 @@ type instantiation struct {
 	form               string // fd_form_* for FD_SPLIT_KV_FORM, else ""
 }
 
-// kernelTable reads the FD_SPLIT_KV*, FD_COMBINE and FD_APPEND_KV lines of
+// kernelTable reads the FD_SPLIT_KV*, FD_COMBINE* and FD_APPEND_KV lines of
 // kernels/flashdecode.cu.
 func kernelTable(t *testing.T) []instantiation {
 	t.Helper()
@@ -24,7 +24,7 @@ func kernelTable(t *testing.T) []instantiation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	line := regexp.MustCompile(`(?m)^(FD_SPLIT_KV|FD_SPLIT_KV_SERVING|FD_SPLIT_KV_FORM|FD_COMBINE|FD_APPEND_KV)\(([^)]*)\)`)
+	line := regexp.MustCompile(`(?m)^(FD_SPLIT_KV|FD_SPLIT_KV_SERVING|FD_SPLIT_KV_FORM|FD_COMBINE|FD_COMBINE_ROWS|FD_APPEND_KV)\(([^)]*)\)`)
 	var out []instantiation
 	for _, m := range line.FindAllStringSubmatch(string(src), -1) {
 		args := strings.Split(m[2], ",")
@@ -83,7 +83,7 @@ func TestVariantsMatchTheKernels(t *testing.T) {
 			t.Errorf("%s: instantiated as %+v, the table has form %v, %v, head dim %d, %d rows",
 				v.Kernel, in, v.Form, v.DType, v.HeadDim, v.Rows)
 		}
-		for _, name := range []string{v.Combine, v.CombineWide, v.Append} {
+		for _, name := range []string{v.Combine, v.CombineWide, v.CombineNarrow, v.Append} {
 			if name != "" && !other[name] {
 				t.Errorf("%s: kernel %s is not instantiated in kernels/flashdecode.cu", v.Kernel, name)
 			}

@@ -7,7 +7,7 @@
 counts memory as written only by the kernels it instruments, and torch's
 kernels write the inputs). Without torch's caching
 allocator every tensor is its own allocation, so memcheck sees a read past
-one. The paths: split + combine (4 and 16 warps), the cluster merge,
+one. The paths: split + combine (4 and 16 warps, and a warp a row), the cluster merge,
 whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal,
 ragged lengths with zeros, odd GQA ratios, int and absent cache_seqlens, the
 paged cache (pages of 1 through the serving kernel; of 8 and 16 through its
@@ -77,6 +77,7 @@ def cases():
     table = lambda n, half: lambda dev: rand(dev, n, half)  # noqa: E731
     return [
         ("split + combine (4 warps)", *plain(1, 1, 32, 8, 128, 32768), dict(combine="fd_combine_f16")),
+        ("split + narrow combine (a warp a row)", *plain(32, 1, 8, 1, 128, 16384), dict(combine="fd_combine_f16_r4")),
         ("split + combine (16 warps)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
          dict(combine="fd_combine_f16_w16")),
         ("cluster merge", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=lens(4096, 1234)), dict(cluster=True)),

@@ -17,7 +17,9 @@
 // from p.combine_row0 on, where stage 1 split only its last items
 // (p.whole_items > 0). WARPS is 4 (fd_combine_<dtype>, CombineThreads) or,
 // for plans of more than 32 splits, 16 (fd_combine_<dtype>_w16,
-// CombineWideThreads); 3 or 15 KB of static shared memory. It may be
+// CombineWideThreads); 3 or 15 KB of static shared memory. Plans of at most
+// 8 splits run the narrow form instead (fd_combine_rows, at the end of this
+// file: a warp a row, 4 rows a block). It may be
 // launched with programmatic dependent launch (sm_90): its blocks then start
 // while stage 1 drains and wait in fd_pdl_wait for its results, which hides
 // most of the second launch's latency. Where the plan says so
@@ -120,6 +122,62 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         const int d = lane * 4 + 128 * i;
         acc[i] = fd_scale4(acc[i], inv);
         if (d < p.head_dim) fd_store4(out + d, acc[i]);
+    }
+    if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
+}
+
+// The narrow form, for plans of at most FD_COMBINE_UNROLL splits: one warp
+// per output row, WARPS rows a block (grid ceil(rows / WARPS), core
+// Variant.CombineNarrowRows). A warp loads all of its row's splits in one
+// round trip and writes the row itself: no exchange between warps, no
+// barrier, and a quarter of the blocks, so that plans of more rows than stage-1 blocks can
+// still let the next kernel in early (core.Plan.CombineEarlyDependents).
+template <typename T, int WARPS>
+__device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
+    constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
+    const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int row = p.combine_row0 + blockIdx.x * WARPS + warp;
+    const bool live_row = row < rows_total;
+    const int b = row / (p.heads_q * p.seqlen_q);
+    const int head = row / p.seqlen_q % p.heads_q;
+    const int qi = row % p.seqlen_q;
+    T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
+             head * p.out_head_stride;
+    const float *lse_s = p.lse_partial + row;
+    const float *o_row = p.o_partial + (long long)row * p.head_dim;
+    fd_touch_params(out, lse_s, o_row, p.num_splits);
+    fd_pdl_wait();
+    if (p.combine_early_dependents) fd_pdl_launch_dependents();
+    if (!live_row) return;
+
+    fd_state st = fd_state_empty();
+    float4 acc[kSlices];
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    fd_fold_states<FD_COMBINE_UNROLL, kSlices, false, float4>(
+        st, acc, 0, p.num_splits, 1,
+        [&](int s, bool live, float4 (&x)[kSlices]) {
+            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
+            const float *src = o_row + (long long)s * rows_total * p.head_dim;
+#pragma unroll
+            for (int i = 0; i < kSlices; ++i) {
+                const int d = lane * 4 + 128 * i;
+                x[i] = live && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            return m;
+        },
+        [](const float4 &x) { return x; });
+    FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
+    FD_TRACE(3);  // (no warps to meet)
+
+    const float inv = fd_state_norm(st);  // every split empty: output 0
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) {
+        const int d = lane * 4 + 128 * i;
+        if (d < p.head_dim) fd_store4(out + d, fd_scale4(acc[i], inv));
     }
     if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }

@@ -88,15 +88,18 @@ static void test_plan(void) {
     rc = fd_plan(&t, &p);
     const int items = t.batch * t.heads_kv;
     char json[4096];
-    int whole = -1, row0 = -1;
+    int whole = -1, row0 = -1, rows = -1;
     if (rc == FD_OK && fd_plan_json(&t, json, sizeof json, NULL) == FD_OK) {
         const char *w = strstr(json, "\"whole_items\":"), *r = strstr(json, "\"combine_row0\":");
         if (w) whole = atoi(w + strlen("\"whole_items\":"));
         if (r) row0 = atoi(r + strlen("\"combine_row0\":"));
+        /* rows a combine block merges: the plan's combine_rows follows the variant's */
+        for (const char *c = strstr(json, "\"combine_rows\":"); c; c = strstr(c + 1, "\"combine_rows\":"))
+            rows = atoi(c + strlen("\"combine_rows\":"));
     }
     CHECK(rc == FD_OK && whole > 0 && whole < items && p.num_splits > 1 && p.cluster == 1 &&
               p.grid[0] == whole + (items - whole) * p.num_splits && p.grid[1] == 1 && p.grid[2] == 1 &&
-              row0 == whole * 10 && p.combine_grid == (items - whole) * 10,
+              row0 == whole * 10 && rows > 0 && p.combine_grid == ((items - whole) * 10 + rows - 1) / rows,
           "tail split: rc %d, %d whole, %d splits, grid (%d,%d,%d), combine %d from row %d", rc, whole,
           p.num_splits, p.grid[0], p.grid[1], p.grid[2], p.combine_grid, row0);
 

@@ -14,11 +14,12 @@ import (
 	"gorgonia.org/cu"
 )
 
-// kernels are the driver handles of one variant: stage 1, its two
-// combines (4 and 16 warps) and, for a serving variant, its append kernel.
+// kernels are the driver handles of one variant: stage 1, its three
+// combines (4 and 16 warps a row, and a warp a row) and, for a serving
+// variant, its append kernel.
 type kernels struct {
-	split, combine, combineWide, appendKV function
-	blocksPerSM                           int // stage-1 blocks of this variant resident per SM
+	split, combine, combineWide, combineNarrow, appendKV function
+	blocksPerSM                                          int // stage-1 blocks of this variant resident per SM
 	// clusters[n]: clusters of n stage-1 blocks (at the variant's
 	// ClusterSharedBytes) that run at once; all 0 without clusters.
 	clusters [core.MaxCluster + 1]int
@@ -139,6 +140,11 @@ func openDevice(ordinal int) (*device, error) {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.CombineWide, err)
 			}
 		}
+		if v.CombineNarrow != "" {
+			if k.combineNarrow, err = lookup(mod, v.CombineNarrow); err != nil {
+				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.CombineNarrow, err)
+			}
+		}
 		if v.Append != "" {
 			if k.appendKV, err = lookup(mod, v.Append); err != nil {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Append, err)
@@ -232,8 +238,12 @@ func (d *device) plan(s core.Shape) (planned, error) {
 	}
 	k := d.fns[pl.Variant.Kernel]
 	p = planned{plan: pl, appendKV: k.appendKV, split: k.split, combine: k.combine}
-	if pl.Combine != "" && pl.Combine == pl.Variant.CombineWide {
+	switch {
+	case pl.Combine == "":
+	case pl.Combine == pl.Variant.CombineWide:
 		p.combine = k.combineWide
+	case pl.Combine == pl.Variant.CombineNarrow:
+		p.combine = k.combineNarrow
 	}
 	d.mu.Lock()
 	if len(d.plans) > 4096 { // many distinct shapes: start over rather than grow without bound

@@ -79,6 +79,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 		{"unsplit", plain(4, 32, 8, 4096, 1), "one"},
 		{"whole items and a split tail", plain(40, 32, 8, 8192, 0), "whole"},
 		{"wide combine", plain(1, 8, 1, 131072, 0), "wide"},
+		{"narrow combine", plain(32, 8, 1, 16384, 0), "narrow"},
 		{"paged append with rotary", paged(), "append"},
 		{"paged append fused into stage 1", func() core.Problem { p := paged(); p.Rotary = core.Rotary{}; return p }(), "fused"},
 		{"contiguous append fused into stage 1", func() core.Problem {
@@ -95,8 +96,9 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			}
 			takes := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
 				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
-				"wide": pl.Combine == pl.Variant.CombineWide, "append": pl.Append != "",
-				"fused": pl.FusedAppend() && pl.Append == ""}
+				"wide": pl.Combine == pl.Variant.CombineWide, "narrow": pl.Combine == pl.Variant.CombineNarrow,
+				"append": pl.Append != "",
+				"fused":  pl.FusedAppend() && pl.Append == ""}
 			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}

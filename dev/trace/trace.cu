@@ -94,6 +94,18 @@ __global__ void __launch_bounds__(32 * WARPS) tr_combine(const fd_params p, u64 
     stamp(ts, t0, t1);
 }
 
+template <int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) tr_combine_rows(const fd_params p, u64 *ts) {
+    const u64 t0 = gtime();
+    if (threadIdx.x == 0) fd_trace_ts = ts;
+    __syncthreads();
+    fd_pdl_wait();
+    const u64 t1 = gtime();
+    fd_combine_rows<half, WARPS>(p);
+    __syncthreads();
+    stamp(ts, t0, t1);
+}
+
 // A plain streaming read: block i sums `per_block` bytes from x + i * per_block
 // with 16-byte loads, UNROLL in flight per thread; or, with interleave, the
 // same bytes in 32 KB chunks dealt round robin (chunk c to block c % blocks).
@@ -188,6 +200,9 @@ struct Scenario {
     // Items (sequence, KV head) taken whole by the first blocks of a 1-D
     // grid, the rest split (core.Plan.WholeItems); 0: the 3-D grid.
     int whole = 0;
+    // Rows a combine block merges: 1 (fd_combine, the splits spread over
+    // its warps) or 4 (fd_combine_rows, a warp a row; at most 8 splits).
+    int combine_rows = 1;
     // Where the layers sit: 0 one cudaMalloc each; 1 back to back in one
     // allocation (as torch's caching allocator carves them from a cached
     // segment); 2 one cudaMalloc each, after 6.4 GB were allocated and
@@ -252,7 +267,7 @@ static void run(const Scenario &sc) {
                  : sc.whole > 0 ? sc.whole + (items - sc.whole) * sc.splits
                                 : sc.splits * items;
     const int row0 = sc.whole * (hq / hkv) * sc.sq;  // the combine's first row
-    const int g2 = combine ? rows - row0 : 0;
+    const int g2 = combine ? (rows - row0 + sc.combine_rows - 1) / sc.combine_rows : 0;
     u64 *ts;
     const size_t per_call = (size_t)(g1 + g2) * NS;
     CK(cudaMalloc(&ts, per_call * kCalls * 8));
@@ -348,7 +363,9 @@ static void run(const Scenario &sc) {
         launch(sc.serving ? tr_split<true> : tr_split<false>,
                sc.whole > 0 ? dim3(g1) : dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl, sc.cluster, p, t);
         if (combine) {
-            if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
+            if (sc.combine_rows == 4)
+                launch(tr_combine_rows<4>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
+            else if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
                 launch(tr_combine<16>, dim3(g2), 512, 0, s, sc.pdl, 1, p, t + NS * g1);
             else
                 launch(tr_combine<4>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
@@ -604,6 +621,23 @@ int main(int argc, char **argv) {
         v.back().sq = sq;
         v.back().stage1_early = 0;
         v.back().name = "MHA 48/48 b=1 8K sq" + std::to_string(sq) + ", 2 splits + combine let in late";
+    }
+    // The narrow combine (a warp a row, 4 rows a block) against the one-row
+    // blocks, with the combine rule applied to its grid.
+    for (int cr : {1, 4}) {
+        att("", 1, 8192, 2, 1, true, 48, 48);
+        v.back().combine_rows = cr;
+        v.back().name = std::string("combine rows ") + std::to_string(cr) + ": MHA 48/48 b=1 8K, 2 splits";
+        att("", 32, 16384, 4, 1, true, 8, 1);
+        v.back().combine_rows = cr;
+        v.back().name = std::string("combine rows ") + std::to_string(cr) + ": MQA b=32 16K, 4 splits";
+        att("", 1, 32768, 4, 1, true, 32, 32);
+        v.back().combine_rows = cr;
+        v.back().name = std::string("combine rows ") + std::to_string(cr) + ": MHA 32/32 b=1 32K, 4 splits";
+        att("", 1, 8192, 2, 1, true, 48, 48);
+        v.back().sq = 10;
+        v.back().combine_rows = cr;
+        v.back().name = std::string("combine rows ") + std::to_string(cr) + ": MHA 48/48 b=1 8K sq10, 2 splits";
     }
     // Whole items and a split tail (the planner's plan at b=8 with 10 query
     // tokens: 264 whole, 120 in 2 splits, a combine of 1200 one-row blocks),
