@@ -52,6 +52,34 @@
 #define FD_TRACE(i)
 #endif
 
+// Folds splits first, first + step, ... of one output row into a warp's
+// state st and its lane's columns acc (zeroed here; fd_fold_states), 8 at a
+// time in one round trip to L2. lse_s and o_row are the row's split 0 (split
+// s at lse_s[s * rows_total] and o_row + s * rows_total * head_dim). An empty
+// split (-inf) weighs 0; its o_s is 0.
+template <int SLICES>
+__device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLICES], const fd_params &p,
+                                                const float *lse_s, const float *o_row, int rows_total,
+                                                int first, int step) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < SLICES; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    fd_fold_states<FD_COMBINE_UNROLL, SLICES, false, float4>(
+        st, acc, first, p.num_splits, step,
+        [&](int s, bool live, float4 (&x)[SLICES]) {
+            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
+            const float *src = o_row + (long long)s * rows_total * p.head_dim;
+#pragma unroll
+            for (int i = 0; i < SLICES; ++i) {
+                const int d = lane * 4 + 128 * i;
+                x[i] = live && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            return m;
+        },
+        [](const float4 &x) { return x; });
+}
+
 template <typename T, int WARPS>
 __device__ __forceinline__ void fd_combine(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
@@ -72,27 +100,11 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
 
-    // Warp w merges splits w, w + WARPS, ... into its own state and columns
-    // (fd_fold_states), so 8 * WARPS splits cost a single round trip to L2.
-    // An empty split (-inf) weighs 0; its o_s is 0.
+    // Warp w merges splits w, w + WARPS, ... into its own state and columns,
+    // so 8 * WARPS splits cost a single round trip to L2.
     fd_state st = fd_state_empty();
     float4 acc[kSlices];
-#pragma unroll
-    for (int i = 0; i < kSlices; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    fd_fold_states<FD_COMBINE_UNROLL, kSlices, false, float4>(
-        st, acc, warp, p.num_splits, WARPS,
-        [&](int s, bool live, float4 (&x)[kSlices]) {
-            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
-            const float *src = o_row + (long long)s * rows_total * p.head_dim;
-#pragma unroll
-            for (int i = 0; i < kSlices; ++i) {
-                const int d = lane * 4 + 128 * i;
-                x[i] = live && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
-                                              : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            return m;
-        },
-        [](const float4 &x) { return x; });
+    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, warp, WARPS);
 
     FD_TRACE(2);  // dev/trace/trace.cu: this warp's loads have landed and are merged
 
@@ -154,22 +166,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
 
     fd_state st = fd_state_empty();
     float4 acc[kSlices];
-#pragma unroll
-    for (int i = 0; i < kSlices; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    fd_fold_states<FD_COMBINE_UNROLL, kSlices, false, float4>(
-        st, acc, 0, p.num_splits, 1,
-        [&](int s, bool live, float4 (&x)[kSlices]) {
-            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
-            const float *src = o_row + (long long)s * rows_total * p.head_dim;
-#pragma unroll
-            for (int i = 0; i < kSlices; ++i) {
-                const int d = lane * 4 + 128 * i;
-                x[i] = live && d < p.head_dim ? *reinterpret_cast<const float4 *>(src + d)
-                                              : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            return m;
-        },
-        [](const float4 &x) { return x; });
+    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, 0, 1);
     FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
     FD_TRACE(3);  // (no warps to meet)
 

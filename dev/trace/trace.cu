@@ -82,26 +82,19 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
     stamp(ts, t0, -1);
 }
 
-template <int WARPS>
+// The combine: WARPS warps a row (fd_combine) or, with ROWS, a warp a row
+// and WARPS rows a block (fd_combine_rows).
+template <int WARPS, bool ROWS = false>
 __global__ void __launch_bounds__(32 * WARPS) tr_combine(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
     __syncthreads();
     fd_pdl_wait();
     const u64 t1 = gtime();
-    fd_combine<half, WARPS>(p);
-    __syncthreads();
-    stamp(ts, t0, t1);
-}
-
-template <int WARPS>
-__global__ void __launch_bounds__(32 * WARPS) tr_combine_rows(const fd_params p, u64 *ts) {
-    const u64 t0 = gtime();
-    if (threadIdx.x == 0) fd_trace_ts = ts;
-    __syncthreads();
-    fd_pdl_wait();
-    const u64 t1 = gtime();
-    fd_combine_rows<half, WARPS>(p);
+    if constexpr (ROWS)
+        fd_combine_rows<half, WARPS>(p);
+    else
+        fd_combine<half, WARPS>(p);
     __syncthreads();
     stamp(ts, t0, t1);
 }
@@ -364,7 +357,7 @@ static void run(const Scenario &sc) {
                sc.whole > 0 ? dim3(g1) : dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl, sc.cluster, p, t);
         if (combine) {
             if (sc.combine_rows == 4)
-                launch(tr_combine_rows<4>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
+                launch(tr_combine<4, true>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
             else if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
                 launch(tr_combine<16>, dim3(g2), 512, 0, s, sc.pdl, 1, p, t + NS * g1);
             else
