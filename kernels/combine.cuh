@@ -80,6 +80,15 @@ __device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLIC
         [](const float4 &x) { return x; });
 }
 
+// Where output row `row` (batch, query head, query token) goes in out.
+template <typename T>
+__device__ __forceinline__ T *fd_combine_out(const fd_params &p, int row) {
+    const int b = row / (p.heads_q * p.seqlen_q);
+    const int head = row / p.seqlen_q % p.heads_q;
+    const int qi = row % p.seqlen_q;
+    return static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride + head * p.out_head_stride;
+}
+
 template <typename T, int WARPS>
 __device__ __forceinline__ void fd_combine(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
@@ -89,11 +98,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     const int row = p.combine_row0 + blockIdx.x;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int b = row / (p.heads_q * p.seqlen_q);
-    const int head = row / p.seqlen_q % p.heads_q;
-    const int qi = row % p.seqlen_q;
-    T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
-             head * p.out_head_stride;
+    T *out = fd_combine_out<T>(p, row);
     const float *lse_s = p.lse_partial + row;  // split s at lse_s[s * rows_total]
     const float *o_row = p.o_partial + (long long)row * p.head_dim;  // split s at + s * rows_total * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
@@ -142,21 +147,16 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 // per output row, WARPS rows a block (grid ceil(rows / WARPS), core
 // Variant.CombineNarrowRows). A warp loads all of its row's splits in one
 // round trip and writes the row itself: no exchange between warps, no
-// barrier, and a quarter of the blocks, so that plans of more rows than stage-1 blocks can
-// still let the next kernel in early (core.Plan.CombineEarlyDependents).
+// barrier, and a quarter of the blocks, so that plans of more rows than
+// stage-1 blocks can still let the next kernel in early
+// (core.Plan.CombineEarlyDependents).
 template <typename T, int WARPS>
 __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    const int row = p.combine_row0 + blockIdx.x * WARPS + warp;
+    const int row = p.combine_row0 + blockIdx.x * WARPS + threadIdx.x / 32;  // a warp's row
     const bool live_row = row < rows_total;
-    const int b = row / (p.heads_q * p.seqlen_q);
-    const int head = row / p.seqlen_q % p.heads_q;
-    const int qi = row % p.seqlen_q;
-    T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
-             head * p.out_head_stride;
+    T *out = fd_combine_out<T>(p, row);
     const float *lse_s = p.lse_partial + row;
     const float *o_row = p.o_partial + (long long)row * p.head_dim;
     fd_touch_params(out, lse_s, o_row, p.num_splits);
@@ -169,7 +169,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, 0, 1);
     FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
     FD_TRACE(3);  // (no warps to meet)
-
+    const int lane = threadIdx.x % 32;
     const float inv = fd_state_norm(st);  // every split empty: output 0
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
