@@ -14,12 +14,13 @@ import (
 	"gorgonia.org/cu"
 )
 
-// kernels are the driver handles of one variant: stage 1, its three
-// combines (4 and 16 warps a row, and a warp a row) and, for a serving
-// variant, its append kernel.
+// kernels are the driver handles of one variant: stage 1, its combines by
+// name (Variant.Combine, CombineWide and CombineNarrow, whichever a plan
+// names) and, for a serving variant, its append kernel.
 type kernels struct {
-	split, combine, combineWide, combineNarrow, appendKV function
-	blocksPerSM                                          int // stage-1 blocks of this variant resident per SM
+	split, appendKV function
+	combines        map[string]function
+	blocksPerSM     int // stage-1 blocks of this variant resident per SM
 	// clusters[n]: clusters of n stage-1 blocks (at the variant's
 	// ClusterSharedBytes) that run at once; all 0 without clusters.
 	clusters [core.MaxCluster + 1]int
@@ -130,19 +131,13 @@ func openDevice(ordinal int) (*device, error) {
 		if err != nil {
 			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
 		}
-		combine, err := lookup(mod, v.Combine)
-		if err != nil {
-			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Combine, err)
-		}
-		k := &kernels{split: split, combine: combine}
-		if v.CombineWide != "" {
-			if k.combineWide, err = lookup(mod, v.CombineWide); err != nil {
-				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.CombineWide, err)
+		k := &kernels{split: split, combines: map[string]function{}}
+		for _, name := range []string{v.Combine, v.CombineWide, v.CombineNarrow} {
+			if name == "" {
+				continue
 			}
-		}
-		if v.CombineNarrow != "" {
-			if k.combineNarrow, err = lookup(mod, v.CombineNarrow); err != nil {
-				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.CombineNarrow, err)
+			if k.combines[name], err = lookup(mod, name); err != nil {
+				return nil, fmt.Errorf("flashdecode: kernel %s: %w", name, err)
 			}
 		}
 		if v.Append != "" {
@@ -237,13 +232,12 @@ func (d *device) plan(s core.Shape) (planned, error) {
 		return planned{}, err
 	}
 	k := d.fns[pl.Variant.Kernel]
-	p = planned{plan: pl, appendKV: k.appendKV, split: k.split, combine: k.combine}
-	switch {
-	case pl.Combine == "":
-	case pl.Combine == pl.Variant.CombineWide:
-		p.combine = k.combineWide
-	case pl.Combine == pl.Variant.CombineNarrow:
-		p.combine = k.combineNarrow
+	p = planned{plan: pl, appendKV: k.appendKV, split: k.split}
+	if pl.Combine != "" {
+		var ok bool
+		if p.combine, ok = k.combines[pl.Combine]; !ok {
+			return planned{}, fmt.Errorf("flashdecode: the plan's combine %s is not one of %s's", pl.Combine, pl.Variant.Kernel)
+		}
 	}
 	d.mu.Lock()
 	if len(d.plans) > 4096 { // many distinct shapes: start over rather than grow without bound
