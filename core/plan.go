@@ -23,8 +23,9 @@ type Plan struct {
 	// Variant.ClusterDenseSharedBytes, two (pairs in a larger grid).
 	Cluster int `json:"cluster"`
 	// CombineGrid blocks of CombineThreads run the combine kernel Combine
-	// (Variant.CombineNarrow for splits one warp loads at once,
-	// Variant.CombineWide for more than Variant.Combine does, else
+	// (Variant.CombineNarrow for splits one warp loads at once, or
+	// Variant.CombineNarrowDense where only its grid lets the next kernel
+	// in early, Variant.CombineWide for more than Variant.Combine does, else
 	// Variant.Combine), each merging CombineRows output rows; all are zero
 	// when NumSplits == 1 (stage 1 then writes out and lse itself) or
 	// Cluster > 1.
@@ -244,8 +245,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.Grid = [3]int{whole + (blocks-whole)*splits, 1, 1}
 		p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
 		partials = splits
-		p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, splits)
-		p.CombineGrid = ceilDiv(rows-p.CombineRow0, p.CombineRows)
+		p.setCombine(v, rows-p.CombineRow0)
 	case merging(splits) == mergeCluster:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterSharedBytes
@@ -257,8 +257,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.SharedBytes = v.ClusterDenseSharedBytes
 	case splits > 1:
 		partials = splits
-		p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, splits)
-		p.CombineGrid = ceilDiv(rows, p.CombineRows)
+		p.setCombine(v, rows)
 	}
 	if s.RotaryQ {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
@@ -339,6 +338,23 @@ func combineFor(v Variant, n int) (name string, threads, rows int) {
 		return v.CombineWide, v.CombineWideThreads, v.CombineRows
 	}
 	return v.Combine, v.CombineThreads, v.CombineRows
+}
+
+// setCombine sets the combine that merges p's splits of `rows` output rows
+// (combineFor) and its grid. Where the narrow combine's grid would outnumber
+// stage 1's blocks or the SMs, so that it could not let the next kernel in
+// early (CombineEarlyDependents), it takes v.CombineNarrowDenseRows rows a
+// block instead if that grid fits.
+func (p *Plan) setCombine(v Variant, rows int) {
+	p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, p.NumSplits)
+	p.CombineGrid = ceilDiv(rows, p.CombineRows)
+	if p.Combine != v.CombineNarrow || p.CombineEarlyDependents() || v.CombineNarrowDense == "" || v.CombineNarrowDenseRows < 1 {
+		return
+	}
+	if dense := ceilDiv(rows, v.CombineNarrowDenseRows); dense <= min(p.Grid[0]*p.Grid[1]*p.Grid[2], p.SMs) {
+		p.Combine, p.CombineThreads, p.CombineRows = v.CombineNarrowDense, 32*v.CombineNarrowDenseRows, v.CombineNarrowDenseRows
+		p.CombineGrid = dense
+	}
 }
 
 // checkVariant reports why v cannot run s, or nil.

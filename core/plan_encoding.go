@@ -56,6 +56,8 @@ type variantJSON struct {
 	CombineWideThreads int    `json:"combine_wide_threads"`
 	CombineNarrow      string `json:"combine_narrow"`
 	CombineNarrowRows  int    `json:"combine_narrow_rows"`
+	CombineNarrowDense string `json:"combine_narrow_dense"`
+	CombineDenseRows   int    `json:"combine_narrow_dense_rows"`
 	Form               string `json:"form"`
 	Append             string `json:"append,omitzero"`
 	// The form's properties, as flags (Form's methods).
@@ -75,6 +77,7 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		FusedAppend bool `json:"fused_append,omitzero"`
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
 		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
-		v.CombineWide, v.CombineWideThreads, v.CombineNarrow, v.CombineNarrowRows, v.Form.String(), v.Append, v.Form.Serving(), v.Form.Paged(),
+		v.CombineWide, v.CombineWideThreads, v.CombineNarrow, v.CombineNarrowRows,
+		v.CombineNarrowDense, v.CombineNarrowDenseRows, v.Form.String(), v.Append, v.Form.Serving(), v.Form.Paged(),
 		v.Form.FusedAppend()}, plain(p), p.FusedAppend()})
 }

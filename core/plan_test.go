@@ -505,27 +505,29 @@ func TestEarlyDependents(t *testing.T) {
 	}
 }
 
+// d128Shape is an fp16 shape at head dim 128 with the whole cache valid.
+func d128Shape(batch, headsQ, headsKV, seqlenQ, keys, splits int) Shape {
+	return Shape{DType: Float16, Batch: batch, SeqlenQ: seqlenQ, HeadsQ: headsQ, HeadsKV: headsKV, HeadDim: 128,
+		SeqlenCache: keys, Seqlen: -1, NumSplits: splits}
+}
+
 // TestCombineEarlyDependents: the combine lets the next kernel in once stage
 // 1 is done only when it has no more blocks than stage 1 and than SMs.
 func TestCombineEarlyDependents(t *testing.T) {
-	shape := func(batch, headsQ, headsKV, seqlenQ, keys, splits int) Shape {
-		return Shape{DType: Float16, Batch: batch, SeqlenQ: seqlenQ, HeadsQ: headsQ, HeadsKV: headsKV, HeadDim: 128,
-			SeqlenCache: keys, Seqlen: -1, NumSplits: splits}
-	}
 	tests := []struct {
 		name string
 		s    Shape
 		want bool
 	}{
-		{"32/8 b=1, 16 splits: 128 blocks, 32 rows", shape(1, 32, 8, 1, 32768, 16), true},
-		{"8/1 b=1, 128 splits: 128 blocks, 8 rows", shape(1, 8, 1, 1, 131072, 128), true},
-		{"32/8 b=1 with 4 tokens: 128 blocks, 128 rows", shape(1, 32, 8, 4, 32768, 16), true},
-		{"48/48 b=1 with 10 tokens: 96 blocks, 480 rows, 120 narrow blocks", shape(1, 48, 48, 10, 8192, 2), false},
-		{"8/1 b=32, 4 splits: 128 blocks, 256 rows, 64 narrow blocks", shape(32, 8, 1, 1, 16384, 4), true},
-		{"48/48 b=8, 3 splits: 1152 blocks, 384 rows, 96 narrow blocks", shape(8, 48, 48, 1, 4096, 3), true},
-		{"32/8 b=8 with 4 tokens, 16 splits: 1024 blocks, 1024 rows", shape(8, 32, 8, 4, 32768, 16), false},
-		{"clusters: no combine", shape(1, 32, 8, 1, 1024, 8), false},
-		{"unsplit: no combine", shape(16, 32, 8, 1, 1024, 1), false},
+		{"32/8 b=1, 16 splits: 128 blocks, 32 rows", d128Shape(1, 32, 8, 1, 32768, 16), true},
+		{"8/1 b=1, 128 splits: 128 blocks, 8 rows", d128Shape(1, 8, 1, 1, 131072, 128), true},
+		{"32/8 b=1 with 4 tokens: 128 blocks, 128 rows", d128Shape(1, 32, 8, 4, 32768, 16), true},
+		{"48/48 b=1 with 10 tokens: 96 blocks, 480 rows, 30 dense narrow blocks", d128Shape(1, 48, 48, 10, 8192, 2), true},
+		{"8/1 b=32, 4 splits: 128 blocks, 256 rows, 64 narrow blocks", d128Shape(32, 8, 1, 1, 16384, 4), true},
+		{"48/48 b=8, 3 splits: 1152 blocks, 384 rows, 96 narrow blocks", d128Shape(8, 48, 48, 1, 4096, 3), true},
+		{"32/8 b=8 with 4 tokens, 16 splits: 1024 blocks, 1024 rows", d128Shape(8, 32, 8, 4, 32768, 16), false},
+		{"clusters: no combine", d128Shape(1, 32, 8, 1, 1024, 8), false},
+		{"unsplit: no combine", d128Shape(16, 32, 8, 1, 1024, 1), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -535,6 +537,37 @@ func TestCombineEarlyDependents(t *testing.T) {
 			}
 			if got := p.CombineEarlyDependents(); got != tt.want {
 				t.Errorf("%v: CombineEarlyDependents() = %v, want %v", p, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestNarrowCombineRows: plans of at most 8 splits merge a row a warp, 4
+// rows a block, or 16 where only that grid has no more blocks than stage 1
+// and the SMs (so that the combine lets the next kernel in early).
+func TestNarrowCombineRows(t *testing.T) {
+	tests := []struct {
+		name       string
+		s          Shape
+		rows, grid int
+	}{
+		{"8/1 b=32, 4 splits: 256 rows behind 128 blocks", d128Shape(32, 8, 1, 1, 16384, 4), 4, 64},
+		{"48/48 b=1, 2 splits: 48 rows", d128Shape(1, 48, 48, 1, 8192, 2), 4, 12},
+		{"48/48 b=1 with 10 tokens: 480 rows behind 96 blocks", d128Shape(1, 48, 48, 10, 8192, 2), 16, 30},
+		{"48/48 b=1 with 16 tokens: 768 rows, 48 dense blocks behind 96", d128Shape(1, 48, 48, 16, 8192, 2), 16, 48},
+		{"32/8 b=8 with 4 tokens, 8 splits: 1024 rows, 64 dense blocks", d128Shape(8, 32, 8, 4, 32768, 8), 16, 64},
+		{"32/8 b=32 with 4 tokens, 8 splits: 4096 rows, too many for either", d128Shape(32, 32, 8, 4, 32768, 8), 4, 1024},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := MakePlan(tt.s, H200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := map[int]string{4: p.Variant.CombineNarrow, 16: p.Variant.CombineNarrowDense}[tt.rows]
+			if p.Combine != name || p.CombineRows != tt.rows || p.CombineThreads != 32*tt.rows || p.CombineGrid != tt.grid {
+				t.Errorf("%v: combine %s, %d rows a block of %d threads, grid %d; want %s, %d rows, grid %d",
+					p, p.Combine, p.CombineRows, p.CombineThreads, p.CombineGrid, name, tt.rows, tt.grid)
 			}
 		})
 	}
@@ -608,8 +641,9 @@ func TestPlanTailSplit(t *testing.T) {
 		whole, splits, grid, combine, row0 int
 	}{
 		// 384 items of 10 rows: 264 whole, 120 in 2 splits, their 1200 rows
-		// merged by the narrow combine, 4 a block.
-		{"48/48, b=8, seqlen_q 10", mha, 264, 2, 264 + 120*2, 300, 2640},
+		// merged by the narrow combine, 16 a block (4 a block would be 300
+		// blocks, more than the SMs).
+		{"48/48, b=8, seqlen_q 10", mha, 264, 2, 264 + 120*2, 75, 2640},
 		// 280 items (70 x 2 K/V heads x 2 row tiles of 32 of the 64 rows):
 		// 264 whole, 16 in 8 splits (4096 keys: a tail split holds at least
 		// 512 keys, minTailSplitRowKeys), their 512 rows merged 4 a block.

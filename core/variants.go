@@ -38,6 +38,13 @@ type Variant struct {
 	// exchange between warps and a quarter of Combine's blocks.
 	CombineNarrow     string
 	CombineNarrowRows int
+	// CombineNarrowDense, when set, is the narrow combine with
+	// CombineNarrowDenseRows rows a block, which a plan launches instead of
+	// CombineNarrow where CombineNarrow's grid would outnumber stage 1's
+	// blocks or the SMs and its own would not: only then does the combine
+	// let the next kernel in early (Plan.CombineEarlyDependents).
+	CombineNarrowDense     string
+	CombineNarrowDenseRows int
 	// CombineWide, when set, is a wider combine (CombineWideThreads
 	// threads) that plans launch instead of Combine when their splits
 	// outnumber the ones Combine loads in one round trip to L2
@@ -123,6 +130,7 @@ const (
 	combineWideThreads = 512 // fd_combine_<dtype>_w16: 16 warps
 	combineRows        = 1   // one output row per combine block
 	combineNarrowRows  = 4   // fd_combine_<dtype>_r4: a warp per row, 4 rows a block
+	combineDenseRows   = 16  // fd_combine_<dtype>_r16: a warp per row, 16 rows a block
 	combineUnroll      = 8   // kernels/combine.cuh FD_COMBINE_UNROLL: splits a warp loads at once
 	appendThreads      = 128 // fd_append_kv_<dtype>: threads per block (Shape.appendParts blocks per token and sequence)
 
@@ -178,6 +186,8 @@ func splitKV(dt DType, headDim, rows int) Variant {
 		CombineRows:             combineRows,
 		CombineNarrow:           "fd_combine_" + name + "_r4",
 		CombineNarrowRows:       combineNarrowRows,
+		CombineNarrowDense:      "fd_combine_" + name + "_r16",
+		CombineNarrowDenseRows:  combineDenseRows,
 		CombineWide:             "fd_combine_" + name + "_w16",
 		CombineWideThreads:      combineWideThreads,
 	}

@@ -78,6 +78,8 @@ def cases():
     return [
         ("split + combine (4 warps)", *plain(1, 1, 32, 8, 128, 32768), dict(combine="fd_combine_f16")),
         ("split + narrow combine (a warp a row)", *plain(32, 1, 8, 1, 128, 16384), dict(combine="fd_combine_f16_r4")),
+        ("split + narrow combine, 16 rows a block", *plain(1, 10, 48, 48, 128, 8192, causal=True),
+         dict(combine="fd_combine_f16_r16")),
         ("split + combine (16 warps)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
          dict(combine="fd_combine_f16_w16")),
         ("cluster merge", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=lens(4096, 1234)), dict(cluster=True)),

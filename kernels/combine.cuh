@@ -19,7 +19,7 @@
 // for plans of more than 32 splits, 16 (fd_combine_<dtype>_w16,
 // CombineWideThreads); 3 or 15 KB of static shared memory. Plans of at most
 // 8 splits run the narrow form instead (fd_combine_rows, at the end of this
-// file: a warp a row, 4 rows a block). It may be
+// file: a warp a row, 4 or 16 rows a block). It may be
 // launched with programmatic dependent launch (sm_90): its blocks then start
 // while stage 1 drains and wait in fd_pdl_wait for its results, which hides
 // most of the second launch's latency. Where the plan says so
@@ -144,11 +144,12 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 }
 
 // The narrow form, for plans of at most FD_COMBINE_UNROLL splits: one warp
-// per output row, WARPS rows a block (grid ceil(rows / WARPS), core
-// Variant.CombineNarrowRows). A warp loads all of its row's splits in one
-// round trip and writes the row itself: no exchange between warps, no
-// barrier, and a quarter of the blocks, so that plans of more rows than
-// stage-1 blocks can still let the next kernel in early
+// per output row, WARPS rows a block (grid ceil(rows / WARPS): 4, core
+// Variant.CombineNarrowRows, or 16, CombineNarrowDenseRows, where only that
+// grid is small enough). A warp loads all of its row's splits in one round
+// trip and writes the row itself: no exchange between warps, no barrier,
+// and a quarter (or a sixteenth) of the blocks, so that plans of more rows
+// than stage-1 blocks can still let the next kernel in early
 // (core.Plan.CombineEarlyDependents).
 template <typename T, int WARPS>
 __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {

@@ -24,8 +24,8 @@
 //                        tiles, shared memory) and its dynamic shared memory
 //   combine.cuh          reduce path 1, the reduce kernel: fd_combine_<dtype>
 //                        (4 warps a row), _w16 (16 warps, for more than 32
-//                        splits) and _r4 (a warp a row, 4 rows a block, for
-//                        at most 8 splits) merge the partials by LSE
+//                        splits), _r4 and _r16 (a warp a row, 4 or 16 rows a
+//                        block, for at most 8 splits) merge the partials by LSE
 //   cluster_merge.cuh    reduce path 2, the in-cluster reduce (sm_90): the
 //                        blocks of one cluster merge their splits through
 //                        distributed shared memory, inside stage 1
@@ -101,6 +101,8 @@ FD_COMBINE(fd_combine_bf16_w16, __nv_bfloat16, 16)
 //               kernel name          dtype          rows
 FD_COMBINE_ROWS(fd_combine_f16_r4,  half,          4)
 FD_COMBINE_ROWS(fd_combine_bf16_r4, __nv_bfloat16, 4)
+FD_COMBINE_ROWS(fd_combine_f16_r16,  half,          16)
+FD_COMBINE_ROWS(fd_combine_bf16_r16, __nv_bfloat16, 16)
 
 // The merge API (merge_states.cuh, merge_params.h): fd_merge_states_<dtype>
 // merges caller-computed attention states by their LSE, in and out in one

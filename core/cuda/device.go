@@ -15,8 +15,8 @@ import (
 )
 
 // kernels are the driver handles of one variant: stage 1, its combines by
-// name (Variant.Combine, CombineWide and CombineNarrow, whichever a plan
-// names) and, for a serving variant, its append kernel.
+// name (Variant.Combine, CombineWide, CombineNarrow and CombineNarrowDense,
+// whichever a plan names) and, for a serving variant, its append kernel.
 type kernels struct {
 	split, appendKV function
 	combines        map[string]function
@@ -132,7 +132,7 @@ func openDevice(ordinal int) (*device, error) {
 			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
 		}
 		k := &kernels{split: split, combines: map[string]function{}}
-		for _, name := range []string{v.Combine, v.CombineWide, v.CombineNarrow} {
+		for _, name := range []string{v.Combine, v.CombineWide, v.CombineNarrow, v.CombineNarrowDense} {
 			if name == "" {
 				continue
 			}

@@ -80,6 +80,11 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 		{"whole items and a split tail", plain(40, 32, 8, 8192, 0), "whole"},
 		{"wide combine", plain(1, 8, 1, 131072, 0), "wide"},
 		{"narrow combine", plain(32, 8, 1, 16384, 0), "narrow"},
+		{"narrow combine, 16 rows a block", func() core.Problem {
+			p := plain(1, 48, 48, 8192, 2)
+			p.SeqlenQ, p.Q, p.Out = 10, at(1*gib, 10, 48, 128), at(2*gib, 10, 48, 128)
+			return p
+		}(), "dense"},
 		{"paged append with rotary", paged(), "append"},
 		{"paged append fused into stage 1", func() core.Problem { p := paged(); p.Rotary = core.Rotary{}; return p }(), "fused"},
 		{"contiguous append fused into stage 1", func() core.Problem {
@@ -97,6 +102,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			takes := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
 				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
 				"wide": pl.Combine == pl.Variant.CombineWide, "narrow": pl.Combine == pl.Variant.CombineNarrow,
+				"dense":  pl.Combine == pl.Variant.CombineNarrowDense,
 				"append": pl.Append != "",
 				"fused":  pl.FusedAppend() && pl.Append == ""}
 			if !takes[tc.want] {
