@@ -35,7 +35,10 @@
 // 512-byte rows) and their LSEs in flight, and merges them into its own
 // online-softmax state without waiting for the other warps; the warps'
 // states and rows meet once in shared memory at the end. So 8 * WARPS splits
-// (32 or 128) are a single round trip. One row per block also spreads a
+// (32 or 128) are a single round trip, provided ptxas issues a step's loads
+// before it uses any: it does so for the 4-warp kernel, whose launch bounds
+// give it the registers (flashdecode.cu); the others, kept small so that
+// they share SMs with stage 1, take a few. One row per block also spreads a
 // small batch over as many SMs as it has rows (b=1, 32 heads: 32).
 #ifndef FLASHDECODE_COMBINE_CUH
 #define FLASHDECODE_COMBINE_CUH

@@ -70,9 +70,16 @@
         fd_append_kv<T>(p);                                                                \
     }
 
-#define FD_COMBINE(name, T, WARPS)                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) name(const fd_params p) { \
-        fd_combine<T, WARPS>(p);                                                      \
+// The combines' launch bounds. (128, 1) lets ptxas keep all of a fold
+// step's loads in flight (combine.cuh), one round trip to L2; with the
+// default it interleaves them with their uses to save registers (96 of
+// them instead of 154), and a step takes four or five round trips. The
+// other combines keep the default: with all their loads in flight (107-113
+// registers) they slowed the plans whose stage-1 blocks they share SMs
+// with (docs/tuning.md).
+#define FD_COMBINE(name, T, WARPS, BOUNDS)                                \
+    extern "C" __global__ void __launch_bounds__ BOUNDS name(const fd_params p) { \
+        fd_combine<T, WARPS>(p);                                          \
     }
 
 //           kernel name                    dtype          D    ROWS
@@ -85,24 +92,24 @@ FD_SPLIT_KV(fd_split_kv_bf16_d128_r16,     __nv_bfloat16, 128, 16)
 FD_SPLIT_KV(fd_split_kv_bf16_d128_r32,     __nv_bfloat16, 128, 32)
 FD_SPLIT_KV(fd_split_kv_bf16_d256_r16,     __nv_bfloat16, 256, 16)
 
-//          kernel name           dtype          warps
-FD_COMBINE(fd_combine_f16,      half,          4)
-FD_COMBINE(fd_combine_bf16,     __nv_bfloat16, 4)
-FD_COMBINE(fd_combine_f16_w16,  half,          16)
-FD_COMBINE(fd_combine_bf16_w16, __nv_bfloat16, 16)
+//          kernel name           dtype          warps  launch bounds
+FD_COMBINE(fd_combine_f16,      half,          4,     (128, 1))
+FD_COMBINE(fd_combine_bf16,     __nv_bfloat16, 4,     (128, 1))
+FD_COMBINE(fd_combine_f16_w16,  half,          16,    (512))
+FD_COMBINE(fd_combine_bf16_w16, __nv_bfloat16, 16,    (512))
 
 // The narrow combine: a warp a row, WARPS rows a block (at most
 // FD_COMBINE_UNROLL splits).
-#define FD_COMBINE_ROWS(name, T, WARPS)                                               \
-    extern "C" __global__ void __launch_bounds__(32 * WARPS) name(const fd_params p) { \
-        fd_combine_rows<T, WARPS>(p);                                                 \
+#define FD_COMBINE_ROWS(name, T, WARPS, BOUNDS)                           \
+    extern "C" __global__ void __launch_bounds__ BOUNDS name(const fd_params p) { \
+        fd_combine_rows<T, WARPS>(p);                                     \
     }
 
-//               kernel name          dtype          rows
-FD_COMBINE_ROWS(fd_combine_f16_r4,  half,          4)
-FD_COMBINE_ROWS(fd_combine_bf16_r4, __nv_bfloat16, 4)
-FD_COMBINE_ROWS(fd_combine_f16_r16,  half,          16)
-FD_COMBINE_ROWS(fd_combine_bf16_r16, __nv_bfloat16, 16)
+//               kernel name           dtype          rows  launch bounds
+FD_COMBINE_ROWS(fd_combine_f16_r4,   half,          4,    (128))
+FD_COMBINE_ROWS(fd_combine_bf16_r4,  __nv_bfloat16, 4,    (128))
+FD_COMBINE_ROWS(fd_combine_f16_r16,  half,          16,   (512))
+FD_COMBINE_ROWS(fd_combine_bf16_r16, __nv_bfloat16, 16,   (512))
 
 // The merge API (merge_states.cuh, merge_params.h): fd_merge_states_<dtype>
 // merges caller-computed attention states by their LSE, in and out in one

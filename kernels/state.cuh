@@ -86,8 +86,9 @@ __device__ __forceinline__ float4 fd_axpby4(const float4 &a, float sa, const flo
 // warp's running state st and its lane's columns acc = sum 2^(lse_s - m) o_s,
 // UNROLL states a step. load(s, live, x) returns state s's base-2 LSE (-inf
 // where !live) and fills x with its lane's raw columns; unpack(x[i]) turns
-// one into a float4. All of a step's loads are issued before any is used, so
-// up to UNROLL states per warp cost a single round trip to memory, and
+// one into a float4. All of a step's loads come before any use, so up to
+// UNROLL states per warp cost a single round trip to memory where the
+// kernel's register budget lets ptxas keep them in that order, and
 // nothing waits for the other warps. An empty state weighs 0; with
 // SKIP_EMPTY its columns are not read at all (merge_states: a caller's empty
 // state may hold anything), else they must be finite (stage 1 writes 0s).
