@@ -83,9 +83,11 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
 }
 
 // The combine: WARPS warps a row (fd_combine) or, with ROWS, a warp a row
-// and WARPS rows a block (fd_combine_rows).
+// and WARPS rows a block (fd_combine_rows), with the library's launch bounds
+// (kernels/flashdecode.cu: one block an SM for the 4-warp one, so that its
+// loads stay in flight; 0 is no minimum).
 template <int WARPS, bool ROWS = false>
-__global__ void __launch_bounds__(32 * WARPS) tr_combine(const fd_params p, u64 *ts) {
+__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_combine(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
     __syncthreads();
