@@ -40,26 +40,26 @@ func (p Plan) String() string {
 
 // variantJSON is Variant with snake_case JSON names.
 type variantJSON struct {
-	Kernel             string `json:"kernel"`
-	Combine            string `json:"combine"`
-	DType              string `json:"dtype"`
-	HeadDim            int    `json:"head_dim"`
-	Rows               int    `json:"rows"`
-	Threads            int    `json:"threads"`
-	KeysPerTile        int    `json:"keys_per_tile"`
-	SharedBytes        int    `json:"shared_bytes"`
-	ClusterShared      int    `json:"cluster_shared_bytes"`
-	ClusterDenseShared int    `json:"cluster_dense_shared_bytes"`
-	CombineThreads     int    `json:"combine_threads"`
-	CombineRows        int    `json:"combine_rows"`
-	CombineWide        string `json:"combine_wide"`
-	CombineWideThreads int    `json:"combine_wide_threads"`
-	CombineNarrow      string `json:"combine_narrow"`
-	CombineNarrowRows  int    `json:"combine_narrow_rows"`
-	CombineNarrowDense string `json:"combine_narrow_dense"`
-	CombineDenseRows   int    `json:"combine_narrow_dense_rows"`
-	Form               string `json:"form"`
-	Append             string `json:"append,omitzero"`
+	Kernel                 string `json:"kernel"`
+	Combine                string `json:"combine"`
+	DType                  string `json:"dtype"`
+	HeadDim                int    `json:"head_dim"`
+	Rows                   int    `json:"rows"`
+	Threads                int    `json:"threads"`
+	KeysPerTile            int    `json:"keys_per_tile"`
+	SharedBytes            int    `json:"shared_bytes"`
+	ClusterShared          int    `json:"cluster_shared_bytes"`
+	ClusterDenseShared     int    `json:"cluster_dense_shared_bytes"`
+	CombineThreads         int    `json:"combine_threads"`
+	CombineRows            int    `json:"combine_rows"`
+	CombineWide            string `json:"combine_wide"`
+	CombineWideThreads     int    `json:"combine_wide_threads"`
+	CombineNarrow          string `json:"combine_narrow"`
+	CombineNarrowRows      int    `json:"combine_narrow_rows"`
+	CombineNarrowDense     string `json:"combine_narrow_dense"`
+	CombineNarrowDenseRows int    `json:"combine_narrow_dense_rows"`
+	Form                   string `json:"form"`
+	Append                 string `json:"append,omitzero"`
 	// The form's properties, as flags (Form's methods).
 	Serving     bool `json:"serving,omitzero"`
 	Paged       bool `json:"paged,omitzero"`

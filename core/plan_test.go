@@ -831,7 +831,8 @@ func TestPlanJSONAndString(t *testing.T) {
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
-		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows", "combine_wide", "combine_wide_threads", "form"} {
+		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows", "combine_wide", "combine_wide_threads",
+		"combine_narrow", "combine_narrow_rows", "combine_narrow_dense", "combine_narrow_dense_rows", "form"} {
 		if _, ok := v[k]; !ok {
 			t.Errorf("variant JSON %v lacks %q", v, k)
 		}
