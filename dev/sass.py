@@ -13,6 +13,11 @@ a sequence's last tile...; "uncounted" for a loop with an inner loop), and
 the HMMAs, LDGSTS (cp.async copies) and branches in it; and how far in
 program order the first tile copy (a 16-byte LDGSTS) lies after the PDL
 wait (ACQBULK): the code every call runs before its first tile is on its way.
+For the kernels without a tile loop (the combines, merge_states) it counts the
+wide global loads (LDG .64/.128) issued after the PDL wait before the first
+instruction that reads one's result: a fold step meant to cost one round trip
+to L2 shows all of its loads there (`--kernels '^fd_(combine|merge)'`), and
+ptxas sinking them towards their uses, to save registers, shows fewer.
 
 With --against REV (a git revision) the kernels/ of that revision are built
 the same way and shown alongside, with whether each kernel's SASS is the
@@ -41,6 +46,7 @@ CI_CUDA = os.path.join(ROOT, "_build", "ci", "cuda", "nvidia", "cu13")
 _INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;")
 _FUNCTION = re.compile(r"^\s*Function : (\S+)")
 _BRANCH = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
+_REGISTER = re.compile(r"\bR(\d+)\b")
 
 
 def find_tool(name, cuda_home):
@@ -177,6 +183,32 @@ def first_copy(instructions):
                 None)
 
 
+def loads_in_flight(instructions):
+    """(issued, total): of the wide global loads (LDG .64 or .128) after the
+    PDL wait (ACQBULK, else the kernel's start), how many are issued before
+    the first instruction that reads a register one of them writes, in program
+    order, and how many there are. issued == total: they all wait on one round
+    trip; fewer: the first use waits before the rest are on their way."""
+    names = [mnemonic(text) for _, text in instructions]
+    start = next((i + 1 for i, n in enumerate(names) if n == "ACQBULK"), 0)
+    wide = [i for i in range(start, len(names))
+            if names[i].startswith("LDG.") and names[i].split(".")[-1] in ("64", "128")]
+    pending, issued = set(), None
+    for i in range(start, len(instructions)):
+        operands = instructions[i][1].split(None, 2 if instructions[i][1].startswith("@") else 1)[-1]
+        if i in wide:
+            dest = _REGISTER.search(operands)
+            first = int(dest.group(1))
+            pending |= set(range(first, first + int(names[i].split(".")[-1]) // 32))
+            continue
+        # A store's first operand is its address; anything else's is what it writes.
+        sources = operands if opcode(instructions[i][1]).startswith("ST") else operands.partition(",")[2]
+        if pending & {int(r) for r in _REGISTER.findall(sources)}:
+            issued = sum(1 for j in wide if j < i)
+            break
+    return (len(wide) if issued is None else issued), len(wide)
+
+
 def mnemonic(text):
     """An instruction's opcode with its modifiers, without its predicate:
     LDGSTS.E.BYPASS.128 for "@P2 LDGSTS.E.BYPASS.128 [R15], ..."."""
@@ -232,7 +264,9 @@ def summary(name, resources, sass):
     start = first_copy(instructions)
     start = f", first tile copy {start} after the PDL wait" if start is not None else ""
     if not loop:
-        return f"{regs} regs{spill}, {len(instructions)} instructions, no mma loop{start}"
+        issued, total = loads_in_flight(instructions)
+        loads = f", {issued} of {total} wide loads issued before the first use" if total else ""
+        return f"{regs} regs{spill}, {len(instructions)} instructions, no mma loop{start}{loads}"
     paths, pruned = loop_paths(instructions, loop)
     if not paths:  # an inner loop: loop_paths counts no pass
         passes = "uncounted"

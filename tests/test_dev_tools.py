@@ -124,6 +124,26 @@ def test_sass_tool_finds_the_tile_loop():
         "178 regs, spills 12/4 B, loop 5 instructions (uncounted a pass): 2 HMMA, 0 LDGSTS, 2 BRA")
 
 
+def test_sass_tool_counts_the_loads_in_flight_at_their_first_use():
+    sass = load_sass_tool()
+    # A combine's fold step: its LSE (32-bit) and row (128-bit) loads after the PDL wait, then the
+    # math on them. A load before the wait, and a use of a register no wide load wrote, do not count.
+    hoisted = [(0x0, "LDG.E.128 R40, desc[UR6][R2.64]"), (0x10, "ACQBULK"), (0x20, "@!P0 LDG.E R16, desc[UR6][R16.64]"),
+               (0x30, "FMUL R17, R16, 1.4426950216293334961"), (0x40, "@!P1 LDG.E.128 R20, desc[UR6][R76.64]"),
+               (0x50, "@!P1 LDG.E.128 R24, desc[UR6][R76.64+0x200]"), (0x60, "LDG.E.64 R30, desc[UR6][R8.64]"),
+               (0x70, "MUFU.EX2 R28, R17"), (0x80, "FFMA R36, R28, R23, R36"), (0x90, "EXIT")]
+    assert sass.loads_in_flight(hoisted) == (3, 3)
+    # ptxas sinking the second row below the first one's use: one load in flight when the math starts.
+    sunk = hoisted[:5] + [(0x48, "FMUL R40, R28, R21")] + hoisted[5:]
+    assert sass.loads_in_flight(sunk) == (1, 3)
+    # A store reads its first operand too.
+    assert sass.loads_in_flight([(0x0, "LDG.E.64 R4, desc[UR6][R2.64]"), (0x10, "STG.E desc[UR6][R8.64], R5"),
+                                 (0x20, "LDG.E.128 R12, desc[UR6][R2.64+0x10]")]) == (1, 2)
+    assert sass.loads_in_flight([(0x0, "EXIT")]) == (0, 0)
+    assert sass.summary("k", {"k": (154, 0, 0)}, {"k": hoisted}) == (
+        "154 regs, 10 instructions, no mma loop, 3 of 3 wide loads issued before the first use")
+
+
 def test_sass_tool_finds_the_first_copy_after_the_pdl_wait():
     sass = load_sass_tool()
     body = [(0x0, "MOV R1, c[0x0][0x28]"), (0x10, "CCTL.E.PF2 [R24]"), (0x20, "ACQBULK"), (0x30, "@P0 PREEXIT"),
