@@ -191,8 +191,8 @@ def loads_in_flight(instructions):
     trip; fewer: the first use waits before the rest are on their way."""
     names = [mnemonic(text) for _, text in instructions]
     start = next((i + 1 for i, n in enumerate(names) if n == "ACQBULK"), 0)
-    wide = [i for i in range(start, len(names))
-            if names[i].startswith("LDG.") and names[i].split(".")[-1] in ("64", "128")]
+    wide = {i for i in range(start, len(names))
+            if names[i].startswith("LDG.") and names[i].split(".")[-1] in ("64", "128")}
     pending, issued = set(), None
     for i in range(start, len(instructions)):
         operands = instructions[i][1].split(None, 2 if instructions[i][1].startswith("@") else 1)[-1]
