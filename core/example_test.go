@@ -37,7 +37,7 @@ func ExamplePlanVariant() {
 	v := core.Variant{Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: core.Float16,
 		HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 98304,
 		ClusterSharedBytes: 122880, CombineThreads: 128, CombineRows: 4,
-		CombineWide: "fd_combine_f16_w16", CombineWideThreads: 512}
+		CombineWide: "fd_combine_f16_c32", CombineWideThreads: 128, CombineWideCols: 32}
 	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
 		SeqlenCache: 32768, Seqlen: -1}
 	twoPerSM := func(core.Variant) int { return 2 }
@@ -60,7 +60,7 @@ func ExamplePlanVariant() {
 	// Output:
 	// sm_90, 32768 keys, num_splits=0: fd_split_kv_f16_d128_r16 grid (16,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 16 splits; combine fd_combine_f16 8 x 128 threads; workspace 264192 B (lse_partial at 262144)
 	// sm_90, 32768 keys, num_splits=1: fd_split_kv_f16_d128_r16 grid (1,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 1 split, no combine, no workspace
-	// sm_90, 32768 keys, num_splits=1000: fd_split_kv_f16_d128_r16 grid (128,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 128 splits; combine fd_combine_f16_w16 8 x 512 threads; workspace 2113536 B (lse_partial at 2097152)
+	// sm_90, 32768 keys, num_splits=1000: fd_split_kv_f16_d128_r16 grid (128,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 128 splits; combine fd_combine_f16_c32 128 x 128 threads; workspace 2113536 B (lse_partial at 2097152)
 	// sm_90, 1024 keys, num_splits=0: fd_split_kv_f16_d128_r16 grid (8,8,1) x 128 threads, 122880 B shared, 2/SM on 132 SMs; 8 splits merged in clusters of 8, no combine, no workspace
 	// sm_80, 1024 keys, num_splits=0: fd_split_kv_f16_d128_r16 grid (16,8,1) x 128 threads, 98304 B shared, 2/SM on 132 SMs; 16 splits; combine fd_combine_f16 8 x 128 threads; workspace 264192 B (lse_partial at 262144)
 }

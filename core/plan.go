@@ -1,6 +1,9 @@
 package core
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Plan is everything a launch needs, computed once from a Shape and device
 // facts and reusable for every call (every layer) with that Shape. Launch
@@ -26,7 +29,8 @@ type Plan struct {
 	// (Variant.CombineNarrow for splits one warp loads at once, or
 	// Variant.CombineNarrowDense where only its grid lets the next kernel
 	// in early, Variant.CombineWide for more than Variant.Combine does, else
-	// Variant.Combine), each merging CombineRows output rows; all are zero
+	// Variant.Combine), each merging CombineRows output rows (CombineWide:
+	// Variant.CombineWideCols columns of one row); all are zero
 	// when NumSplits == 1 (stage 1 then writes out and lse itself) or
 	// Cluster > 1.
 	Combine        string `json:"combine"`
@@ -245,7 +249,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.Grid = [3]int{whole + (blocks-whole)*splits, 1, 1}
 		p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
 		partials = splits
-		p.setCombine(v, rows-p.CombineRow0)
+		p.setCombine(v, rows-p.CombineRow0, s.HeadDim)
 	case merging(splits) == mergeCluster:
 		p.Cluster = splits
 		p.SharedBytes = v.ClusterSharedBytes
@@ -257,7 +261,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.SharedBytes = v.ClusterDenseSharedBytes
 	case splits > 1:
 		partials = splits
-		p.setCombine(v, rows)
+		p.setCombine(v, rows, s.HeadDim)
 	}
 	if s.RotaryQ {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
@@ -327,27 +331,36 @@ func (s Shape) plannedKeys() int {
 
 // combineFor is the combine kernel that merges n splits of v, with its
 // threads and the output rows a block merges: v.CombineNarrow where v has
-// one and a warp loads all n at once, v.CombineWide where v has one and n
-// outnumbers the splits v.Combine loads in one round trip to L2, else
-// v.Combine.
+// one and a warp loads all n at once, v.CombineWide (one row a block, or
+// part of one) where v has one and n outnumbers the splits v.Combine loads
+// in one round trip to L2, else v.Combine.
 func combineFor(v Variant, n int) (name string, threads, rows int) {
 	switch {
 	case v.CombineNarrow != "" && v.CombineNarrowRows > 0 && n <= combineUnroll:
 		return v.CombineNarrow, 32 * v.CombineNarrowRows, v.CombineNarrowRows
-	case v.CombineWide != "" && v.CombineWideThreads > 0 && n > combineSplitsPerStep(v.CombineThreads):
-		return v.CombineWide, v.CombineWideThreads, v.CombineRows
+	case v.CombineWide != "" && v.CombineWideThreads > 0 && n > combineSplitsPerStep(v.CombineThreads, 0):
+		return v.CombineWide, v.CombineWideThreads, 1
 	}
 	return v.Combine, v.CombineThreads, v.CombineRows
 }
 
 // setCombine sets the combine that merges p's splits of `rows` output rows
-// (combineFor) and its grid. Where the narrow combine's grid would outnumber
+// of headDim columns (combineFor) and its grid: a block a row's column group
+// for v.CombineWide. Where the narrow combine's grid would outnumber
 // stage 1's blocks or the SMs, so that it could not let the next kernel in
 // early (CombineEarlyDependents), it takes v.CombineNarrowDenseRows rows a
 // block instead if that grid fits.
-func (p *Plan) setCombine(v Variant, rows int) {
+func (p *Plan) setCombine(v Variant, rows, headDim int) {
 	p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, p.NumSplits)
 	p.CombineGrid = ceilDiv(rows, p.CombineRows)
+	if p.Combine == v.CombineWide && v.CombineWideCols > 0 {
+		if groups := ceilDiv(headDim, v.CombineWideCols); p.CombineGrid <= math.MaxInt32/groups {
+			p.CombineGrid *= groups
+		} else { // beyond the launch grid's x limit: whole rows, a round trip per 32 splits
+			p.Combine, p.CombineThreads, p.CombineRows = v.Combine, v.CombineThreads, v.CombineRows
+			p.CombineGrid = ceilDiv(rows, p.CombineRows)
+		}
+	}
 	if p.Combine != v.CombineNarrow || p.CombineEarlyDependents() || v.CombineNarrowDense == "" || v.CombineNarrowDenseRows < 1 {
 		return
 	}

@@ -54,6 +54,7 @@ type variantJSON struct {
 	CombineRows            int    `json:"combine_rows"`
 	CombineWide            string `json:"combine_wide"`
 	CombineWideThreads     int    `json:"combine_wide_threads"`
+	CombineWideCols        int    `json:"combine_wide_cols"`
 	CombineNarrow          string `json:"combine_narrow"`
 	CombineNarrowRows      int    `json:"combine_narrow_rows"`
 	CombineNarrowDense     string `json:"combine_narrow_dense"`
@@ -77,7 +78,7 @@ func (p Plan) MarshalJSON() ([]byte, error) {
 		FusedAppend bool `json:"fused_append,omitzero"`
 	}{variantJSON{v.Kernel, v.Combine, v.DType.String(), v.HeadDim, v.Rows, v.Threads,
 		v.KeysPerTile, v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes, v.CombineThreads, v.CombineRows,
-		v.CombineWide, v.CombineWideThreads, v.CombineNarrow, v.CombineNarrowRows,
+		v.CombineWide, v.CombineWideThreads, v.CombineWideCols, v.CombineNarrow, v.CombineNarrowRows,
 		v.CombineNarrowDense, v.CombineNarrowDenseRows, v.Form.String(), v.Append, v.Form.Serving(), v.Form.Paged(),
 		v.Form.FusedAppend()}, plain(p), p.FusedAppend()})
 }

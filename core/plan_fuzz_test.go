@@ -3,6 +3,7 @@ package core
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -83,13 +84,18 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	}
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
 	combines := p.NumSplits > 1 && p.Cluster == 1
+	groups := 1 // blocks a row: the column-group combine's groups
+	if p.Combine == v.CombineWide && v.CombineWideCols > 0 {
+		groups = ceilDiv(s.HeadDim, v.CombineWideCols)
+	}
 	switch {
 	case p.Cluster != 1 && (p.Cluster != p.NumSplits || p.Cluster > MaxCluster || d.Clusters == nil || p.WholeItems > 0):
 		fail("a cluster is not one cluster of every split")
 	case combines != (p.CombineGrid > 0) || combines != (p.Combine != ""):
 		fail("the combine runs exactly when splits are not merged in stage 1")
-	case combines && (p.CombineGrid*p.CombineRows < rows-p.CombineRow0 || (p.CombineGrid-1)*p.CombineRows >= rows-p.CombineRow0):
-		fail("the combine grid does not cover the split rows exactly")
+	case combines && (p.CombineGrid%groups != 0 || p.CombineGrid > math.MaxInt32 ||
+		p.CombineGrid/groups*p.CombineRows < rows-p.CombineRow0 || (p.CombineGrid/groups-1)*p.CombineRows >= rows-p.CombineRow0):
+		fail("the combine grid does not cover the split rows (each in its column groups) exactly")
 	case p.WholeItems == 0 && p.CombineRow0 != 0, p.CombineRow0 < 0 || p.CombineRow0 >= max(rows, 1):
 		fail("the combine's first row is outside the rows")
 	}

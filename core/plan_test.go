@@ -13,7 +13,7 @@ var testVariant = Variant{
 	Kernel: "fd_split_kv_f16_d128_r16", Combine: "fd_combine_f16", DType: Float16,
 	HeadDim: 128, Rows: 16, Threads: 128, KeysPerTile: 64, SharedBytes: 32768,
 	ClusterSharedBytes: 122880, CombineThreads: 128, CombineRows: 4,
-	CombineWide: "fd_combine_f16_w16", CombineWideThreads: 512,
+	CombineWide: "fd_combine_f16_c32", CombineWideThreads: 128, CombineWideCols: 32,
 }
 
 // twoPerSM is a device of 132 SMs holding 2 blocks of any variant per SM,
@@ -140,8 +140,12 @@ func TestAutoSplitsProperties(t *testing.T) {
 func TestCombineRounds(t *testing.T) {
 	for _, v := range Variants() {
 		for _, n := range []int{2, 8, 9, 16, 32, 33, 64, 128} {
-			_, threads, rows := combineFor(v, n)
-			if want := ceilDiv(n, threads/32/rows*combineUnroll); combineRounds(n) != want {
+			name, threads, rows := combineFor(v, n)
+			cols := 0
+			if name == v.CombineWide {
+				cols = v.CombineWideCols
+			}
+			if want := ceilDiv(n, combineSplitsPerStep(threads/rows, cols)); combineRounds(n) != want {
 				t.Errorf("%s, %d splits: combineRounds %d, its combine of %d threads and %d rows a block takes %d",
 					v.Kernel, n, combineRounds(n), threads, rows, want)
 			}
@@ -288,7 +292,8 @@ func TestPlanVariant(t *testing.T) {
 		{"batch 64: no split", func(s *Shape) { s.Batch = 64 }, 1, [3]int{1, 8, 64}, 0, 0, 0},
 		{"requested 7", func(s *Shape) { s.NumSplits = 7 }, 7, [3]int{7, 8, 1}, 8, 7 * 32 * 128 * 4, 7*32*128*4 + 7*32*4},
 		{"requested 1", func(s *Shape) { s.NumSplits = 1 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
-		{"requested 1000: cap", func(s *Shape) { s.NumSplits = 1000 }, 128, [3]int{128, 8, 1}, 8, 128 * 32 * 128 * 4, 128*32*128*4 + 128*32*4},
+		// More than 32 splits: a combine block for each 32 columns of a row.
+		{"requested 1000: cap", func(s *Shape) { s.NumSplits = 1000 }, 128, [3]int{128, 8, 1}, 32 * 4, 128 * 32 * 128 * 4, 128*32*128*4 + 128*32*4},
 		{"requested 9 over 2 tiles", func(s *Shape) { s.NumSplits = 9; s.Seqlen = 100 }, 2, [3]int{2, 8, 1}, 8, 32768, 32768 + 256},
 		{"requested 4 on empty", func(s *Shape) { s.NumSplits = 4; s.SeqlenCache = 0 }, 1, [3]int{1, 8, 1}, 0, 0, 0},
 		{"head dim 72: actual head dim in workspace", func(s *Shape) { s.HeadDim = 72; s.NumSplits = 2 }, 2, [3]int{2, 8, 1}, 8, 2 * 32 * 72 * 4, 2*32*72*4 + 2*32*4},
@@ -322,34 +327,49 @@ func TestPlanVariant(t *testing.T) {
 }
 
 // TestPlanCombineWidth: the 4-warp combine loads 32 splits per round trip to
-// L2; more splits take the 16-warp one, when the variant has it.
+// L2; more splits take the column-group one, when the variant has it, a
+// block for each 32 columns of a row (the last group partly empty where the
+// head dim is no multiple of 32).
 func TestPlanCombineWidth(t *testing.T) {
-	s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
 	noWide := testVariant
-	noWide.CombineWide, noWide.CombineWideThreads = "", 0
+	noWide.CombineWide, noWide.CombineWideThreads, noWide.CombineWideCols = "", 0, 0
 	tests := []struct {
-		splits  int
-		v       Variant
-		combine string
-		threads int
+		splits, headDim int
+		v               Variant
+		combine         string
+		threads, grid   int
 	}{
-		{1, testVariant, "", 0},
-		{2, testVariant, "fd_combine_f16", 128},
-		{32, testVariant, "fd_combine_f16", 128},
-		{33, testVariant, "fd_combine_f16_w16", 512},
-		{128, testVariant, "fd_combine_f16_w16", 512},
-		{33, noWide, "fd_combine_f16", 128},
+		{1, 128, testVariant, "", 0, 0},
+		{2, 128, testVariant, "fd_combine_f16", 128, 8},
+		{32, 128, testVariant, "fd_combine_f16", 128, 8},
+		{33, 128, testVariant, "fd_combine_f16_c32", 128, 32 * 4},
+		{128, 128, testVariant, "fd_combine_f16_c32", 128, 32 * 4},
+		{128, 40, testVariant, "fd_combine_f16_c32", 128, 32 * 2},
+		{33, 128, noWide, "fd_combine_f16", 128, 8},
 	}
 	for _, tt := range tests {
-		s.NumSplits = tt.splits
+		s := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: tt.headDim, SeqlenCache: 32768,
+			Seqlen: -1, NumSplits: tt.splits}
 		p, err := PlanVariant(s, tt.v, twoPerSM)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.NumSplits != tt.splits || p.Combine != tt.combine || p.CombineThreads != tt.threads {
-			t.Errorf("%d splits (wide %q): %d splits, combine %q x %d; want %q x %d", tt.splits, tt.v.CombineWide,
-				p.NumSplits, p.Combine, p.CombineThreads, tt.combine, tt.threads)
+		if p.NumSplits != tt.splits || p.Combine != tt.combine || p.CombineThreads != tt.threads || p.CombineGrid != tt.grid {
+			t.Errorf("%d splits, d%d (wide %q): %d splits, combine %q %d x %d; want %q %d x %d", tt.splits, tt.headDim,
+				tt.v.CombineWide, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, tt.combine, tt.grid, tt.threads)
 		}
+	}
+	// Rows whose column groups would pass the launch grid's x limit merge
+	// whole, as many round trips as that takes.
+	huge := Shape{DType: Float16, Batch: 65535, SeqlenQ: 2, HeadsQ: 8192, HeadsKV: 8192, HeadDim: 128, SeqlenCache: 4096,
+		Seqlen: -1, NumSplits: 64}
+	p, err := PlanVariant(huge, testVariant, twoPerSM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows := 65535 * 8192 * 2; p.Combine != "fd_combine_f16" || p.CombineGrid != rows/testVariant.CombineRows {
+		t.Errorf("%d rows in 64 splits: combine %q x %d, want fd_combine_f16 x %d", rows, p.Combine, p.CombineGrid,
+			rows/testVariant.CombineRows)
 	}
 }
 
@@ -831,7 +851,7 @@ func TestPlanJSONAndString(t *testing.T) {
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
-		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows", "combine_wide", "combine_wide_threads",
+		"shared_bytes", "cluster_shared_bytes", "combine_threads", "combine_rows", "combine_wide", "combine_wide_threads", "combine_wide_cols",
 		"combine_narrow", "combine_narrow_rows", "combine_narrow_dense", "combine_narrow_dense_rows", "form"} {
 		if _, ok := v[k]; !ok {
 			t.Errorf("variant JSON %v lacks %q", v, k)

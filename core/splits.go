@@ -267,14 +267,14 @@ func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m merge) int
 
 // combineRounds is how many round trips to L2 the combine of n splits
 // makes, as combineFor picks it for the compiled variants (all share
-// combineThreads and combineWideThreads; TestCombineRounds checks): one
-// for the narrow and the 4-warp combines (up to 8 and 32 splits), else the 16-warp one's
-// ceil(n / 128).
+// combineThreads, combineWideThreads and combineWideCols; TestCombineRounds
+// checks): one for the narrow and the 4-warp combines (up to 8 and 32
+// splits), else the column-group one's ceil(n / 128).
 func combineRounds(n int) int {
-	if n <= combineSplitsPerStep(combineThreads) {
+	if n <= combineSplitsPerStep(combineThreads, 0) {
 		return 1
 	}
-	return ceilDiv(n, combineSplitsPerStep(combineWideThreads))
+	return ceilDiv(n, combineSplitsPerStep(combineWideThreads, combineWideCols))
 }
 
 // tailSplit is the num_splits=0 plan of a grid of more items (blocks

@@ -45,12 +45,14 @@ type Variant struct {
 	// let the next kernel in early (Plan.CombineEarlyDependents).
 	CombineNarrowDense     string
 	CombineNarrowDenseRows int
-	// CombineWide, when set, is a wider combine (CombineWideThreads
-	// threads) that plans launch instead of Combine when their splits
-	// outnumber the ones Combine loads in one round trip to L2
-	// (combineSplitsPerStep).
+	// CombineWide, when set, is the combine that plans launch instead of
+	// Combine when their splits outnumber the ones Combine loads in one
+	// round trip to L2 (combineSplitsPerStep): CombineWideThreads threads a
+	// block, each block merging CombineWideCols columns of a row (0: whole
+	// rows), so that a row's partials are read by several SMs at once.
 	CombineWide        string
 	CombineWideThreads int
+	CombineWideCols    int
 	// Form is which form of stage 1 Kernel is (Shape.Form picks it); every
 	// form of a dtype, head dim and row count has the same launch facts.
 	Form Form
@@ -127,7 +129,8 @@ const (
 	splitKVStages      = 3
 	splitKVSharedBytes = splitKVStages * 2 * 8192 * 2
 	combineThreads     = 128 // fd_combine_<dtype>: 4 warps share a row's splits
-	combineWideThreads = 512 // fd_combine_<dtype>_w16: 16 warps
+	combineWideThreads = 128 // fd_combine_<dtype>_c32: 4 warps
+	combineWideCols    = 32  // kernels/combine.cuh FD_COMBINE_COLS: the columns of a row a c32 block merges
 	combineRows        = 1   // one output row per combine block
 	combineNarrowRows  = 4   // fd_combine_<dtype>_r4: a warp per row, 4 rows a block
 	combineDenseRows   = 16  // fd_combine_<dtype>_r16: a warp per row, 16 rows a block
@@ -188,8 +191,9 @@ func splitKV(dt DType, headDim, rows int) Variant {
 		CombineNarrowRows:       combineNarrowRows,
 		CombineNarrowDense:      "fd_combine_" + name + "_r16",
 		CombineNarrowDenseRows:  combineDenseRows,
-		CombineWide:             "fd_combine_" + name + "_w16",
+		CombineWide:             "fd_combine_" + name + "_c32",
 		CombineWideThreads:      combineWideThreads,
+		CombineWideCols:         combineWideCols,
 	}
 }
 
@@ -204,13 +208,19 @@ func formKV(f Form, dt DType, headDim, rows int) Variant {
 }
 
 // combineSplitsPerStep is how many splits a combine of `threads` threads
-// loads in one round trip to L2: FD_COMBINE_UNROLL per warp. Each further
-// round trip adds to every call, so plans with more splits than the 4-warp
-// combine takes at once (32) run the 16-warp one (128 at once), and plans
-// of at most 8 run the narrow one, a warp a row (Variant.CombineNarrow). With fewer
-// splits the 4-warp one is faster: the extra warps only add to the final
-// merge.
-func combineSplitsPerStep(threads int) int { return threads / 32 * combineUnroll }
+// loads in one round trip to L2: FD_COMBINE_UNROLL per lane, where a warp's
+// lanes share one split's row (cols 0: 128 columns, a float4 a lane) or
+// 128/cols splits of a group of cols columns. Each further round trip adds
+// to every call, so plans with more splits than the 4-warp combine takes at
+// once (32) run the column-group one (128 at once), and plans of at most 8
+// run the narrow one, a warp a row (Variant.CombineNarrow).
+func combineSplitsPerStep(threads, cols int) int {
+	perLoad := 1
+	if cols > 0 {
+		perLoad = 128 / cols
+	}
+	return threads / 32 * combineUnroll * perLoad
+}
 
 // variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
 // these, as TestVariantsMatchTheKernels checks): SelectVariant takes the kernels of the form asked for (MakePlan:

@@ -24,7 +24,7 @@ func kernelTable(t *testing.T) []instantiation {
 	if err != nil {
 		t.Fatal(err)
 	}
-	line := regexp.MustCompile(`(?m)^(FD_SPLIT_KV|FD_SPLIT_KV_SERVING|FD_SPLIT_KV_FORM|FD_COMBINE|FD_COMBINE_ROWS|FD_APPEND_KV)\(([^)]*)\)`)
+	line := regexp.MustCompile(`(?m)^(FD_SPLIT_KV|FD_SPLIT_KV_SERVING|FD_SPLIT_KV_FORM|FD_COMBINE|FD_COMBINE_ROWS|FD_COMBINE_GROUPS|FD_APPEND_KV)\(([^)]*)\)`)
 	var out []instantiation
 	for _, m := range line.FindAllStringSubmatch(string(src), -1) {
 		args := strings.Split(m[2], ",")

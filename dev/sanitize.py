@@ -7,7 +7,7 @@
 counts memory as written only by the kernels it instruments, and torch's
 kernels write the inputs). Without torch's caching
 allocator every tensor is its own allocation, so memcheck sees a read past
-one. The paths: split + combine (4 and 16 warps, and a warp a row), the cluster merge,
+one. The paths: split + combine (4 warps a row, a block a row's 32 columns, and a warp a row), the cluster merge,
 whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal,
 ragged lengths with zeros, odd GQA ratios, int and absent cache_seqlens, the
 paged cache (pages of 1 through the serving kernel; of 8 and 16 through its
@@ -80,8 +80,8 @@ def cases():
         ("split + narrow combine (a warp a row)", *plain(32, 1, 8, 1, 128, 16384), dict(combine="fd_combine_f16_r4")),
         ("split + narrow combine, 16 rows a block", *plain(1, 10, 48, 48, 128, 8192, causal=True),
          dict(combine="fd_combine_f16_r16")),
-        ("split + combine (16 warps)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
-         dict(combine="fd_combine_f16_w16")),
+        ("split + combine (column groups)", *plain(1, 1, 32, 8, 128, 32768, num_splits=64),
+         dict(combine="fd_combine_f16_c32")),
         ("cluster merge", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=lens(4096, 1234)), dict(cluster=True)),
         ("cluster merge, keys prefetched into L2", *plain(1, 1, 32, 8, 128, 1024, cache_seqlens=lens(700)),
          dict(cluster=True, prefetch=True)),

@@ -12,14 +12,13 @@
 // empty gets out = 0 and lse = -inf. It writes out in q's dtype through the
 // out strides, and lse when p.lse is non-NULL.
 //
-// Launch shape. One block of WARPS warps per output row: grid batch *
-// heads_q * seqlen_q (core/variants.go CombineRows = 1), or only the rows
-// from p.combine_row0 on, where stage 1 split only its last items
-// (p.whole_items > 0). WARPS is 4 (fd_combine_<dtype>, CombineThreads) or,
-// for plans of more than 32 splits, 16 (fd_combine_<dtype>_w16,
-// CombineWideThreads); 3 or 15 KB of static shared memory. Plans of at most
-// 8 splits run the narrow form instead (fd_combine_rows, at the end of this
-// file: a warp a row, 4 or 16 rows a block). It may be
+// Launch shape. One block of 4 warps per output row: grid batch * heads_q *
+// seqlen_q (core/variants.go CombineRows = 1), or only the rows from
+// p.combine_row0 on, where stage 1 split only its last items
+// (p.whole_items > 0); 3 KB of static shared memory. Plans of more than 32
+// splits run the column-group form (fd_combine_cols: a block a row's 32
+// columns), plans of at most 8 the narrow one (fd_combine_rows: a warp a
+// row, 4 or 16 rows a block), both further down. Each may be
 // launched with programmatic dependent launch (sm_90): its blocks then start
 // while stage 1 drains and wait in fd_pdl_wait for its results, which hides
 // most of the second launch's latency. Where the plan says so
@@ -34,11 +33,11 @@
 // w + WARPS, ..., each lane keeping FD_COMBINE_UNROLL float4 loads (coalesced
 // 512-byte rows) and their LSEs in flight, and merges them into its own
 // online-softmax state without waiting for the other warps; the warps'
-// states and rows meet once in shared memory at the end. So 8 * WARPS splits
-// (32 or 128) are a single round trip, provided ptxas issues a step's loads
-// before it uses any: it does so for the 4-warp kernel, whose launch bounds
-// give it the registers (flashdecode.cu); the others, kept small so that
-// they share SMs with stage 1, take a few. One row per block also spreads a
+// states and rows meet once in shared memory at the end. So 8 * WARPS = 32
+// splits are a single round trip, provided ptxas issues a step's loads
+// before it uses any: it does so where the launch bounds give it the
+// registers (flashdecode.cu; the narrow combines, kept small so that they
+// share SMs with stage 1, take a few). One row per block also spreads a
 // small batch over as many SMs as it has rows (b=1, 32 heads: 32).
 #ifndef FLASHDECODE_COMBINE_CUH
 #define FLASHDECODE_COMBINE_CUH
@@ -181,6 +180,85 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
         if (d < p.head_dim) fd_store4(out + d, fd_scale4(acc[i], inv));
     }
     if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
+}
+
+// The column-group form, for plans of more splits than fd_combine loads in
+// one round trip (more than 32): a block of WARPS warps merges one group of
+// FD_COMBINE_COLS columns of one output row, grid rows * ceil(head_dim /
+// FD_COMBINE_COLS) (core Variant.CombineWide, CombineWideCols). A whole row
+// of 128 splits is 64 KB of partials at head dim 128: a group is a quarter of
+// that, so four times as many SMs pull it from L2 at once, and a lane keeps
+// a quarter of a row's registers.
+//
+// A warp's load covers 4 splits: lane (sub, c) holds columns c*4..c*4+3 of
+// the group for split sub, so that lane folds splits warp*4 + sub, + 4*WARPS,
+// ... (8 at a time, FD_COMBINE_UNROLL): 4 warps take 128 splits in one round
+// trip to L2. The 4 subs of a column merge by shuffles, the warps through
+// shared memory.
+#define FD_COMBINE_COLS 32
+
+template <typename T, int WARPS>
+__device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
+    constexpr int kLanes = FD_COMBINE_COLS / 4;  // lanes a split's columns take: a float4 each
+    constexpr int kSubs = 32 / kLanes;           // splits one warp-wide load brings
+    __shared__ float4 sum[WARPS - 1][kLanes];
+    __shared__ fd_state part[WARPS - 1];
+    const int groups = (p.head_dim + FD_COMBINE_COLS - 1) / FD_COMBINE_COLS;
+    const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    const int row = p.combine_row0 + blockIdx.x / groups;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int d = blockIdx.x % groups * FD_COMBINE_COLS + lane % kLanes * 4;  // this lane's 4 columns
+    const bool live_col = d < p.head_dim;
+    T *out = fd_combine_out<T>(p, row);
+    const float *lse_s = p.lse_partial + row;
+    const float *o_col = p.o_partial + (long long)row * p.head_dim + d;
+    fd_touch_params(out, lse_s, o_col, p.num_splits);
+    fd_pdl_wait();
+    if (p.combine_early_dependents) fd_pdl_launch_dependents();
+
+    fd_state st = fd_state_empty();
+    float4 acc[1] = {make_float4(0.f, 0.f, 0.f, 0.f)};
+    fd_fold_states<FD_COMBINE_UNROLL, 1, false, float4>(
+        st, acc, warp * kSubs + lane / kLanes, p.num_splits, WARPS * kSubs,
+        [&](int s, bool live, float4 (&x)[1]) {
+            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
+            x[0] = live && live_col
+                       ? *reinterpret_cast<const float4 *>(o_col + (long long)s * rows_total * p.head_dim)
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+            return m;
+        },
+        [](const float4 &x) { return x; });
+    FD_TRACE(2);  // dev/trace/trace.cu: this warp's loads have landed and are merged
+
+    // The subs of a column (lanes c, c + kLanes, ...) merge; lanes 0..kLanes-1
+    // then hold the warp's columns.
+#pragma unroll
+    for (int off = kLanes; off < 32; off *= 2) {
+        const fd_state other{__shfl_xor_sync(0xffffffffu, st.m, off), __shfl_xor_sync(0xffffffffu, st.d, off)};
+        const float4 o = make_float4(__shfl_xor_sync(0xffffffffu, acc[0].x, off),
+                                     __shfl_xor_sync(0xffffffffu, acc[0].y, off),
+                                     __shfl_xor_sync(0xffffffffu, acc[0].z, off),
+                                     __shfl_xor_sync(0xffffffffu, acc[0].w, off));
+        float sa, sb;
+        fd_state_merge(st, other, sa, sb);
+        acc[0] = fd_axpby4(acc[0], sa, o, sb);
+    }
+    if (warp > 0 && lane < kLanes) {
+        sum[warp - 1][lane] = acc[0];
+        if (lane == 0) part[warp - 1] = st;
+    }
+    __syncthreads();
+    FD_TRACE(3);
+    if (warp > 0 || lane >= kLanes) return;
+#pragma unroll
+    for (int w = 0; w < WARPS - 1; ++w) {
+        float sa, sb;
+        fd_state_merge(st, part[w], sa, sb);
+        acc[0] = fd_axpby4(acc[0], sa, sum[w][lane], sb);
+    }
+    if (live_col) fd_store4(out + d, fd_scale4(acc[0], fd_state_norm(st)));  // every split empty: 0
+    if (lane == 0 && d == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 #endif  // FLASHDECODE_COMBINE_CUH

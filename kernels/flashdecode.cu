@@ -23,9 +23,10 @@
 //   split_kv_config.cuh  a stage-1 variant's compile-time shape (threads,
 //                        tiles, shared memory) and its dynamic shared memory
 //   combine.cuh          reduce path 1, the reduce kernel: fd_combine_<dtype>
-//                        (4 warps a row), _w16 (16 warps, for more than 32
-//                        splits), _r4 and _r16 (a warp a row, 4 or 16 rows a
-//                        block, for at most 8 splits) merge the partials by LSE
+//                        (4 warps a row), _c32 (a block a row's 32 columns,
+//                        for more than 32 splits), _r4 and _r16 (a warp a
+//                        row, 4 or 16 rows a block, for at most 8 splits)
+//                        merge the partials by LSE
 //   cluster_merge.cuh    reduce path 2, the in-cluster reduce (sm_90): the
 //                        blocks of one cluster merge their splits through
 //                        distributed shared memory, inside stage 1
@@ -74,7 +75,7 @@
 // step's loads in flight (combine.cuh), one round trip to L2; with the
 // default it interleaves them with their uses to save registers (96 of
 // them instead of 154), and a step takes four or five round trips. The
-// other combines keep the default: with all their loads in flight (107-113
+// narrow combines keep the default: with all their loads in flight (107-113
 // registers) they slowed the plans whose stage-1 blocks they share SMs
 // with (docs/tuning.md).
 #define FD_COMBINE(name, T, WARPS, BOUNDS)                                \
@@ -95,8 +96,6 @@ FD_SPLIT_KV(fd_split_kv_bf16_d256_r16,     __nv_bfloat16, 256, 16)
 //          kernel name           dtype          warps  launch bounds
 FD_COMBINE(fd_combine_f16,      half,          4,     (128, 1))
 FD_COMBINE(fd_combine_bf16,     __nv_bfloat16, 4,     (128, 1))
-FD_COMBINE(fd_combine_f16_w16,  half,          16,    (512))
-FD_COMBINE(fd_combine_bf16_w16, __nv_bfloat16, 16,    (512))
 
 // The narrow combine: a warp a row, WARPS rows a block (at most
 // FD_COMBINE_UNROLL splits).
@@ -110,6 +109,19 @@ FD_COMBINE_ROWS(fd_combine_f16_r4,   half,          4,    (128))
 FD_COMBINE_ROWS(fd_combine_bf16_r4,  __nv_bfloat16, 4,    (128))
 FD_COMBINE_ROWS(fd_combine_f16_r16,  half,          16,   (512))
 FD_COMBINE_ROWS(fd_combine_bf16_r16, __nv_bfloat16, 16,   (512))
+
+// The column-group combine: a block a group of FD_COMBINE_COLS columns of a
+// row, for plans of more splits than the 4-warp combine loads at once; its
+// lane holds one float4 a split, so all of its loads stay in flight at 90
+// registers.
+#define FD_COMBINE_GROUPS(name, T, WARPS, BOUNDS)                         \
+    extern "C" __global__ void __launch_bounds__ BOUNDS name(const fd_params p) { \
+        fd_combine_cols<T, WARPS>(p);                                     \
+    }
+
+//                kernel name           dtype          warps  launch bounds
+FD_COMBINE_GROUPS(fd_combine_f16_c32,   half,          4,     (128, 1))
+FD_COMBINE_GROUPS(fd_combine_bf16_c32,  __nv_bfloat16, 4,     (128, 1))
 
 // The merge API (merge_states.cuh, merge_params.h): fd_merge_states_<dtype>
 // merges caller-computed attention states by their LSE, in and out in one

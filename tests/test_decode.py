@@ -120,20 +120,24 @@ def test_tail_split(batch, nheads_q, nheads_kv, headdim, seqlen_q, dtype, causal
 
 
 # Each combine kernel, picked by the planner from the split count and the
-# rows: 4 warps a row (9-32 splits), 16 (more), or a warp a row with 4 rows
-# a block, or 16 where only that grid has no more blocks than stage 1 and
-# the SMs (at most 8 splits); at head dims 128 and 256 (a lane's second
-# 128-column slice). Ragged and empty lengths, causal.
+# rows: 4 warps a row (9-32 splits), a block for each 32 columns of a row
+# (more), or a warp a row with 4 rows a block, or 16 where only that grid has
+# no more blocks than stage 1 and the SMs (at most 8 splits); at head dims
+# 128 and 256 (a lane's second 128-column slice; 8 column groups), and 72
+# (a column group partly past the row). Ragged and empty lengths, causal.
 @pytest.mark.parametrize("batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, num_splits, combine", [
     (2, 1, 32, 8, 128, 8192, 16, "fd_combine_f16"),
-    (2, 1, 8, 1, 128, 16384, 64, "fd_combine_f16_w16"),
+    (2, 1, 8, 1, 128, 16384, 64, "fd_combine_f16_c32"),
+    (2, 1, 8, 1, 128, 16384, 128, "fd_combine_f16_c32"),
+    (2, 1, 16, 2, 256, 8192, 48, "fd_combine_f16_c32"),
+    (2, 3, 8, 2, 72, 4096, 33, "fd_combine_f16_c32"),
     (4, 1, 8, 1, 128, 16384, 4, "fd_combine_f16_r4"),
     (1, 10, 48, 48, 128, 8192, 2, "fd_combine_f16_r16"),
     (2, 16, 24, 24, 128, 4096, 3, "fd_combine_f16_r16"),
     (2, 1, 16, 2, 256, 8192, 17, "fd_combine_f16"),
     (4, 1, 8, 1, 256, 16384, 4, "fd_combine_f16_r4"),
     (1, 10, 48, 48, 256, 4096, 2, "fd_combine_f16_r16"),
-], ids=["4-warps", "16-warps", "narrow", "narrow-16-rows", "narrow-16-rows-ragged", "4-warps-d256", "narrow-d256",
+], ids=["4-warps", "column-groups", "column-groups-128", "column-groups-d256", "column-groups-d72", "narrow", "narrow-16-rows", "narrow-16-rows-ragged", "4-warps-d256", "narrow-d256",
         "narrow-16-rows-d256"])
 def test_combine_kernels(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, num_splits, combine):
     plan = flash_decode.plan(batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache, num_splits=num_splits)

@@ -32,7 +32,7 @@ def test_sanitize_dry_run_reaches_every_path():
     assert lines[-1] == "done"
     plans = [line for line in lines if ": fd_split_kv_" in line]
     assert len(plans) >= 20
-    assert any("combine fd_combine_f16_w16" in line for line in plans)
+    assert any("combine fd_combine_f16_c32" in line for line in plans)
     assert any("cluster 1," not in line and "combine -" in line for line in plans)
     assert any("whole_items 0," not in line for line in plans)
     assert any("prefetch_tiles 0," not in line for line in plans)

@@ -342,9 +342,10 @@ def test_binding_with_fake_driver():
     assert p["num_splits"] == 4 and p["cluster"] == 4 and p["workspace_bytes"] == 0
     assert "bf16" in p["kernel"]
     p = report["plan_40"]  # beyond a cluster: the combine kernel and its workspace
-    assert p["num_splits"] == 40 and p["cluster"] == 1 and p["combine_grid"] == 2 * 40 * 4
-    # more than 32 splits: the 16-warp combine, which loads them all in one round trip
-    assert p["combine"].endswith("_w16") and p["combine_threads"] == 512
+    # more than 32 splits: the column-group combine, which loads them all in one round trip,
+    # a block for each 32 of a row's 128 columns
+    assert p["num_splits"] == 40 and p["cluster"] == 1 and p["combine_grid"] == 2 * 40 * 4 * 4
+    assert p["combine"].endswith("_c32") and p["combine_threads"] == 128
     assert p["workspace_bytes"] >= 40 * (2 * 40 * 4) * 128 * 4  # splits * rows * headdim * fp32
 
     # Serving plans: the serving kernels; a contiguous cache's append without rotary runs its

@@ -143,9 +143,9 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 		// blocks than SMs.
 		{"bf16 d256 ragged batch 36", core.Shape{DType: core.BFloat16, Batch: 36, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 4, HeadDim: 256, SeqlenCache: 200, Seqlen: -1, NumSplits: 1}, ragged(36, 200), false, false},
 		{"fp16 r32 causal ragged batch 9", core.Shape{DType: core.Float16, Batch: 9, SeqlenQ: 3, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, SeqlenCache: 700, Seqlen: -1, NumSplits: 2}, ragged(9, 700), true, false},
-		// More than 32 splits: the 16-warp combine, with both 128-column
-		// slices of head dim 256 and empty splits in the shorter sequence.
-		{"fp16 d256 48 splits, 16-warp combine", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 16, HeadsKV: 4, HeadDim: 256, SeqlenCache: 4000, Seqlen: -1, NumSplits: 48}, []int32{4000, 1234}, false, true},
+		// More than 32 splits: the column-group combine, with the 8 column
+		// groups of head dim 256 and empty splits in the shorter sequence.
+		{"fp16 d256 48 splits, column-group combine", core.Shape{DType: core.Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 16, HeadsKV: 4, HeadDim: 256, SeqlenCache: 4000, Seqlen: -1, NumSplits: 48}, []int32{4000, 1234}, false, true},
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range tests {

@@ -82,11 +82,12 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
     stamp(ts, t0, -1);
 }
 
-// The combine: WARPS warps a row (fd_combine) or, with ROWS, a warp a row
-// and WARPS rows a block (fd_combine_rows), with the library's launch bounds
-// (kernels/flashdecode.cu: one block an SM for the 4-warp one, so that its
-// loads stay in flight; 0 is no minimum).
-template <int WARPS, bool ROWS = false>
+// The combine: WARPS warps a row (fd_combine), or with ROWS a warp a row
+// and WARPS rows a block (fd_combine_rows), or with COLS a block a row's
+// group of 32 columns (fd_combine_cols), with the library's launch bounds
+// (kernels/flashdecode.cu: one block an SM for the 4-warp ones, so that
+// their loads stay in flight; 0 is no minimum).
+template <int WARPS, bool ROWS = false, bool COLS = false>
 __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_combine(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
@@ -95,6 +96,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_co
     const u64 t1 = gtime();
     if constexpr (ROWS)
         fd_combine_rows<half, WARPS>(p);
+    else if constexpr (COLS)
+        fd_combine_cols<half, WARPS>(p);
     else
         fd_combine<half, WARPS>(p);
     __syncthreads();
@@ -262,7 +265,9 @@ static void run(const Scenario &sc) {
                  : sc.whole > 0 ? sc.whole + (items - sc.whole) * sc.splits
                                 : sc.splits * items;
     const int row0 = sc.whole * (hq / hkv) * sc.sq;  // the combine's first row
-    const int g2 = combine ? (rows - row0 + sc.combine_rows - 1) / sc.combine_rows : 0;
+    // Above 32 splits, as the planner: a block a row's group of 32 columns.
+    const int groups = sc.combine_rows == 1 && sc.splits > 32 ? (d + FD_COMBINE_COLS - 1) / FD_COMBINE_COLS : 1;
+    const int g2 = combine ? (rows - row0 + sc.combine_rows - 1) / sc.combine_rows * groups : 0;
     u64 *ts;
     const size_t per_call = (size_t)(g1 + g2) * NS;
     CK(cudaMalloc(&ts, per_call * kCalls * 8));
@@ -360,8 +365,8 @@ static void run(const Scenario &sc) {
         if (combine) {
             if (sc.combine_rows == 4)
                 launch(tr_combine<4, true>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
-            else if (sc.splits > 32)  // as the planner: 16 warps above 32 splits
-                launch(tr_combine<16>, dim3(g2), 512, 0, s, sc.pdl, 1, p, t + NS * g1);
+            else if (groups > 1)
+                launch(tr_combine<4, false, true>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
             else
                 launch(tr_combine<4>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
         }
