@@ -598,11 +598,22 @@ int main(int argc, char **argv) {
     att("b=1 128K, 16 splits + combine", 1, 131072, 16, 1);
     att("b=8 8K, 2 splits + combine", 8, 8192, 2, 1);
     att("b=32 1K, 1 split", 32, 1024, 1, 1);
-    att("MQA b=1 128K, 121 splits + combine", 1, 131072, 121, 1, true, 8, 1);
+    att("MQA b=1 128K, 128 splits + combine", 1, 131072, 128, 1, true, 8, 1);
     // The same 128 blocks of 64 tiles as b=8 8K above, with 8 query rows a
     // block (MQA b=32, 4 splits; 64/8 heads b=8, 2 splits) instead of 4.
     att("MQA b=32 16K, 4 splits + combine", 32, 16384, 4, 1, true, 8, 1);
     att("64/8 b=8 8K, 2 splits + combine", 8, 8192, 2, 1, true, 64, 8);
+    // b=1 32K's 128 blocks with 4 query rows a block, 8 (64/8 heads) and 16
+    // (4 query tokens), whose calls take 1.1 and 1.6 us longer; the combine
+    // let in at stage 1's start (as the planner) or after its loop.
+    for (int s1e : {-1, 0})
+        for (int k = 0; k < 3; ++k) {
+            att("", 1, 32768, 16, 1, true, k == 1 ? 64 : 32, 8);
+            v.back().sq = k == 2 ? 4 : 1;
+            v.back().stage1_early = s1e;
+            v.back().name = std::string("rows a block ") + (k == 0 ? "4" : k == 1 ? "8 (64/8)" : "16 (sq4)") +
+                            ": b=1 32K, 16 splits + combine" + (s1e < 0 ? "" : ", let in late");
+        }
     // 96 blocks and a combine of 480 one-row blocks, whose letting the next
     // call in early slowed it (docs/tuning.md, "The combine lets the next
     // kernel in"), 8 query tokens (384 rows), which did not, and one (48).
