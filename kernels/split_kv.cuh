@@ -595,6 +595,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     float *so = reinterpret_cast<float *>(fd_dynamic_smem);  // [key warp][row][D + 8]
     float *sm = so + C::kKeyWarps * ROWS * C::kMergeStride;  // [key warp][row] max
     float *sl = sm + C::kKeyWarps * ROWS;                     // [key warp][row] sum
+    float *sw = sl + C::kKeyWarps * ROWS;                     // kMergeByRow: [row][key warp] weight in the row
+    float *slse = sw + ROWS * C::kKeyWarps;                   // kMergeByRow: [row] base-2 LSE
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
@@ -615,9 +617,36 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     }
     __syncthreads();
 
-    // Merge the warps and write 4 columns of one row per thread and step:
-    // the output itself (one split), the partials for the combine kernel, or,
-    // in a cluster launch, the block's parked rows for the cluster merge.
+    // Each (row, 4 columns) item below merges the key warps' states of its
+    // row, a chain of dependent steps. With 32 rows (C::kMergeByRow: 8 items
+    // a thread at head dim 128), a thread a row merges them once instead,
+    // behind one more barrier: each warp's weight in the normalized row
+    // (2^(m_w - m) / d; 0 for an empty row) and the row's LSE, so that the
+    // items are loads and multiply-adds.
+    if constexpr (C::kMergeByRow) {
+        if (threadIdx.x < ROWS) {
+            const int row = threadIdx.x;
+            fd_state st = fd_state_empty();
+#pragma unroll
+            for (int w = 0; w < C::kKeyWarps; ++w) st = fd_state{fmaxf(st.m, sm[w * ROWS + row]), 0.f};
+            const float off = fd_state_offset(st.m);
+            float wt[C::kKeyWarps];
+#pragma unroll
+            for (int w = 0; w < C::kKeyWarps; ++w) {
+                wt[w] = exp2f(sm[w * ROWS + row] - off);
+                st.d += sl[w * ROWS + row] * wt[w];
+            }
+            const float inv = fd_state_norm(st);  // no visible key: output 0
+#pragma unroll
+            for (int w = 0; w < C::kKeyWarps; ++w) sw[row * C::kKeyWarps + w] = wt[w] * inv;
+            slse[row] = fd_state_lse2(st);
+        }
+        __syncthreads();
+    }
+
+    // Write 4 columns of one row per thread and step: the output itself (one
+    // split), the partials for the combine kernel, or, in a cluster launch,
+    // the block's parked rows for the cluster merge.
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
     float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
     float *park_lse = park_o + ROWS * D;      // [ROWS]
@@ -638,14 +667,22 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         if (r >= packed_rows || d >= p.head_dim) continue;
         fd_state st = fd_state_empty();
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        if constexpr (C::kMergeByRow) {
 #pragma unroll
-        for (int w = 0; w < C::kKeyWarps; ++w) {
-            const int wr = w * ROWS + row;
-            float sa, sb;
-            fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
-            acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
+            for (int w = 0; w < C::kKeyWarps; ++w)
+                acc = fd_fma4(acc, sw[row * C::kKeyWarps + w],
+                              *reinterpret_cast<const float4 *>(so + (w * ROWS + row) * C::kMergeStride + d));
+            st = fd_state{slse[row], 1.f};  // a state of that LSE (fd_state_lse2), acc already normalized
+        } else {
+#pragma unroll
+            for (int w = 0; w < C::kKeyWarps; ++w) {
+                const int wr = w * ROWS + row;
+                float sa, sb;
+                fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
+                acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
+            }
+            acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
         }
-        acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
         if (push) {
             fd_cluster_push<D, ROWS>(&merge_bar, cluster_n, rank, per_block, idx, row, acc, fd_state_lse2(st));
             continue;
