@@ -33,11 +33,12 @@
 // A split that saw no key has LSE -inf and weight 0; a row that saw no key
 // at all (length 0, or masked by the causal mask) gets out = 0 and
 // LSE = -inf. With one split, stage 1 writes the output itself and no
-// combine runs. The combine gives a row 4 warps, or 16 for more than 32
-// splits, or for at most 8 splits one warp, 4 or 16 rows a block
+// combine runs. The combine gives a row 4 warps; for more than 32 splits a
+// block of 4 warps to each 32 columns of a row, a lane one split's 4
+// columns; for at most 8 splits one warp, 4 or 16 rows a block
 // (Plan.Combine names the one a plan runs), so that all of a row's splits
-// are loaded at once: in one round trip to L2 for the 4-warp combine, a few
-// for the others, which keep fewer registers so as to share an SM with
+// are loaded at once: in one round trip to L2 for the first two, a few
+// for the narrow one, which keeps fewer registers so as to share an SM with
 // stage 1 (kernels/flashdecode.cu). ReferenceDecode does exactly this on
 // the CPU and the tests check it against NaiveAttention.
 //

@@ -592,9 +592,10 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         ``cluster`` (the thread-block cluster size when the splits merge
         inside the split kernel, else 1), ``workspace_bytes`` (0 unless the
         combine kernel runs), ``kernel`` (the stage-1 kernel's name) and
-        ``combine`` (the combine kernel's: 4 warps a row, 16 above 32
-        splits, or a warp a row and ``combine_rows`` 4 or 16 rows a block up
-        to 8 splits; "" when none runs) and ``whole_items`` (> 0 for a grid of more
+        ``combine`` (the combine kernel's: 4 warps a row; above 32 splits
+        ``_c32``, a block for each 32 columns of a row; or a warp a row and
+        ``combine_rows`` 4 or 16 rows a block up to 8 splits; "" when none
+        runs) and ``whole_items`` (> 0 for a grid of more
         items than the GPU holds at once: that many batch x K/V head items
         run unsplit and the rest in ``num_splits`` splits each, on a 1-D
         ``grid``). A call that appends (seqlen_new) shows the append
