@@ -187,8 +187,9 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
 // FD_COMBINE_COLS columns of one output row, grid rows * ceil(head_dim /
 // FD_COMBINE_COLS) (core Variant.CombineWide, CombineWideCols). A whole row
 // of 128 splits is 64 KB of partials at head dim 128: a group is a quarter of
-// that, so four times as many SMs pull it from L2 at once, and a lane keeps
-// a quarter of a row's registers.
+// that, so four times as many SMs pull it from L2 at once, and a lane holds
+// one float4 a split (the whole-row form two, one idle at head dim 128 and
+// below), so that all of a step's loads stay in flight.
 //
 // A warp's load covers 4 splits: lane (sub, c) holds columns c*4..c*4+3 of
 // the group for split sub, so that lane folds splits warp*4 + sub, + 4*WARPS,
