@@ -628,7 +628,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             const int row = threadIdx.x;
             fd_state st = fd_state_empty();
 #pragma unroll
-            for (int w = 0; w < C::kKeyWarps; ++w) st = fd_state{fmaxf(st.m, sm[w * ROWS + row]), 0.f};
+            for (int w = 0; w < C::kKeyWarps; ++w) st.m = fmaxf(st.m, sm[w * ROWS + row]);
             const float off = fd_state_offset(st.m);
             float wt[C::kKeyWarps];
 #pragma unroll
