@@ -595,8 +595,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     float *so = reinterpret_cast<float *>(fd_dynamic_smem);  // [key warp][row][D + 8]
     float *sm = so + C::kKeyWarps * ROWS * C::kMergeStride;  // [key warp][row] max
     float *sl = sm + C::kKeyWarps * ROWS;                     // [key warp][row] sum
-    float *sw = sl + C::kKeyWarps * ROWS;                     // kMergeByRow: [row][key warp] weight in the row
-    float *slse = sw + ROWS * C::kKeyWarps;                   // kMergeByRow: [row] base-2 LSE
+    float *sw = sl + C::kKeyWarps * ROWS;                     // by row: [row][key warp] weight in the row
+    float *slse = sw + ROWS * C::kKeyWarps;                   // by row: [row] base-2 LSE
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
@@ -618,95 +618,103 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     __syncthreads();
 
     // Each (row, 4 columns) item below merges the key warps' states of its
-    // row, a chain of dependent steps. With 32 rows (C::kMergeByRow: 8 items
-    // a thread at head dim 128), a thread a row merges them once instead,
+    // row, a chain of dependent steps. Where a thread has more than two
+    // items (always at 32 rows: 8 at head dim 128; at 16 rows, 10 or more
+    // rows at head dim 128), a thread a row merges them once instead,
     // behind one more barrier: each warp's weight in the normalized row
     // (2^(m_w - m) / d; 0 for an empty row) and the row's LSE, so that the
-    // items are loads and multiply-adds.
-    if constexpr (C::kMergeByRow) {
-        if (threadIdx.x < ROWS) {
-            const int row = threadIdx.x;
-            fd_state st = fd_state_empty();
-#pragma unroll
-            for (int w = 0; w < C::kKeyWarps; ++w) st.m = fmaxf(st.m, sm[w * ROWS + row]);
-            const float off = fd_state_offset(st.m);
-            float wt[C::kKeyWarps];
-#pragma unroll
-            for (int w = 0; w < C::kKeyWarps; ++w) {
-                wt[w] = exp2f(sm[w * ROWS + row] - off);
-                st.d += sl[w * ROWS + row] * wt[w];
-            }
-            const float inv = fd_state_norm(st);  // no visible key: output 0
-#pragma unroll
-            for (int w = 0; w < C::kKeyWarps; ++w) sw[row * C::kKeyWarps + w] = wt[w] * inv;
-            slse[row] = fd_state_lse2(st);
-        }
-        __syncthreads();
-    }
-
-    // Write 4 columns of one row per thread and step: the output itself (one
-    // split), the partials for the combine kernel, or, in a cluster launch,
-    // the block's parked rows for the cluster merge.
+    // items are loads and multiply-adds. The two ways are two copies of the
+    // loop (kByRow), so that the test is not made in every item.
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
     float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
     float *park_lse = park_o + ROWS * D;      // [ROWS]
     const bool push = C::kPushMerge && clustered;
     const int rank = fd_cluster_rank();
     const int per_block = (C::kItems + cluster_n - 1) / cluster_n;  // items each cluster block owns
-    if (push) {
-        fd_cluster_wait();  // every block's barrier is initialized (arrived at the start)
-        if (threadIdx.x == 0)
-            fd_mbar_expect_bytes(&merge_bar, fd_cluster_inbox_bytes<D, ROWS>(cluster_n, rank, per_block,
-                                                                             min(ROWS, packed_rows - row0),
-                                                                             (p.head_dim + 3) / 4));
-    }
-    for (int idx = threadIdx.x; idx < ROWS * (D / 4); idx += C::kThreads) {
-        const int row = idx / (D / 4);
-        const int d = (idx % (D / 4)) * 4;
-        const int r = row0 + row;
-        if (r >= packed_rows || d >= p.head_dim) continue;
-        fd_state st = fd_state_empty();
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        if constexpr (C::kMergeByRow) {
+    const int block_rows = min(ROWS, packed_rows - row0);
+    auto merge_rows = [&](auto by_row) {
+        constexpr bool kByRow = decltype(by_row)::value;
+        if constexpr (kByRow) {
+            if (threadIdx.x < ROWS) {
+                const int row = threadIdx.x;
+                fd_state st = fd_state_empty();
 #pragma unroll
-            for (int w = 0; w < C::kKeyWarps; ++w)
-                acc = fd_fma4(acc, sw[row * C::kKeyWarps + w],
-                              *reinterpret_cast<const float4 *>(so + (w * ROWS + row) * C::kMergeStride + d));
-            st = fd_state{slse[row], 1.f};  // a state of that LSE (fd_state_lse2), acc already normalized
-        } else {
+                for (int w = 0; w < C::kKeyWarps; ++w) st.m = fmaxf(st.m, sm[w * ROWS + row]);
+                const float off = fd_state_offset(st.m);
+                float wt[C::kKeyWarps];
 #pragma unroll
-            for (int w = 0; w < C::kKeyWarps; ++w) {
-                const int wr = w * ROWS + row;
-                float sa, sb;
-                fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
-                acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
+                for (int w = 0; w < C::kKeyWarps; ++w) {
+                    wt[w] = exp2f(sm[w * ROWS + row] - off);
+                    st.d += sl[w * ROWS + row] * wt[w];
+                }
+                const float inv = fd_state_norm(st);  // no visible key: output 0
+#pragma unroll
+                for (int w = 0; w < C::kKeyWarps; ++w) sw[row * C::kKeyWarps + w] = wt[w] * inv;
+                slse[row] = fd_state_lse2(st);
             }
-            acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
+            __syncthreads();
         }
+
+        // Write 4 columns of one row per thread and step: the output itself
+        // (one split), the partials for the combine kernel, or, in a cluster
+        // launch, the block's parked rows for the cluster merge.
         if (push) {
-            fd_cluster_push<D, ROWS>(&merge_bar, cluster_n, rank, per_block, idx, row, acc, fd_state_lse2(st));
-            continue;
+            fd_cluster_wait();  // every block's barrier is initialized (arrived at the start)
+            if (threadIdx.x == 0)
+                fd_mbar_expect_bytes(&merge_bar, fd_cluster_inbox_bytes<D, ROWS>(cluster_n, rank, per_block,
+                                                                                 block_rows, (p.head_dim + 3) / 4));
         }
-        if (clustered) {
-            *reinterpret_cast<float4 *>(park_o + row * D + d) = acc;
-            if (d == 0) park_lse[row] = fd_state_lse2(st);
-            continue;
+        for (int idx = threadIdx.x; idx < ROWS * (D / 4); idx += C::kThreads) {
+            const int row = idx / (D / 4);
+            const int d = (idx % (D / 4)) * 4;
+            const int r = row0 + row;
+            if (r >= packed_rows || d >= p.head_dim) continue;
+            fd_state st = fd_state_empty();
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            if constexpr (kByRow) {
+#pragma unroll
+                for (int w = 0; w < C::kKeyWarps; ++w)
+                    acc = fd_fma4(acc, sw[row * C::kKeyWarps + w],
+                                  *reinterpret_cast<const float4 *>(so + (w * ROWS + row) * C::kMergeStride + d));
+                st = fd_state{slse[row], 1.f};  // a state of that LSE (fd_state_lse2), acc already normalized
+            } else {
+#pragma unroll
+                for (int w = 0; w < C::kKeyWarps; ++w) {
+                    const int wr = w * ROWS + row;
+                    float sa, sb;
+                    fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
+                    acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
+                }
+                acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
+            }
+            if (push) {
+                fd_cluster_push<D, ROWS>(&merge_bar, cluster_n, rank, per_block, idx, row, acc, fd_state_lse2(st));
+                continue;
+            }
+            if (clustered) {
+                *reinterpret_cast<float4 *>(park_o + row * D + d) = acc;
+                if (d == 0) park_lse[row] = fd_state_lse2(st);
+                continue;
+            }
+            const float lse = fd_state_lse2(st) * CUDART_LN2_F;  // natural log; -inf stays -inf
+            const int head = kv_head * p.group + r / p.seqlen_q;
+            const int qi = r % p.seqlen_q;
+            const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
+            if (p.o_partial == nullptr || num_splits == 1) {
+                T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
+                         head * p.out_head_stride + d;
+                fd_store4(out, acc);
+                if (d == 0 && p.lse != nullptr) p.lse[out_row] = lse;
+            } else {
+                const long long prow = (long long)split * rows_total + out_row;
+                *reinterpret_cast<float4 *>(p.o_partial + prow * p.head_dim + d) = acc;
+                if (d == 0) p.lse_partial[prow] = lse;
+            }
         }
-        const float lse = fd_state_lse2(st) * CUDART_LN2_F;  // natural log; -inf stays -inf
-        const int head = kv_head * p.group + r / p.seqlen_q;
-        const int qi = r % p.seqlen_q;
-        const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
-        if (p.o_partial == nullptr || num_splits == 1) {
-            T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
-                     head * p.out_head_stride + d;
-            fd_store4(out, acc);
-            if (d == 0 && p.lse != nullptr) p.lse[out_row] = lse;
-        } else {
-            const long long prow = (long long)split * rows_total + out_row;
-            *reinterpret_cast<float4 *>(p.o_partial + prow * p.head_dim + d) = acc;
-            if (d == 0) p.lse_partial[prow] = lse;
-        }
-    }
+    };
+    if constexpr (C::kMergeByRow) merge_rows(fd_bool<true>{});
+    else if (block_rows * (D / 4) > 2 * C::kThreads) merge_rows(fd_bool<true>{});
+    else merge_rows(fd_bool<false>{});
     FD_TRACE(4);
     if (push) fd_cluster_push_merge<T, D, ROWS>(p, &merge_bar, cluster_n, rank, per_block, b, kv_head, row0);
     else if (clustered) fd_split_kv_cluster_merge<T, D, ROWS>(p, park_o, park_lse, b, kv_head, row0);

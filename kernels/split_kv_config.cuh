@@ -38,17 +38,17 @@ struct fd_split_kv_config {
     static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
     static constexpr int kCopyKeyStep = kThreads / kChunks;  // keys between a thread's copies of a tile
     static constexpr int kSharedBytes = kStages * 2 * kTileElems * 2;
-    // Whether the closing merge first weighs the key warps once a row, for
+    // Whether the closing merge always weighs the key warps once a row, for
     // all of its (row, 4 columns) items (split_kv.cuh), rather than in each
-    // item: with 32 rows, 8 items a thread at head dim 128.
+    // item: with 32 rows, 8 items a thread at head dim 128. Blocks of fewer
+    // rows do so where their rows give a thread more than two items.
     static constexpr bool kMergeByRow = ROWS == 32;
     // End-of-block merge scratch, reusing the pipeline buffers: every key
     // warp's unnormalized output (rows padded by 8 floats; the halves of D
     // fill their own columns) and its max and sum, then each row's weights
-    // of the key warps and its LSE (kMergeByRow).
+    // of the key warps and its LSE (for a merge by row).
     static constexpr int kMergeStride = D + 8;
-    static constexpr int kMergeBytes =
-        (kKeyWarps * ROWS * kMergeStride + 2 * kKeyWarps * ROWS + (kMergeByRow ? kKeyWarps * ROWS + ROWS : 0)) * 4;
+    static constexpr int kMergeBytes = (kKeyWarps * ROWS * kMergeStride + 3 * kKeyWarps * ROWS + ROWS) * 4;
     // With a cluster launch, each block's merged rows for the other blocks of
     // its cluster: normalized output [ROWS][D] and base-2 LSE [ROWS], after
     // the merge scratch.
