@@ -118,6 +118,7 @@ def test_layer_count_rotates_past_l2_within_memory():
     assert bench.layer_count(2e9, free) == 3                                      # at least 3
     assert bench.layer_count(20e9, free) == 2                                     # 40% of free caps
     assert bench.layer_count(100e9, free) == 0                                    # does not fit
+    assert bench.layer_count(4 * 2**20, free, 20e9) == 2   # small reads of large layers: memory caps
 
 
 def row(b=1, L=32768, dtype="fp16", ours=30.0, kv_mb=134.0, sweep_us=None, **peers):
@@ -322,7 +323,10 @@ def test_serving_dense_slices_a_larger_capacity():
 def test_serving_cases_and_shapes():
     assert list(bench.SERVING_CASES) == ["contiguous", "paged16", "paged1", "append", "append+rotary",
                                          "paged16+append", "paged16+append+rotary",
-                                         "8x capacity", "8x capacity+max_seqlen_k"]
+                                         "8x capacity", "8x capacity+max_seqlen_k", "ragged"]
+    assert bench.serving_lengths(3, 4096, False) == [4096] * 3
+    assert bench.serving_lengths(3, 4096, True) == [4096, 256, 256]
+    assert bench.serving_lengths(2, 8, True) == [8, 1]
     assert bench.parse_args([]).serving_shapes == bench.parse_shapes(bench.SERVING_SHAPES)
     assert bench.parse_args(["--quick"]).serving_shapes == bench.parse_shapes(bench.SERVING_QUICK)
     assert bench.parse_args(["--shapes", "b=1"]).serving_shapes == []

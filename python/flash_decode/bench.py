@@ -95,20 +95,31 @@ DEFAULT_MATRIX = [
 ]
 # Serving cases: the same shapes (32/8 heads, d128 unless given, causal, cache_seqlens
 # a tensor) on a contiguous cache, on paged caches (a random block order) and with this
-# step's tokens appended; each is timed against the contiguous one of its shape.
+# step's tokens appended; each is timed against the contiguous one of its shape. "ragged"
+# holds L keys in sequence 0 and L/16 in each other one (TB/s counts the keys held).
 SERVING_SHAPES = "b=1,L=32k;b=8,L=4k/32k;b=32,L=8k"
 SERVING_QUICK = "b=8,L=32k"
-SERVING_CASES = {  # name: (page size, append, rotary, capacity over L, max_seqlen_k=L)
-    "contiguous": (0, False, False, 1, False),
-    "paged16": (16, False, False, 1, False),
-    "paged1": (1, False, False, 1, False),
-    "append": (0, True, False, 1, False),                   # stage 1 appends itself (no append kernel)
-    "append+rotary": (0, True, True, 1, False),             # the append kernel first, rotating q and k
-    "paged16+append": (16, True, False, 1, False),
-    "paged16+append+rotary": (16, True, True, 1, False),
-    "8x capacity": (0, False, False, 8, False),             # a cache allocated for 8L keys holding L
-    "8x capacity+max_seqlen_k": (0, False, False, 8, True),  # the same, planned for L
+SERVING_CASES = {  # name: (page size, append, rotary, capacity over L, max_seqlen_k=L, ragged)
+    "contiguous": (0, False, False, 1, False, False),
+    "paged16": (16, False, False, 1, False, False),
+    "paged1": (1, False, False, 1, False, False),
+    "append": (0, True, False, 1, False, False),                   # stage 1 appends itself (no append kernel)
+    "append+rotary": (0, True, True, 1, False, False),             # the append kernel first, rotating q and k
+    "paged16+append": (16, True, False, 1, False, False),
+    "paged16+append+rotary": (16, True, True, 1, False, False),
+    "8x capacity": (0, False, False, 8, False, False),             # a cache allocated for 8L keys holding L
+    "8x capacity+max_seqlen_k": (0, False, False, 8, True, False),  # the same, planned for L
+    "ragged": (0, False, False, 1, True, True),                    # one sequence of L keys, the others L/16
 }
+RAGGED_SHARE = 16  # the other sequences of the ragged case hold L / RAGGED_SHARE keys
+
+
+def serving_lengths(b, L, ragged):
+    """The ragged case's lengths: L for sequence 0, L / RAGGED_SHARE (at least 1) for the
+    others; else L for every sequence."""
+    if not ragged:
+        return [L] * b
+    return [L] + [max(1, L // RAGGED_SHARE)] * (b - 1)
 
 FLASHINFER_PAGES = (16, None)          # None: one page per sequence (page size L)
 FLASHINFER_WORKSPACE = 128 * 1024 * 1024  # bytes, FlashInfer's recommended workspace
@@ -292,10 +303,11 @@ def tbs(nbytes, us):
     return nbytes / us / 1e6
 
 
-def layer_count(cache_bytes, free_bytes):
-    """max(3, 240 MB / cache) layers, capped to 40% of free memory (0: does not fit)."""
+def layer_count(cache_bytes, free_bytes, layer_bytes=None):
+    """max(3, 240 MB / cache) layers, capped to 40% of free memory (0: does not fit);
+    layer_bytes: what a layer allocates, when more than the cache bytes a call reads."""
     want = max(3, math.ceil(L2_ROTATION_BYTES / cache_bytes))
-    return min(want, int(MEMORY_FRACTION * free_bytes // cache_bytes))
+    return min(want, int(MEMORY_FRACTION * free_bytes // (layer_bytes or cache_bytes)))
 
 
 def geomean(values):
@@ -645,17 +657,20 @@ def run_serving_case(shape, dtype, case, repeats):
     """One serving case: µs per call (graph-timed over rotating layers), TB/s of the
     cache read, and a check against flash_decode on a contiguous copy of the same
     keys (paged) or on the cache after the append (append, without rotary)."""
-    page, append, rotary, capacity, bound = SERVING_CASES[case]
+    page, append, rotary, capacity, bound, ragged = SERVING_CASES[case]
     b, hq, hkv, d, L, sq = shape
     dt = DTYPES[dtype]
-    nbytes = kv_bytes(shape, dtype)  # what a call reads; the layers take capacity times that
-    n = layer_count(nbytes, torch.cuda.mem_get_info()[0] / capacity)
+    held = serving_lengths(b, L, ragged)
+    nbytes = kv_bytes(shape, dtype) * sum(held) // (b * L)  # what a call reads
     row = dict(case=case, dtype=dtype, **shape._asdict(), kv_mb=round(nbytes / MB, 2))
+    if ragged and b == 1:
+        return dict(row, check="n/a (one sequence)")
+    n = layer_count(nbytes, torch.cuda.mem_get_info()[0], capacity * kv_bytes(shape, dtype))
     if n < 1:
-        return dict(row, check=f"n/a (cache of {capacity * nbytes / 1e9:.1f} GB does not fit)")
+        return dict(row, check=f"n/a (cache of {capacity * kv_bytes(shape, dtype) / 1e9:.1f} GB does not fit)")
     layers = serving_layers(shape, dtype, page, n, capacity)
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
-    lens = torch.full((b,), L - sq if append else L, dtype=torch.int32, device="cuda")
+    lens = torch.tensor([x - sq if append else x for x in held], dtype=torch.int32, device="cuda")
     new = [torch.randn(b, sq, hkv, d, device="cuda", dtype=dt) for _ in range(2)] if append else []
     kw = dict(cache_seqlens=lens, causal=True)
     if bound:
