@@ -8,7 +8,9 @@ counts memory as written only by the kernels it instruments, and torch's
 kernels write the inputs). Without torch's caching
 allocator every tensor is its own allocation, so memcheck sees a read past
 one. The paths: split + combine (4 warps a row, a block a row's 32 columns, and a warp a row), the cluster merge,
-whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal,
+whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal
+(its 16-row blocks, like 4 query tokens at 32/8 heads, merge their key warps
+once a row, in a cluster too),
 ragged lengths with zeros, odd GQA ratios, int and absent cache_seqlens, the
 paged cache (pages of 1 through the serving kernel; of 8 and 16 through its
 paged form, in clusters and with the combine) with and without append and
@@ -88,6 +90,7 @@ def cases():
         ("cluster merge of one-tile splits, d256", *plain(1, 1, 32, 8, 256, 256, cache_seqlens=lens(201)),
          dict(cluster=True, prefetch=True)),
         ("cluster merge of one-tile splits, 32 rows", *plain(1, 8, 32, 4, 128, 512, causal=True), dict(cluster=True)),
+        ("cluster merge, 16 rows merged by row", *plain(1, 4, 32, 8, 128, 1024, causal=True), dict(cluster=True)),
         ("whole_items, split tail", *plain(40, 1, 32, 8, 128, 8192), dict(whole_items=True)),
         ("d64, split + combine", *plain(1, 1, 8, 8, 64, 262144), dict(combine="fd_combine_f16")),
         ("d64, cluster", *plain(3, 1, 8, 8, 64, 2048), dict(cluster=True)),
