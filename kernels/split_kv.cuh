@@ -619,12 +619,13 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 
     // Each (row, 4 columns) item below merges the key warps' states of its
     // row, a chain of dependent steps. Where a thread has more than two
-    // items (always at 32 rows: 8 at head dim 128; at 16 rows, 10 or more
-    // rows at head dim 128), a thread a row merges them once instead,
-    // behind one more barrier: each warp's weight in the normalized row
-    // (2^(m_w - m) / d; 0 for an empty row) and the row's LSE, so that the
-    // items are loads and multiply-adds. The two ways are two copies of the
-    // loop (kByRow), so that the test is not made in every item.
+    // items (always at 32 rows: 8 at head dim 128; at 16 rows, with 10 or
+    // more of them used at head dim 128, 5 at 256), a thread a row merges
+    // them once instead, behind one more barrier: each warp's weight in the
+    // normalized row (2^(m_w - m) / d; 0 for an empty row) and the row's
+    // LSE, so that the items are loads and multiply-adds. The two ways are
+    // two copies of the loop (kByRow), so that the test is not made in
+    // every item.
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
     float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
     float *park_lse = park_o + ROWS * D;      // [ROWS]
