@@ -88,7 +88,9 @@ typedef struct fd_args {
                              receiving the natural-log log-sum-exp (-inf for a row that sees
                              no key; out is 0 there); 0: not wanted */
     uint64_t cache_seqlens; /* CUdeviceptr of int32 (batch,) valid lengths, clamped to
-                               [0, seqlen_cache] on the device; 0: use seqlen */
+                               [0, seqlen_cache] on the device; 0: use seqlen. Whether it is
+                               0 is part of the shape: a batch with lengths balances its
+                               splits by them, so pass the same args to fd_workspace_size */
 } fd_args;
 
 /* The launch fd_decode would run (mirrors core.Plan). */
@@ -168,7 +170,7 @@ typedef struct fd_serving {
 int fd_decode(const fd_args *args, void *workspace, size_t workspace_bytes, void *stream);
 
 /* Sets *bytes to the workspace fd_decode needs for args' shapes (pointers are not
- * read; args->device -1 plans without a GPU). */
+ * read, but whether cache_seqlens is 0 counts; args->device -1 plans without a GPU). */
 int fd_workspace_size(const fd_args *args, size_t *bytes);
 
 /* Fills *plan with the launch fd_decode would run for args' shapes. */

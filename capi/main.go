@@ -33,18 +33,21 @@ import (
 // version is fd_version's string, allocated once and never freed.
 var version = C.CString(core.Version)
 
-// shape converts the planner's part of a.
+// shape converts the planner's part of a. C callers pass the same fd_args
+// to the workspace query as to the decode, so whether cache_seqlens is
+// given decides Shape.DeviceLengths for both.
 func shape(a *C.fd_args) core.Shape {
 	return core.Shape{
-		DType:       core.DType(a.dtype),
-		Batch:       int(a.batch),
-		SeqlenQ:     int(a.seqlen_q),
-		HeadsQ:      int(a.heads_q),
-		HeadsKV:     int(a.heads_kv),
-		HeadDim:     int(a.head_dim),
-		SeqlenCache: int(a.seqlen_cache),
-		Seqlen:      int(a.seqlen),
-		NumSplits:   int(a.num_splits),
+		DType:         core.DType(a.dtype),
+		Batch:         int(a.batch),
+		SeqlenQ:       int(a.seqlen_q),
+		HeadsQ:        int(a.heads_q),
+		HeadsKV:       int(a.heads_kv),
+		HeadDim:       int(a.head_dim),
+		SeqlenCache:   int(a.seqlen_cache),
+		Seqlen:        int(a.seqlen),
+		NumSplits:     int(a.num_splits),
+		DeviceLengths: a.cache_seqlens != 0,
 	}
 }
 

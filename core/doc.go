@@ -80,6 +80,11 @@
 //     holds at once keeps its full waves whole and splits only the items of
 //     its last, partial wave, so that their blocks fill the slots as the
 //     full waves end (Plan.WholeItems).
+//   - With the lengths on the device (Shape.DeviceLengths), a batch of one
+//     split a sequence or whose splits merge through the combine takes its
+//     split count for equal lengths and balances the splits by the lengths
+//     there: each sequence gets its share of them, so that a long one among
+//     short ones is not left streaming on a few blocks (Plan.BalanceSplits).
 //
 // Batch 1, 32/8 heads, head dim 128 and 32768 keys on an H200 gives 16
 // splits and the combine: 128 blocks, one wave, 2048 keys each; 1024 or
@@ -91,7 +96,8 @@
 // Launch shapes depend on shapes only, never on device data, so a Plan can
 // be computed once per shape and reused for every layer, and a captured CUDA
 // graph stays right when the lengths in cache_seqlens change: each block
-// splits its own sequence's true length on the device.
+// splits its own sequence's true length on the device (and, in a balanced
+// plan, works out from all of them which sequence and split it takes).
 //
 // A Plan also says when stage 1 lets the next kernel in the stream start
 // (Plan.EarlyDependents, for programmatic dependent launch on sm_90): as it

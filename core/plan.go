@@ -68,6 +68,17 @@ type Plan struct {
 	// one, whose blocks then fill the slots as the full waves end.
 	WholeItems  int `json:"whole_items"`
 	CombineRow0 int `json:"combine_row0"`
+	// BalanceSplits > 0 balances the splits of a batch by its lengths on
+	// the device (kernels/balance.cuh), where they come as a device array
+	// the planner cannot read (Shape.DeviceLengths): BalanceSplits is the
+	// split count the plan gives equal lengths, and each sequence then
+	// takes its own count, at most NumSplits, so that every split holds
+	// about the same number of key tiles whatever the lengths. The grid is
+	// one-dimensional, Batch * HeadsKV * RowTiles * (BalanceSplits + 1)
+	// blocks, of which those past the sequences' splits exit. The combine,
+	// the balanced twin of the one for NumSplits (BalancedCombine), works
+	// out each row's count from the lengths too.
+	BalanceSplits int `json:"balance_splits,omitzero"`
 	// PrefetchTiles, when not 0, is how many key tiles (all of its split's)
 	// each block of a plain stage 1 sends into L2 before it waits on the
 	// kernel before it (programmatic dependent launch), so that they stream
@@ -228,7 +239,14 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		}
 	}
 
+	// Lengths on the device: a plan of one split or merging through the
+	// combine balances its splits by them there (balancedSplits).
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
+	balanced := 0
+	if s.NumSplits == 0 && whole == 0 && v.Balances() && (splits == 1 || merging(splits) == mergeCombine) {
+		balanced = balancedSplits(s, splits, blocks/s.Batch, sms*targetBlocks(v, blocksPerSM), tiles, rows*(s.HeadDim+1)*4)
+	}
+
 	p := Plan{
 		Variant:     v,
 		NumSplits:   splits,
@@ -242,6 +260,14 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	}
 	partials := 0 // splits whose partials the workspace holds: the combine's
 	switch {
+	case balanced > 0:
+		// The combine equal lengths take (its fold steps through more
+		// splits where a row has them), in its balanced twin.
+		p.BalanceSplits = splits
+		p.Grid = [3]int{blocks * (splits + 1), 1, 1}
+		p.setCombine(v, rows, s.HeadDim)
+		p.Combine = BalancedCombine(p.Combine)
+		p.NumSplits, partials = balanced, balanced
 	case whole > 0:
 		// The items after the whole ones, split: their rows start at the
 		// first packed row of item `whole` (items are batch, K/V head, row tile).

@@ -19,6 +19,9 @@ func (p Plan) String() string {
 		b.WriteString("; 1 split, no combine")
 	case p.Cluster > 1:
 		fmt.Fprintf(&b, "; %d splits merged in clusters of %d, no combine", p.NumSplits, p.Cluster)
+	case p.BalanceSplits > 0:
+		fmt.Fprintf(&b, "; %d splits for equal lengths, balanced by the lengths on the device (at most %d a sequence); combine %s %d x %d threads",
+			p.BalanceSplits, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads)
 	case p.WholeItems > 0:
 		fmt.Fprintf(&b, "; %d items whole, the rest in %d splits; combine %s %d x %d threads from row %d",
 			p.WholeItems, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.CombineRow0)

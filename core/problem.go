@@ -42,6 +42,15 @@ type Shape struct {
 
 	NumSplits int // 0: let the planner choose; n > 0: ask for n (clamped, see MakePlan)
 
+	// DeviceLengths says that the lengths come as a device array
+	// (Problem.CacheSeqlens), which lets a plan of several sequences balance
+	// its splits by them on the device (Plan.BalanceSplits; not with
+	// cache_leftpad, which Problem.PlanShape clears it for). The caller sets
+	// it where it passes the array: a plan with it and a call without the
+	// array is still right (every sequence then has Seqlen keys), only the
+	// workspace and grid differ from the plan without it.
+	DeviceLengths bool
+
 	// The serving features' part of the plan. Problem.PlanShape sets them
 	// from the Problem's serving fields; all zero plans the plain kernels.
 	Serving    bool // run the serving variant of stage 1 (any serving feature; see Problem.Serving)

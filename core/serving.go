@@ -84,6 +84,7 @@ func (p *Problem) PlanShape() Shape {
 	s.RotaryQ = p.Rotary.Dim > 0
 	s.Paged = p.PagedForm()
 	s.Contiguous = p.New.Seqlen > 0 && p.ContiguousForm()
+	s.DeviceLengths = s.DeviceLengths && !p.Leftpad // balanced splits count every key from 0
 	return s
 }
 

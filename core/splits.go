@@ -86,6 +86,10 @@ const (
 	// Its 3-stage cp.async pipeline keeps 64 KiB of K/V in flight, enough to
 	// cover HBM latency, and every extra split costs partials and combine work.
 	targetWarpsPerSM = 4
+	// balancedPartialBytes bounds the partials a balanced plan's most
+	// splits a sequence (Plan.NumSplits) may add to the workspace, which
+	// holds that many for every row: a large batch keeps a few MiB a split.
+	balancedPartialBytes = 32 << 20
 )
 
 // merge is how the splits of a plan are merged.
@@ -338,4 +342,26 @@ func autoSplitCap(tiles, minTiles int) int {
 // n clamped to [1, min(MaxSplits, tiles)].
 func clampSplits(n, tiles int) int {
 	return max(1, min(n, MaxSplits, tiles))
+}
+
+// balancedSplits is the most splits one sequence may take when a plan of n
+// splits for equal lengths (1 included) balances them by the lengths on
+// the device (Plan.BalanceSplits), or 0 where it does not: the lengths
+// come as a device array (Shape.DeviceLengths), there are two sequences or
+// more, and no window bounds a row's keys. A sequence may take enough
+// splits to fill the planned slots alone (items of it a split each), and
+// no more than the plan's key tiles, MaxSplits, or what keeps the
+// partials of its rows (rowBytes a split) within balancedPartialBytes;
+// at least n.
+//
+// Why: the planner never reads the lengths, so a plain plan gives every
+// sequence n splits, and a batch of one long sequence among short ones
+// streams the long one on n blocks of each of its items while the others
+// end early (BENCHMARKS.md, "Ragged batches"). The kernels instead size
+// each sequence's splits from the total of the lengths (balance.cuh).
+func balancedSplits(s Shape, n, items, slots, tiles, rowBytes int) int {
+	if !s.DeviceLengths || s.Batch < 2 || s.WindowKeys > 0 || n < 1 {
+		return 0
+	}
+	return max(n, min(MaxSplits, tiles, ceilDiv(slots, max(items, 1)), balancedPartialBytes/max(rowBytes, 1)))
 }

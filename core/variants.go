@@ -63,6 +63,11 @@ type Variant struct {
 	Append string
 }
 
+// BalancedCombine is the balanced twin of combine kernel name (kernels/
+// flashdecode.cu: name_bal), which a plan with Plan.BalanceSplits launches
+// instead: it merges each row's own split count, which stage 1 writes.
+func BalancedCombine(name string) string { return name + "_bal" }
+
 // Form is a form of stage 1: which of kernels/split_kv.cuh's fd_form a
 // variant is compiled as. The plain form reads a contiguous cache with no
 // serving argument; the others read the serving fields of fd_params.
@@ -112,6 +117,12 @@ func (f Form) Paged() bool { return f == FormPaged || f == FormPagedAppend }
 // FusedAppend reports whether f writes the new tokens itself, so that its
 // plans run no append kernel (FormPagedAppend, FormAppend).
 func (f Form) FusedAppend() bool { return f == FormPagedAppend || f == FormAppend }
+
+// Balances reports whether v's stage 1 can balance its splits by the
+// lengths on the device (Plan.BalanceSplits): every variant but the
+// serving forms' 32-row ones, which run at their register limit without
+// that code (kernels/split_kv.cuh, fd_balance).
+func (v Variant) Balances() bool { return v.Form == FormPlain || v.Rows < 32 }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv_config.cuh,
 // fd_split_kv_config). A tile of K plus a tile of V is always 32 KiB:

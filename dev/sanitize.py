@@ -8,7 +8,8 @@ counts memory as written only by the kernels it instruments, and torch's
 kernels write the inputs). Without torch's caching
 allocator every tensor is its own allocation, so memcheck sees a read past
 one. The paths: split + combine (4 warps a row, a block a row's 32 columns, and a warp a row), the cluster merge,
-whole_items with a split tail, head dims 64/96/128/256, seqlen_q 10 causal
+whole_items with a split tail, splits balanced by the lengths (plain and
+paged), head dims 64/96/128/256, seqlen_q 10 causal
 (its 16-row blocks, like 4 query tokens at 32/8 heads, merge their key warps
 once a row, in a cluster too),
 ragged lengths with zeros, odd GQA ratios, int and absent cache_seqlens, the
@@ -99,6 +100,14 @@ def cases():
         ("seqlen_q 10 causal, lengths below seqlen_q",
          *plain(2, 10, 8, 2, 128, 3000, causal=True, cache_seqlens=lens(3000, 7)), {}),
         ("ragged lengths with zeros", *plain(4, 1, 32, 8, 128, 4096, cache_seqlens=lens(0, 4096, 1, 2500)), {}),
+        ("splits balanced by the lengths", *plain(8, 1, 32, 8, 128, 32768,
+                                                  cache_seqlens=lens(32768, 1024, 0, 1, 4000, 1024, 64, 65)),
+         dict(balanced=True)),
+        ("splits balanced by the lengths from one split", *plain(24, 1, 32, 8, 128, 8192,
+                                                                 cache_seqlens=lens(8192, *[512] * 22, 0)),
+         dict(balanced=True)),
+        ("splits balanced by the lengths, paged, 4 query tokens",
+         *paged(16, b=2, sq=4, n=16384, append=False), dict(balanced=True, kernel="fd_split_kv_paged_")),
         ("GQA 7 (28/4)", *plain(3, 1, 28, 4, 128, 5000, cache_seqlens=lens(5000, 0, 4999)), {}),
         ("MQA 7/1", *plain(2, 1, 7, 1, 128, 700), {}),
         ("int cache_seqlens", *plain(2, 1, 32, 8, 128, 4096, cache_seqlens=1000), {}),
@@ -167,6 +176,7 @@ def merge_cases():
 def describe(p):
     return (f"{p['kernel']}, {p['num_splits']} splits, grid {p['grid']}, cluster {p['cluster']}, "
             f"combine {p['combine'] or '-'}, whole_items {p['whole_items']}, prefetch_tiles {p.get('prefetch_tiles', 0)}, "
+            f"balance_splits {p.get('balance_splits', 0)}, "
             f"workspace {p['workspace_bytes']} B")
 
 
@@ -177,7 +187,8 @@ def check_traits(name, p, want):
           and ("combine" not in want or p["combine"] == want["combine"])
           and ("cluster" not in want or p["cluster"] > 1)
           and ("whole_items" not in want or p["whole_items"] > 0)
-          and ("prefetch" not in want or p.get("prefetch_tiles", 0) > 0))
+          and ("prefetch" not in want or p.get("prefetch_tiles", 0) > 0)
+          and ("balanced" not in want or p.get("balance_splits", 0) > 0))
     if not ok:
         sys.exit(f"{name}: the plan {describe(p)} misses the path {want}")
 
@@ -202,7 +213,9 @@ def main():
         extra = dict(serving=True, seqlen_new=kw["k"].shape[1] if kw.get("k") is not None else 0,
                      rotary=kw.get("rotary_cos") is not None, window_size=kw.get("window_size", (-1, -1)),
                      page_size=kw["k_cache"].shape[1] if kw.get("block_table") is not None else 0) if serving else {}
-        p = flash_decode.plan(b, sq, hq, hkv, d, n, dtype=dtype, num_splits=splits, seqlen=seqlen, device=-1, **extra)
+        tensor_lengths = isinstance(kw.get("cache_seqlens"), torch.Tensor) and kw.get("cache_leftpad") is None
+        p = flash_decode.plan(b, sq, hq, hkv, d, n, dtype=dtype, num_splits=splits, seqlen=seqlen, device=-1,
+                              lengths=tensor_lengths, **extra)
         check_traits(name, p, want)
         print(f"{name}: {describe(p)}", flush=True)
         if args.dry_run:

@@ -18,7 +18,11 @@
 // (p.whole_items > 0); 3 KB of static shared memory. Plans of more than 32
 // splits run the column-group form (fd_combine_cols: a block a row's 32
 // columns), plans of at most 8 the narrow one (fd_combine_rows: a warp a
-// row, 4 or 16 rows a block), both further down. Each may be
+// row, 4 or 16 rows a block), both further down. Each has a balanced
+// twin (BALANCED, fd_combine_*_bal in flashdecode.cu) for the plans that
+// balance their splits by the lengths (balance.cuh): it merges the split
+// count of the row's sequence, worked out from the lengths as stage 1 did,
+// and leaves a row of one split, which stage 1 wrote itself. Each may be
 // launched with programmatic dependent launch (sm_90): its blocks then start
 // while stage 1 drains and wait in fd_pdl_wait for its results, which hides
 // most of the second launch's latency. Where the plan says so
@@ -42,6 +46,7 @@
 #ifndef FLASHDECODE_COMBINE_CUH
 #define FLASHDECODE_COMBINE_CUH
 
+#include "balance.cuh"
 #include "params.h"
 #include "ptx.cuh"
 #include "state.cuh"
@@ -54,20 +59,20 @@
 #define FD_TRACE(i)
 #endif
 
-// Folds splits first, first + step, ... of one output row into a warp's
-// state st and its lane's columns acc (zeroed here; fd_fold_states), 8 at a
-// time in one round trip to L2. lse_s and o_row are the row's split 0 (split
-// s at lse_s[s * rows_total] and o_row + s * rows_total * head_dim). An empty
-// split (-inf) weighs 0; its o_s is 0.
+// Folds splits first, first + step, ... (below count) of one output row into
+// a warp's state st and its lane's columns acc (zeroed here; fd_fold_states),
+// 8 at a time in one round trip to L2. lse_s and o_row are the row's split 0
+// (split s at lse_s[s * rows_total] and o_row + s * rows_total * head_dim).
+// An empty split (-inf) weighs 0; its o_s is 0.
 template <int SLICES>
 __device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLICES], const fd_params &p,
                                                 const float *lse_s, const float *o_row, int rows_total,
-                                                int first, int step) {
+                                                int first, int step, int count) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < SLICES; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     fd_fold_states<FD_COMBINE_UNROLL, SLICES, false, float4>(
-        st, acc, first, p.num_splits, step,
+        st, acc, first, count, step,
         [&](int s, bool live, float4 (&x)[SLICES]) {
             const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
             const float *src = o_row + (long long)s * rows_total * p.head_dim;
@@ -91,7 +96,7 @@ __device__ __forceinline__ T *fd_combine_out(const fd_params &p, int row) {
     return static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride + head * p.out_head_stride;
 }
 
-template <typename T, int WARPS>
+template <typename T, int WARPS, bool BALANCED>
 __device__ __forceinline__ void fd_combine(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
     __shared__ float4 sum[WARPS - 1][kSlices * 32];
@@ -104,14 +109,16 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     const float *lse_s = p.lse_partial + row;  // split s at lse_s[s * rows_total]
     const float *o_row = p.o_partial + (long long)row * p.head_dim;  // split s at + s * rows_total * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
+    const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;  // balanced: the row's own (balance.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
+    if (BALANCED && count < 2) return;  // a row of one split: stage 1 wrote it
 
     // Warp w merges splits w, w + WARPS, ... into its own state and columns,
     // so 8 * WARPS splits cost a single round trip to L2.
     fd_state st = fd_state_empty();
     float4 acc[kSlices];
-    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, warp, WARPS);
+    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, warp, WARPS, count);
 
     FD_TRACE(2);  // dev/trace/trace.cu: this warp's loads have landed and are merged
 
@@ -153,7 +160,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 // and a quarter (or a sixteenth) of the blocks, so that plans of more rows
 // than stage-1 blocks can still let the next kernel in early
 // (core.Plan.CombineEarlyDependents).
-template <typename T, int WARPS>
+template <typename T, int WARPS, bool BALANCED>
 __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
     const int rows_total = p.batch * p.heads_q * p.seqlen_q;
@@ -163,13 +170,15 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     const float *lse_s = p.lse_partial + row;
     const float *o_row = p.o_partial + (long long)row * p.head_dim;
     fd_touch_params(out, lse_s, o_row, p.num_splits);
+    const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
     if (!live_row) return;
+    if (BALANCED && count < 2) return;
 
     fd_state st = fd_state_empty();
     float4 acc[kSlices];
-    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, 0, 1);
+    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, 0, 1, count);
     FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
     FD_TRACE(3);  // (no warps to meet)
     const int lane = threadIdx.x % 32;
@@ -198,7 +207,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
 // shared memory.
 #define FD_COMBINE_COLS 32
 
-template <typename T, int WARPS>
+template <typename T, int WARPS, bool BALANCED>
 __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     constexpr int kLanes = FD_COMBINE_COLS / 4;  // lanes a split's columns take: a float4 each
     constexpr int kSubs = 32 / kLanes;           // splits one warp-wide load brings
@@ -215,13 +224,15 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     const float *lse_s = p.lse_partial + row;
     const float *o_col = p.o_partial + (long long)row * p.head_dim + d;
     fd_touch_params(out, lse_s, o_col, p.num_splits);
+    const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
+    if (BALANCED && count < 2) return;
 
     fd_state st = fd_state_empty();
     float4 acc[1] = {make_float4(0.f, 0.f, 0.f, 0.f)};
     fd_fold_states<FD_COMBINE_UNROLL, 1, false, float4>(
-        st, acc, warp * kSubs + lane / kLanes, p.num_splits, WARPS * kSubs,
+        st, acc, warp * kSubs + lane / kLanes, count, WARPS * kSubs,
         [&](int s, bool live, float4 (&x)[1]) {
             const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
             x[0] = live && live_col

@@ -78,10 +78,18 @@
 // narrow combines keep the default: with all their loads in flight (107-113
 // registers) they slowed the plans whose stage-1 blocks they share SMs
 // with (docs/tuning.md).
-#define FD_COMBINE(name, T, WARPS, BOUNDS)                                \
+// Each combine form FORM (fd_combine, fd_combine_rows, fd_combine_cols) is
+// compiled as name and as its balanced twin, name_bal (balance.cuh), for the
+// plans that balance their splits by the lengths: the twin merges each
+// row's own split count, so the plain combines keep their code.
+#define FD_COMBINE_FORM(name, FORM, T, WARPS, BOUNDS)                     \
     extern "C" __global__ void __launch_bounds__ BOUNDS name(const fd_params p) { \
-        fd_combine<T, WARPS>(p);                                          \
+        FORM<T, WARPS, false>(p);                                         \
+    }                                                                     \
+    extern "C" __global__ void __launch_bounds__ BOUNDS name##_bal(const fd_params p) { \
+        FORM<T, WARPS, true>(p);                                          \
     }
+#define FD_COMBINE(name, T, WARPS, BOUNDS) FD_COMBINE_FORM(name, fd_combine, T, WARPS, BOUNDS)
 
 //           kernel name                    dtype          D    ROWS
 FD_SPLIT_KV(fd_split_kv_f16_d64_r16,       half,          64,  16)
@@ -99,10 +107,7 @@ FD_COMBINE(fd_combine_bf16,     __nv_bfloat16, 4,     (128, 1))
 
 // The narrow combine: a warp a row, WARPS rows a block (at most
 // FD_COMBINE_UNROLL splits).
-#define FD_COMBINE_ROWS(name, T, WARPS, BOUNDS)                           \
-    extern "C" __global__ void __launch_bounds__ BOUNDS name(const fd_params p) { \
-        fd_combine_rows<T, WARPS>(p);                                     \
-    }
+#define FD_COMBINE_ROWS(name, T, WARPS, BOUNDS) FD_COMBINE_FORM(name, fd_combine_rows, T, WARPS, BOUNDS)
 
 //               kernel name           dtype          rows  launch bounds
 FD_COMBINE_ROWS(fd_combine_f16_r4,   half,          4,    (128))
@@ -114,10 +119,7 @@ FD_COMBINE_ROWS(fd_combine_bf16_r16, __nv_bfloat16, 16,   (512))
 // row, for plans of more splits than the 4-warp combine loads at once; its
 // lane holds one float4 a split, so all of its loads stay in flight at 90
 // registers.
-#define FD_COMBINE_GROUPS(name, T, WARPS, BOUNDS)                         \
-    extern "C" __global__ void __launch_bounds__ BOUNDS name(const fd_params p) { \
-        fd_combine_cols<T, WARPS>(p);                                     \
-    }
+#define FD_COMBINE_GROUPS(name, T, WARPS, BOUNDS) FD_COMBINE_FORM(name, fd_combine_cols, T, WARPS, BOUNDS)
 
 //                kernel name           dtype          warps  launch bounds
 FD_COMBINE_GROUPS(fd_combine_f16_c32,   half,          4,     (128, 1))

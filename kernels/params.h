@@ -55,6 +55,12 @@ typedef struct fd_params {
     // merges only their rows, from row combine_row0 on.
     int whole_items;
     int combine_row0;       // first output row (batch, head, query order) the combine merges
+    // > 0: balanced splits (balance.cuh, core.Plan.BalanceSplits): the split
+    // count the plan would give equal lengths; the stage-1 grid is 1-D and
+    // each sequence's own split count (at most num_splits) comes from all
+    // the lengths, counted in tiles of balance_tile_keys keys (stage 1's).
+    int balance_splits;
+    int balance_tile_keys;
     float scale;            // softmax scale applied to q.k
     float scale_log2;       // scale * log2(e): kernels exponentiate with exp2f
 

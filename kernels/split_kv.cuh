@@ -18,7 +18,10 @@
 // take one whole item and write the output, and the items after those
 // follow in num_splits consecutive blocks each, writing partials for the
 // combine, so that the last wave's smaller blocks fill the slots the first
-// wave frees instead of landing two to an SM on a few SMs. KEYS (keys per tile) =
+// wave frees instead of landing two to an SM on a few SMs. Or, with
+// balanced splits (p.balance_splits > 0, balance.cuh), a 1-D grid whose
+// blocks work out their sequence, item and split from all the lengths once
+// they are released. KEYS (keys per tile) =
 // 8192 / D, so one tile of K plus one of V is always 32 KiB; a warp owns 16
 // keys of a tile, and at D 256 two warps share each 16 keys, one per half
 // of the output columns (see kDimSplit):
@@ -79,6 +82,7 @@
 #ifndef FLASHDECODE_SPLIT_KV_CUH
 #define FLASHDECODE_SPLIT_KV_CUH
 
+#include "balance.cuh"
 #include "cluster_merge.cuh"
 #include "params.h"
 #include "ptx.cuh"
@@ -125,7 +129,17 @@ struct fd_bool {
 // serving kernel, with every feature. core.Form names them in Go.
 enum fd_form { fd_form_plain, fd_form_paged, fd_form_paged_append, fd_form_append, fd_form_serving };
 
-template <typename T, int D, int ROWS, int FORM>
+// Whether a stage-1 body balances its splits by the lengths (balance.cuh;
+// fd_split_kv_body's BALANCE): never, always, or where p.balance_splits > 0.
+// The plain kernel compiles its body twice, without and with, so that its
+// plans without balanced splits run the code they would without the
+// feature; the other forms test p.balance_splits in one body, since as two
+// their balanced plans ran slower (docs/tuning.md), except at 32 rows a
+// block, which already run at their register limit and never balance
+// (core.Variant.Balances).
+enum fd_balance { fd_balance_off, fd_balance_on, fd_balance_by_params };
+
+template <typename T, int D, int ROWS, int FORM, int BALANCE>
 __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg,
                                                  int *page_ring) {
     using C = fd_split_kv_config<D, ROWS>;
@@ -151,8 +165,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         item_y = item % (p.heads_kv * p.row_tiles);
         b = item / (p.heads_kv * p.row_tiles);
     }
-    const int kv_head = item_y / p.row_tiles;
-    const int row0 = (item_y % p.row_tiles) * ROWS;  // first packed row of this block
+    int kv_head = item_y / p.row_tiles;
+    int row0 = (item_y % p.row_tiles) * ROWS;  // first packed row of this block (balanced: set after the wait)
     const int warp = threadIdx.x / 32;
     // Which 16 keys of a tile, and which kWarpDim of the head dim (both known
     // at compile time to be the whole head dim where kDimSplit is 1).
@@ -219,6 +233,21 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     if (p.early_dependents) fd_pdl_launch_dependents();
     FD_TRACE(1);
 
+    // Balanced splits (balance.cuh): which sequence, item and split this
+    // block takes comes from the lengths, known only now.
+    const bool balanced = BALANCE == fd_balance_on || (BALANCE == fd_balance_by_params && p.balance_splits > 0);
+    int balanced_len = 0;  // cache_seqlens[b], as the balancing read it
+    if (balanced) {
+        const fd_balance_pick at = fd_balance_block<C::kThreads>(fd_balance_args_of(p), p.heads_kv * p.row_tiles);
+        if (at.b < 0) return;
+        b = at.b, item_y = at.item, split = at.split, num_splits = at.count, balanced_len = at.len;
+        kv_head = item_y / p.row_tiles;
+        row0 = (item_y % p.row_tiles) * ROWS;
+        q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
+        k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+        v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+    }
+
     // Serving: where the keys of a tile are (fd_serving_pages). A paged
     // cache with no left padding and no window (always, in the paged form)
     // starts every split at key 0, so the page ids of the prologue's tiles
@@ -241,7 +270,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // (kFused) keys from base on are the new tokens, read from k_new / v_new
     // (token key - base), while block (split 0, row tile 0) writes them into
     // the cache.
-    const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
+    const int base = balanced ? balanced_len : p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
     int len = base;
     if constexpr (kCache) len += p.seqlen_new;  // the appended tokens are keys too
     len = min(max(len, 0), p.seqlen_cache);
@@ -727,7 +756,8 @@ template <typename T, int D, int ROWS>
 __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     __shared__ uint64_t merge_bar;
     __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
-    fd_split_kv_body<T, D, ROWS, fd_form_plain>(p, merge_bar, xchg, nullptr);
+    if (p.balance_splits > 0) fd_split_kv_body<T, D, ROWS, fd_form_plain, fd_balance_on>(p, merge_bar, xchg, nullptr);
+    else fd_split_kv_body<T, D, ROWS, fd_form_plain, fd_balance_off>(p, merge_bar, xchg, nullptr);
 }
 
 // The paged and the serving forms (FORM), with the page ring.
@@ -737,7 +767,8 @@ __device__ __forceinline__ void fd_split_kv_serving(const fd_params &p) {
     __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
     using C = fd_split_kv_config<D, ROWS>;
     __shared__ int page_ring[2 * (C::kStages - 1) * C::kKeys];  // fd_serving_pages
-    fd_split_kv_body<T, D, ROWS, FORM>(p, merge_bar, xchg, page_ring);
+    constexpr int kBalance = ROWS == 32 ? fd_balance_off : fd_balance_by_params;
+    fd_split_kv_body<T, D, ROWS, FORM, kBalance>(p, merge_bar, xchg, page_ring);
 }
 
 // The serving helpers (declared above the kernel), in the order the kernel

@@ -220,6 +220,51 @@ def test_max_seqlen_k(bound, batch, nheads_q, nheads_kv, seqlen_q):
     run_and_check(q, k, v, cache_seqlens=lens, causal=True, max_seqlen_k=bound)
 
 
+# A cache_seqlens tensor on a plan merging through the combine balances the
+# splits by the lengths on the GPU: one long sequence among short ones takes
+# most of them, equal lengths the plan's count, all lengths 0 one each.
+@pytest.mark.parametrize("lens", [[32768, 1024, 1024, 1024, 1024, 1024, 1024, 1024], [32768] * 8,
+                                  [0] * 8, [0, 1, 63, 64, 65, 32767, 5000, 0], [17, 0, 0, 0, 0, 0, 0, 32768]],
+                         ids=["one-long", "equal", "all-empty", "edges", "long-last"])
+@pytest.mark.parametrize("seqlen_q, causal", [(1, False), (4, True)])
+def test_balanced_splits(lens, seqlen_q, causal):
+    batch = len(lens)
+    plan = flash_decode.plan(batch, seqlen_q, 32, 8, 128, 32768, seqlen=32768, lengths=True)
+    assert plan["balance_splits"] > 1 and plan["num_splits"] > plan["balance_splits"]
+    q, k, v = make(batch, seqlen_q, 32, 8, 128, 32768)
+    run_and_check(q, k, v, cache_seqlens=lengths(*lens), causal=causal, max_seqlen_k=32768)
+
+
+# A batch whose equal lengths take one split a sequence balances too: the
+# long sequence takes many, through the balanced combine.
+def test_balanced_splits_from_one_split():
+    lens = [8192] + [512] * 22 + [0]
+    plan = flash_decode.plan(len(lens), 1, 32, 8, 128, 8192, seqlen=8192, lengths=True)
+    assert plan["balance_splits"] == 1 and plan["num_splits"] > 1 and plan["combine"].endswith("_bal")
+    q, k, v = make(len(lens), 1, 32, 8, 128, 8192)
+    run_and_check(q, k, v, cache_seqlens=lengths(*lens))
+
+
+def test_balanced_splits_graph_replay():
+    # The split counts follow the lengths a replay finds, not the captured ones.
+    q, k, v = make(4, 1, 32, 8, 128, 16384)
+    cache_seqlens = lengths(16384, 16384, 16384, 16384)
+    call = lambda: flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens, return_softmax_lse=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for new in [(16384, 3, 0, 100), (0, 0, 0, 0), (1, 16384, 2, 16384)]:
+        cache_seqlens.copy_(lengths(*new))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches_reference(out, lse, q, k, v, cache_seqlens=cache_seqlens)
+
+
 @pytest.mark.parametrize("num_splits", [0, 1, 8, 32])
 def test_cuda_graph_replay_with_new_lengths(num_splits):
     q, k, v = make(3, 4, 32, 8, 128, 2048)

@@ -44,7 +44,8 @@ def test_public_api():
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
-        "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary", "page_size"}
+        "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary", "page_size",
+        "lengths"}
     for fn in (flash_decode.flash_decode, flash_decode.plan):
         assert "Example" in fn.__doc__ and ">>>" in fn.__doc__
 
@@ -108,7 +109,7 @@ import flash_decode
 from flash_decode import _native
 b, G = _native.binding(), 1 << 30
 q, o, k = (4096, 4096, 128, 1), (4096, 4096, 128, 1), (32768 * 1024, 1024, 128, 1)
-h = b.Prepare(1, 1, 1, 32, 8, 128, 32768, *q, *k, *k, *o, 0.0, True, False, 32, 0)
+h = b.Prepare(1, 1, 1, 32, 8, 128, 32768, *q, *k, *k, *o, 0.0, True, False, 32, 0, False)
 ws = b.Workspace(h, -1)
 splits = b.Run(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 3 * G, 4 * G, 10 * G, ws, 0)
 print(json.dumps(dict(flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=32, device=0), ran=splits, ws=ws)))
@@ -172,7 +173,7 @@ import flash_decode
 from flash_decode import _native
 b, G = _native.binding(), 1 << 30
 q, o, k = (4096, 4096, 128, 1), (4096, 4096, 128, 1), (32768 * 1024, 1024, 128, 1)
-h = b.Prepare(1, 1, 1, 32, 8, 128, 32768, *q, *k, *k, *o, 0.0, True, False, 0, 0)
+h = b.Prepare(1, 1, 1, 32, 8, 128, 32768, *q, *k, *k, *o, 0.0, True, False, 0, 0, False)
 for seqlen in (-1, 1024):  # the capacity's plan, then the plan for a bound of 1024 keys
     ws = b.Workspace(h, seqlen)
     b.Run(h, seqlen, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 10 * G, ws, 0)
@@ -290,10 +291,10 @@ for name, args, kw in [("heads", (1, 1, 12, 5, 128, 1024), {}), ("batch", (0, 1,
 # Prepare validates without a GPU; Workspace and Run need one (the stand-in has none).
 q, kv = 32 * 128, 8 * 128
 layout = [1, 1, 1, 32, 8, 128, 1024, q, q, 128, 1, 1024 * kv, kv, 128, 1, 1024 * kv, kv, 128, 1, q, q, 128, 1]
-report["handle"] = native.Prepare(*layout, 0.0, True, False, 0, 0)
-report["handle_again"] = native.Prepare(*layout, 0.0, True, False, 0, 0)
-for name, args in [("scale", layout + [1e-50, False, False, 0, 0]),
-                   ("stride", layout[:14] + [2] + layout[15:] + [0.0, True, False, 0, 0])]:
+report["handle"] = native.Prepare(*layout, 0.0, True, False, 0, 0, False)
+report["handle_again"] = native.Prepare(*layout, 0.0, True, False, 0, 0, False)
+for name, args in [("scale", layout + [1e-50, False, False, 0, 0, False]),
+                   ("stride", layout[:14] + [2] + layout[15:] + [0.0, True, False, 0, 0, False])]:
     try:
         native.Prepare(*args)
     except Exception as err:
@@ -413,7 +414,7 @@ def test_layout_prepared_once_workspace_from_binding(fake_binding):
         assert out.shape == q.shape and lse.shape == (2, 8, 1)
     (prepared,) = fake_binding.args("Prepare")
     assert prepared == (1, 2, 1, 8, 2, 64, 1000, 512, 512, 64, 1, 128000, 128, 64, 1, 128000, 128, 64, 1,
-                        512, 512, 64, 1, 0.0, True, False, 0, 0)
+                        512, 512, 64, 1, 0.0, True, False, 0, 0, True)  # True: a cache_seqlens tensor
     assert fake_binding.args("Workspace") == [(0, -1)]  # the size comes straight from the core
     runs = fake_binding.args("Run")
     assert len(runs) == 3

@@ -127,7 +127,7 @@ def test_layout_sent_to_prepare_serving(serving_binding):
         seqlen_new=1, k=[kv, kv, D, 1], v=[kv, kv, D, 1],
         rotary_dim=32, rotary_rows=64, rotary_cos=[16, 1], rotary_sin=[16, 1], rotary_interleaved=True,
         alibi=True, alibi_slopes=[0, 1], window_size=[16, -1], softcap=20.0,
-        softmax_scale=0.25, default_scale=False, causal=True, num_splits=3)
+        softmax_scale=0.25, default_scale=False, causal=True, num_splits=3, device_lengths=True)
     assert serving_binding.args("WorkspaceServing") == [(0, -1)]
     ((handle, seqlen, *pointers, ws, ws_bytes, stream),) = serving_binding.args("RunServing")
     assert (handle, seqlen, ws_bytes, stream) == (0, -1, 1000, 0) and ws

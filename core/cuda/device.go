@@ -132,12 +132,14 @@ func openDevice(ordinal int) (*device, error) {
 			return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
 		}
 		k := &kernels{split: split, combines: map[string]function{}}
-		for _, name := range []string{v.Combine, v.CombineWide, v.CombineNarrow, v.CombineNarrowDense} {
-			if name == "" {
+		for _, plain := range []string{v.Combine, v.CombineWide, v.CombineNarrow, v.CombineNarrowDense} {
+			if plain == "" {
 				continue
 			}
-			if k.combines[name], err = lookup(mod, name); err != nil {
-				return nil, fmt.Errorf("flashdecode: kernel %s: %w", name, err)
+			for _, name := range []string{plain, core.BalancedCombine(plain)} {
+				if k.combines[name], err = lookup(mod, name); err != nil {
+					return nil, fmt.Errorf("flashdecode: kernel %s: %w", name, err)
+				}
 			}
 		}
 		if v.Append != "" {

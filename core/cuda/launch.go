@@ -172,6 +172,10 @@ func plainParams(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params 
 	k.prefetch_tiles = C.int(pl.PrefetchTiles)
 	k.whole_items = C.int(pl.WholeItems)
 	k.combine_row0 = C.int(pl.CombineRow0)
+	if pl.BalanceSplits > 0 {
+		k.balance_splits = C.int(pl.BalanceSplits)
+		k.balance_tile_keys = C.int(pl.Variant.KeysPerTile)
+	}
 	scale := p.Scale
 	if scale == 0 {
 		scale = float32(1 / math.Sqrt(float64(p.HeadDim)))

@@ -87,6 +87,11 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 		}(), "dense"},
 		{"paged append with rotary", paged(), "append"},
 		{"paged append fused into stage 1", func() core.Problem { p := paged(); p.Rotary = core.Rotary{}; return p }(), "fused"},
+		{"splits balanced by the lengths on the device", func() core.Problem {
+			p := plain(8, 32, 8, 32768, 0)
+			p.DeviceLengths = true
+			return p
+		}(), "balanced"},
 		{"contiguous append fused into stage 1", func() core.Problem {
 			p := plain(2, 32, 8, 4096, 0)
 			p.New, p.Causal = paged().New, true
@@ -102,9 +107,10 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			takes := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
 				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
 				"wide": pl.Combine == pl.Variant.CombineWide, "narrow": pl.Combine == pl.Variant.CombineNarrow,
-				"dense":  pl.Combine == pl.Variant.CombineNarrowDense,
-				"append": pl.Append != "",
-				"fused":  pl.FusedAppend() && pl.Append == ""}
+				"dense":    pl.Combine == pl.Variant.CombineNarrowDense,
+				"append":   pl.Append != "",
+				"fused":    pl.FusedAppend() && pl.Append == "",
+				"balanced": pl.BalanceSplits > 0 && pl.Grid[1] == 1 && pl.CombineGrid > 0}
 			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}

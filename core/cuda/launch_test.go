@@ -51,9 +51,14 @@ func TestFatbinHoldsEveryKernel(t *testing.T) {
 	}
 	names := map[string]bool{}
 	for _, v := range core.Variants() {
-		for _, n := range []string{v.Kernel, v.Combine, v.CombineWide, v.Append} {
+		for _, n := range []string{v.Kernel, v.Combine, v.CombineWide, v.CombineNarrow, v.CombineNarrowDense, v.Append} {
 			if n != "" {
 				names[n] = true
+			}
+		}
+		for _, n := range []string{v.Combine, v.CombineWide, v.CombineNarrow, v.CombineNarrowDense} {
+			if n != "" {
+				names[core.BalancedCombine(n)] = true
 			}
 		}
 	}

@@ -95,11 +95,11 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_co
     fd_pdl_wait();
     const u64 t1 = gtime();
     if constexpr (ROWS)
-        fd_combine_rows<half, WARPS>(p);
+        fd_combine_rows<half, WARPS, false>(p);
     else if constexpr (COLS)
-        fd_combine_cols<half, WARPS>(p);
+        fd_combine_cols<half, WARPS, false>(p);
     else
-        fd_combine<half, WARPS>(p);
+        fd_combine<half, WARPS, false>(p);
     __syncthreads();
     stamp(ts, t0, t1);
 }

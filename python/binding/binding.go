@@ -22,10 +22,13 @@ import (
 // Plan returns, as JSON, the plan Run would launch for these shapes on GPU
 // device (device < 0: an H200, without touching a GPU): kernel variant,
 // num_splits, grids and workspace bytes. dtype is 1 for float16 and 2 for
-// bfloat16; seqlen < 0 plans for the whole cache.
-func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, device int) (plan string, err error) {
+// bfloat16; seqlen < 0 plans for the whole cache. deviceLengths: the calls
+// pass a cache_seqlens tensor (core.Shape.DeviceLengths).
+func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, device int, deviceLengths bool) (plan string, err error) {
 	defer recoverError(&err)
-	return planJSON(shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits), device)
+	s := shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits)
+	s.DeviceLengths = deviceLengths
+	return planJSON(s, device)
 }
 
 // PlanServing is Plan for a call that runs the serving kernels
@@ -41,10 +44,11 @@ func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, 
 // contiguous cache's: core.Problem.ContiguousForm), which plans as if those
 // other features were off too; otherwise they do not change the plan.
 func PlanServing(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, seqlenNew,
-	windowLeft, windowRight int, rotary bool, pageSize, device int) (plan string, err error) {
+	windowLeft, windowRight int, rotary bool, pageSize, device int, deviceLengths bool) (plan string, err error) {
 	defer recoverError(&err)
 	p := core.Problem{Shape: shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits),
 		New: core.Append{Seqlen: seqlenNew}, Window: window(windowLeft, windowRight), PageSize: pageSize}
+	p.DeviceLengths = deviceLengths
 	s := p.PlanShape()
 	s.Serving, s.RotaryQ = true, rotary
 	return planJSON(s, device)

@@ -83,11 +83,12 @@ func (l *layouts) get(handle int) (*cuda.Prepared, error) {
 // elements in (batch, seq, head, head_dim) order, and the last must be 1.
 // With defaultScale the softmax scale is 1/sqrt(headDim) and scale is
 // ignored; otherwise scale must be a positive normal float32
-// (core.ExplicitScale). Once maxPrepared layouts are prepared, a new one
-// fails with an error that wraps neither core sentinel.
+// (core.ExplicitScale). deviceLengths: the calls pass a cache_seqlens
+// tensor (core.Shape.DeviceLengths). Once maxPrepared layouts are prepared,
+// a new one fails with an error that wraps neither core sentinel.
 func Prepare(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache int,
 	qB, qS, qH, qD, kB, kS, kH, kD, vB, vS, vH, vD, oB, oS, oH, oD int64,
-	scale float64, defaultScale, causal bool, numSplits, device int) (handle int, err error) {
+	scale float64, defaultScale, causal bool, numSplits, device int, deviceLengths bool) (handle int, err error) {
 	defer recoverError(&err)
 	for _, x := range [...]struct {
 		name   string
@@ -113,6 +114,7 @@ func Prepare(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache int,
 		Scale:  sc,
 		Causal: causal,
 	}
+	p.DeviceLengths = deviceLengths
 	return prepared.add(&p, device)
 }
 

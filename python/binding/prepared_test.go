@@ -30,7 +30,7 @@ func (l layout) prepare() (int, error) {
 	s := l.strides
 	return Prepare(l.dtype, l.batch, l.seqlenQ, l.headsQ, l.headsKV, l.headDim, l.seqlenCache,
 		s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12], s[13], s[14], s[15],
-		l.scale, l.defaultScale, l.causal, l.numSplits, l.device)
+		l.scale, l.defaultScale, l.causal, l.numSplits, l.device, false)
 }
 
 func prepare(n int, causal bool) (int, error) {

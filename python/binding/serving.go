@@ -23,6 +23,8 @@ type servingLayout struct {
 	HeadDim     int `json:"headdim"`
 	SeqlenCache int `json:"seqlen_cache"` // max_pages * page_size when paged
 	NumSplits   int `json:"num_splits"`
+	// DeviceLengths: the calls pass a cache_seqlens tensor (core.Shape.DeviceLengths).
+	DeviceLengths bool `json:"device_lengths"`
 
 	Q      [4]int64 `json:"q"`
 	KCache [4]int64 `json:"k_cache"` // paged: (page, row in page, head, head_dim)
@@ -109,8 +111,10 @@ func (l *servingLayout) problem() (core.Problem, error) {
 			Msg: fmt.Sprintf("%v; a positive softcap must be a finite nonzero float32, at most %g", l.Softcap, math.MaxFloat32)}
 	}
 	tensor := func(s [4]int64) core.Tensor { return core.Tensor{BatchStride: s[0], SeqStride: s[1], HeadStride: s[2]} }
+	sh := shape(l.DType, l.Batch, l.SeqlenQ, l.HeadsQ, l.HeadsKV, l.HeadDim, l.SeqlenCache, -1, l.NumSplits)
+	sh.DeviceLengths = l.DeviceLengths
 	return core.Problem{
-		Shape:            shape(l.DType, l.Batch, l.SeqlenQ, l.HeadsQ, l.HeadsKV, l.HeadDim, l.SeqlenCache, -1, l.NumSplits),
+		Shape:            sh,
 		Q:                tensor(l.Q),
 		K:                tensor(l.KCache),
 		V:                tensor(l.VCache),

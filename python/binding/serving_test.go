@@ -289,7 +289,7 @@ func TestPlanServing(t *testing.T) {
 		{"pages of 16 with a window", 0, 1000, 0, false, 16, "fd_split_kv_serving_", func(s core.Shape) core.Shape { s.WindowKeys = 1000 + 1 + 1; return s }},
 	}
 	for _, tt := range tests {
-		got, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, tt.seqlenNew, tt.left, tt.right, tt.rotary, tt.pageSize, -1)
+		got, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, tt.seqlenNew, tt.left, tt.right, tt.rotary, tt.pageSize, -1, false)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
@@ -302,10 +302,10 @@ func TestPlanServing(t *testing.T) {
 			t.Errorf("%s: PlanServing = %s\nwant %s", tt.name, got, wantJSON)
 		}
 	}
-	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, 0, -1, -1, true, 0, -1); !errors.Is(err, core.ErrInvalid) {
+	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 32768, -1, 0, 0, -1, -1, true, 0, -1, false); !errors.Is(err, core.ErrInvalid) {
 		t.Errorf("rotary without an append: %v, want ErrInvalid", err)
 	}
-	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 1024, -1, 0, 2000, -1, -1, false, 0, -1); !errors.Is(err, core.ErrInvalid) {
+	if _, err := PlanServing(1, 1, 1, 32, 8, 128, 1024, -1, 0, 2000, -1, -1, false, 0, -1, false); !errors.Is(err, core.ErrInvalid) {
 		t.Errorf("more new tokens than the cache holds: %v, want ErrInvalid", err)
 	}
 }

@@ -340,7 +340,8 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
     try:
         handle = native.Prepare(_DTYPE_CODES[q.dtype], batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache,
                                 *q.stride(), *k_cache.stride(), *v_cache.stride(), *out_strides,
-                                scale, softmax_scale is None, causal, num_splits, device)
+                                scale, softmax_scale is None, causal, num_splits, device,
+                                isinstance(cache_seqlens, torch.Tensor))
         if type(cache_seqlens) is int:
             workspaces = {}  # filled per length by the hot path
         else:
@@ -409,7 +410,8 @@ def _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
 
     layout = dict(dtype=_DTYPE_CODES[q.dtype], batch=batch, seqlen_q=seqlen_q, nheads_q=nheads_q,
                   nheads_kv=nheads_kv, headdim=headdim, seqlen_cache=seqlen_cache,
-                  q=q.stride(), k_cache=k_cache.stride(), v_cache=v_cache.stride())
+                  q=q.stride(), k_cache=k_cache.stride(), v_cache=v_cache.stride(),
+                  device_lengths=isinstance(cache_seqlens, torch.Tensor))
     if paged:
         _check_tensor("block_table", block_table)
         if cache_batch_idx is not None:
@@ -551,7 +553,8 @@ def _remember(cache, key, value):
 def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int, seqlen_cache: int, *,
          dtype: torch.dtype = torch.float16, num_splits: int = 0, device: int | str | torch.device | None = None,
          seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
-         window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0) -> dict[str, Any]:
+         window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0,
+         lengths: bool = False) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes, from the Go core.
 
     This answers "what does num_splits=0 pick": the planner's split count,
@@ -568,7 +571,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             the current one; -1 plans for a default H200-like device (132 SMs)
             without asking a GPU.
         seqlen: the valid length the planner assumes (an int cache_seqlens);
-            None plans for the whole cache, as with a cache_seqlens tensor.
+            None plans for the whole cache. With ``lengths`` it is the bound
+            (max_seqlen_k rounded up to a power of two), as with a
+            cache_seqlens tensor.
         serving: plan the serving kernels (``fd_split_kv_serving_*``), which
             a call with any serving argument runs: block_table,
             cache_batch_idx, cache_leftpad, softcap, alibi_slopes, a window
@@ -586,6 +591,11 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             the call has no cache_batch_idx, cache_leftpad, softcap or
             alibi_slopes either, which plan() takes it not to have (nor
             for a contiguous cache's appending form, below).
+        lengths: the call passes a cache_seqlens tensor (and no
+            cache_leftpad): a batch of several sequences whose plan runs one
+            split a sequence or merges its splits through the combine then
+            balances them by the lengths on the GPU (``balance_splits``,
+            below).
 
     Returns:
         dict: the core's plan, with at least ``num_splits``, ``grid``,
@@ -598,7 +608,10 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         runs) and ``whole_items`` (> 0 for a grid of more
         items than the GPU holds at once: that many batch x K/V head items
         run unsplit and the rest in ``num_splits`` splits each, on a 1-D
-        ``grid``). A call that appends (seqlen_new) shows the append
+        ``grid``) and ``balance_splits`` (> 0 with ``lengths``: the split
+        count for equal lengths, each sequence then taking its own, at most
+        ``num_splits``, so that every split holds about the same number of
+        keys; on a 1-D ``grid``). A call that appends (seqlen_new) shows the append
         kernel as ``append``, or, where stage 1 writes the new tokens
         itself, ``fused_append`` True and no ``append``: at most 16 new
         tokens without rotary, into pages of a multiple of 8 keys
@@ -641,7 +654,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     if min(window) < -1:
         raise ValueError(f"window_size must be (left, right) with each side -1 (unbounded) or at least 0, "
                          f"got {tuple(window)}")
-    for name, flag in (("serving", serving), ("rotary", rotary)):
+    for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
         if type(flag) is not bool:
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     device = _device_index(device)
@@ -650,9 +663,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     try:
         if serving or seqlen_new or window != [-1, -1] or rotary or page_size:
             plan_json = native.PlanServing(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, seqlen_new, *window,
-                                           rotary, page_size, device)
+                                           rotary, page_size, device, lengths)
         else:
-            plan_json = native.Plan(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, device)
+            plan_json = native.Plan(_DTYPE_CODES[dtype], *shape, seqlen, num_splits, device, lengths)
         result = json.loads(plan_json)
     except Exception as err:
         raise _translate(err) from None
