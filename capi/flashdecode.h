@@ -98,12 +98,16 @@ typedef struct fd_plan_info {
     char kernel[64];            /* stage-1 (split-KV) kernel name */
     char combine[64];           /* stage-2 (combine) kernel that runs; "" when combine_grid == 0 */
     int32_t num_splits;         /* splits of each sequence's keys: grid[0] (of the items after
-                                   the whole ones when grid[1] == grid[2] == 1, see grid) */
+                                   the whole ones when grid[1] == grid[2] == 1, see grid); with
+                                   balance_splits (fd_plan_json) > 0, the most one sequence
+                                   takes, each taking its share by the lengths */
     int32_t row_tiles;          /* tiles of packed query rows per K/V head */
     int32_t grid[3];            /* stage-1 grid (num_splits, heads_kv * row_tiles, batch), or
                                    (whole_items + other items * num_splits, 1, 1) for a grid of
                                    more items than the GPU holds at once, whose first
-                                   whole_items (fd_plan_json) run unsplit */
+                                   whole_items (fd_plan_json) run unsplit, or (items *
+                                   (balance_splits + 1), 1, 1) for splits balanced by the
+                                   lengths */
     int32_t threads;            /* stage-1 threads per block */
     int32_t shared_bytes;       /* stage-1 dynamic shared memory per block */
     int32_t cluster;            /* stage-1 cluster size along x: num_splits when the splits
@@ -114,8 +118,8 @@ typedef struct fd_plan_info {
     int32_t blocks_per_sm;      /* resident stage-1 blocks per SM planned for */
     int64_t lse_partial_offset; /* byte offset of the partial LSEs in the workspace */
     int64_t workspace_bytes;    /* workspace fd_decode needs (0 when combine_grid == 0) */
-} fd_plan_info; /* (its layout is fixed: newer plan fields, such as whole_items and
-                   combine_row0, are in fd_plan_json only) */
+} fd_plan_info; /* (its layout is fixed: newer plan fields, such as whole_items,
+                   combine_row0 and balance_splits, are in fd_plan_json only) */
 
 /* The serving features of one call, flash_attn_with_kvcache's arguments beyond
  * fd_args (mirrors core.Problem's serving fields). Zero-initialize, then set: a
