@@ -277,6 +277,11 @@ report["plan_paged16_rotary"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen
 report["plan_paged1"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=1, device=-1)
 report["plan_paged16_window"] = flash_decode.plan(1, 1, 32, 8, 128, 1024, page_size=16, window_size=(255, 0),
                                                   device=-1)
+report["plan_b8"] = flash_decode.plan(8, 1, 32, 8, 128, 32768, device=-1)
+report["plan_b8_lengths"] = flash_decode.plan(8, 1, 32, 8, 128, 32768, lengths=True, device=-1)
+report["plan_b8_lengths_requested"] = flash_decode.plan(8, 1, 32, 8, 128, 32768, lengths=True, num_splits=2,
+                                                        device=-1)
+report["plan_b32_lengths"] = flash_decode.plan(32, 1, 32, 8, 128, 8192, lengths=True, device=-1)
 for name, args, kw in [("heads", (1, 1, 12, 5, 128, 1024), {}), ("batch", (0, 1, 32, 8, 128, 1024), {}),
                        ("splits", (1, 1, 32, 8, 128, 1024), {"num_splits": -2}),
                        ("headdim", (1, 1, 32, 8, 100, 1024), {}),
@@ -379,6 +384,16 @@ def test_binding_with_fake_driver():
     readme = {"num_splits": 32, "grid": [32, 8, 1], "cluster": 1, "kernel": "fd_split_kv_paged_append_f16_d128_r16",
               "fused_append": True}  # the README's serving answer
     assert {k: report["plan_readme_serving"][k] for k in readme} == readme
+    # A cache_seqlens tensor (lengths=True) balances the splits on the GPU: the plan for equal
+    # lengths' count n, at most 17 a sequence (132 SMs over 8 K/V heads), a 1-D grid of
+    # n + 1 blocks an item, the balanced twin of the combine; not for a requested count.
+    plain, p = report["plan_b8"], report["plan_b8_lengths"]
+    assert "balance_splits" not in plain and plain["num_splits"] == 2
+    assert p["balance_splits"] == 2 and p["num_splits"] == 17 and p["grid"] == [8 * 8 * 3, 1, 1]
+    assert p["combine"] == plain["combine"] + "_bal" and p["workspace_bytes"] > plain["workspace_bytes"]
+    assert "balance_splits" not in report["plan_b8_lengths_requested"]
+    p = report["plan_b32_lengths"]  # one split for equal lengths: balanced through a combine too
+    assert p["balance_splits"] == 1 and p["num_splits"] == 17 and p["combine"].endswith("_bal")
     assert report["error_rotary"][0] == "ValueError" and "rotary_cos" in report["error_rotary"][1]
     assert report["error_window"][0] == "ValueError" and report["error_window"][1].startswith("window_size")
     assert report["error_serving"][0] == "TypeError" and report["error_serving"][1].startswith("serving")
