@@ -360,7 +360,7 @@ func clampSplits(n, tiles int) int {
 // end early (BENCHMARKS.md, "Ragged batches"). The kernels instead size
 // each sequence's splits from the total of the lengths (balance.cuh).
 func balancedSplits(s Shape, n, items, slots, tiles, rowBytes int) int {
-	if !s.DeviceLengths || s.Batch < 2 || s.WindowKeys > 0 || n < 1 {
+	if !s.DeviceLengths || s.Batch < 2 || s.WindowKeys > 0 {
 		return 0
 	}
 	return max(n, min(MaxSplits, tiles, ceilDiv(slots, max(items, 1)), balancedPartialBytes/max(rowBytes, 1)))

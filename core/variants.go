@@ -65,7 +65,8 @@ type Variant struct {
 
 // BalancedCombine is the balanced twin of combine kernel name (kernels/
 // flashdecode.cu: name_bal), which a plan with Plan.BalanceSplits launches
-// instead: it merges each row's own split count, which stage 1 writes.
+// instead: it merges each row's own split count, which it works out from
+// the lengths as stage 1 does (kernels/balance.cuh).
 func BalancedCombine(name string) string { return name + "_bal" }
 
 // Form is a form of stage 1: which of kernels/split_kv.cuh's fd_form a
