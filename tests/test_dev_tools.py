@@ -1,10 +1,12 @@
 """The developer tools in dev/ still run where CI runs (no GPU): the sanitizer
 driver plans every kernel path it is named for, the thread benchmark parses
-its arguments, the SASS reader finds a kernel's tile loop and its counts in
+its arguments, the A/B driver alternates its builds and summarizes their
+runs, the SASS reader finds a kernel's tile loop and its counts in
 cuobjdump's and ptxas's output, and the streaming probe compiles for sm_90a
 with its wgmma loops unserialized."""
 
 import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -54,11 +56,90 @@ def test_threads_tool_parses_its_arguments():
     assert "--calls" in child.stdout
 
 
-def load_sass_tool():
-    spec = importlib.util.spec_from_file_location("dev_sass", ROOT / "dev" / "sass.py")
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(f"dev_{name}", ROOT / "dev" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_sass_tool():
+    return load_tool("sass")
+
+
+def bench_result(us, serving_us=None, splits=2):
+    """A bench results.json with one table row (b=1, 32/8, d128, 32K keys) and, if
+    serving_us, one serving row."""
+    row = dict(dtype="fp16", b=1, hq=32, hkv=8, d=128, L=32768, sq=1, ours_us=us, num_splits=splits,
+               kernel="fd_split_kv_f16_d128_r16")
+    serving = [dict(case="ragged", dtype="fp16", b=8, hq=32, hkv=8, d=128, L=32768, sq=1, us=serving_us)]
+    return dict(meta=dict(serving=serving if serving_us else []), rows=[row], summary=[])
+
+
+def test_ab_tool_alternates_and_summarizes_each_build_against_the_first(tmp_path):
+    ab = load_tool("ab")
+    assert ab.order(["a", "b"], 3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+    # Runs as dev/ab.py leaves them: <pass>_<build>/results.json; a failed run has none.
+    times = {"a": [10.0, 10.4, 10.2], "b": [9.0, 9.3, 9.1]}
+    for name, us in times.items():
+        for i, t in enumerate(us):
+            d = tmp_path / f"{i}_{name}"
+            d.mkdir()
+            result = bench_result(t, serving_us=2 * t, splits=2 if name == "a" else 4)
+            (d / "results.json").write_text(json.dumps(result))
+    (tmp_path / "3_b").mkdir()
+    runs = ab.load_runs(tmp_path)
+    assert list(runs) == ["a", "b"] and [len(r) for r in runs.values()] == [3, 3]
+    table, serving = ab.summarize(runs)
+    assert table["case"] == "fp16 b=1 32/8 d128 L=32768 sq1"
+    assert table["builds"]["a"] == {"median": 10.2, "min": 10.0, "max": 10.4, "passes": 3}
+    assert table["change"]["b"] == pytest.approx(9.1 / 10.2 - 1)
+    assert table["plan_differs"]  # 2 splits against 4
+    assert serving["case"].startswith("serving ragged fp16 b=8")
+    assert serving["builds"]["b"]["median"] == pytest.approx(18.2) and not serving["plan_differs"]
+    ab.write_summary(tmp_path, ["b", "a"])  # b the baseline
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary[0]["change"] == {"a": pytest.approx(10.2 / 9.1 - 1)}
+    assert "+12.1%" in (tmp_path / "summary.txt").read_text()
+
+
+def test_ab_tool_runs_each_build_from_its_own_folder(tmp_path):
+    # Two "builds": folders holding a stand-in flash_decode whose bench writes a
+    # results.json with its own time, so the runs need no GPU.
+    bench = """import json, pathlib, sys
+args = sys.argv[1:]
+out = pathlib.Path(args[args.index("--out") + 1])
+out.mkdir(parents=True)
+assert "--no-plot" in args and args[:2] == ["--shapes", "b=1,L=32k"]
+row = dict(dtype="fp16", b=1, hq=32, hkv=8, d=128, L=32768, sq=1, ours_us=US, num_splits=16, kernel="k")
+(out / "results.json").write_text(json.dumps(dict(meta=dict(serving=[]), rows=[row], summary=[])))
+"""
+    for name, us in (("old", 12.0), ("new", 9.0)):
+        pkg = tmp_path / name / "flash_decode"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "bench.py").write_text(bench.replace("US", str(us)))
+    out = tmp_path / "runs"
+    child = run("dev/ab.py", "--build", f"old={tmp_path / 'old'}", "--build", f"new={tmp_path / 'new'}",
+                "--passes", "2", "--out", str(out), "--", "--shapes", "b=1,L=32k")
+    assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-2000:]
+    assert sorted(d.name for d in out.iterdir() if d.is_dir()) == ["0_new", "0_old", "1_new", "1_old"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary[0]["builds"]["new"]["median"] == 9.0 and summary[0]["change"]["new"] == -0.25
+    assert "-25.0%" in child.stdout
+
+
+def test_ab_tool_parses_its_arguments():
+    ab = load_tool("ab")
+    args = ab.parse_args(["--build", "x=w1.whl", "--build", "y=site", "--", "--shapes", "b=1,L=1k", "--peers", "none"])
+    assert args.build == [("x", pathlib.Path("w1.whl")), ("y", pathlib.Path("site"))]
+    assert args.bench_args == ["--shapes", "b=1,L=1k", "--peers", "none"]
+    for bad in (["--build", "x=a"], ["--build", "x=a", "--build", "x=b"],
+                ["--build", "x=a", "--build", "y=b", "--", "--out", "o"]):
+        with pytest.raises(SystemExit):
+            ab.parse_args(bad)
+    child = run("dev/ab.py", "--help")
+    assert child.returncode == 0 and "--summarize" in child.stdout, child.stderr[-2000:]
 
 
 # cuobjdump -sass's layout: a function header, then /*address*/ instruction ; /* encoding */.
