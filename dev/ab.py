@@ -114,8 +114,9 @@ def load_runs(folder):
 
 
 def case_times(result):
-    """{case: (µs, plan)} of one bench run: its table rows (ours_us) and serving rows (us).
-    plan is what the row says of the plan (split count, kernel), or None."""
+    """{case: (µs, plan)} of one bench run: its table rows (ours_us), serving rows (us) and
+    --lengths batches (each of their four timings). plan is what the row says of the plan
+    (split count, kernel), or None."""
     cases = {}
     for r in result.get("rows", []):
         if r.get("ours_us") is not None:
@@ -125,6 +126,11 @@ def case_times(result):
         if r.get("us") is not None:
             key = f"serving {r['case']} {r['dtype']} b={r['b']} {r['hq']}/{r['hkv']} d{r['d']} L={r['L']} sq{r['sq']}"
             cases[key] = (r["us"], None)
+    for r in (result.get("meta") or {}).get("lengths") or []:  # --lengths: four timings a batch
+        for timing in ("us", "unbalanced_us", "even_us", "even_unbalanced_us"):
+            if r.get(timing) is not None:
+                name = {"us": "planned"}.get(timing, timing[:-3].replace("_", " "))
+                cases[f"lengths b={r['b']} [{r['lengths']}] {name}"] = (r[timing], (r.get("num_splits"),))
     return cases
 
 

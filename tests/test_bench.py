@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from conftest import PACKAGE_PARENT
+from conftest import PACKAGE_PARENT, has_extension
 from flash_decode import bench
 from flash_decode.bench import Shape
 
@@ -334,6 +334,80 @@ def test_serving_cases_and_shapes():
     row = dict(case="paged16", dtype="fp16", **bench.SHAPE_DEFAULTS._asdict(), us=40.0, tbs=3.4,
                vs_contiguous=1.05, check="ok")
     assert bench.format_serving_row(row).endswith("| 40.0us 3.40TB/s | 1.05x contiguous | check ok")
+
+
+def test_parse_lengths_and_their_even_spread():
+    assert bench.parse_lengths("32768,1024*7; 8k*2,0") == [(32768,) + (1024,) * 7, (8192, 8192, 0)]
+    assert bench.even_lengths((32768,) + (1024,) * 7) == (4992,) * 8
+    assert bench.even_lengths((10, 0, 1)) == (4, 4, 3)
+    for bad in ("1024*0", "-1,5", "abc", "0,0*3", "1024**2"):
+        with pytest.raises(ValueError):
+            bench.parse_lengths(bad)
+    assert bench.parse_args([]).lengths == []
+    assert bench.parse_args(["--lengths", "4k,1k*3"]).lengths == [(4096, 1024, 1024, 1024)]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--lengths", "4k*x"])
+
+
+@pytest.mark.skipif(not has_extension(), reason="native extension not built/installed")
+def test_lengths_case_times_planned_unbalanced_and_even(monkeypatch):
+    # On CPU: flash_decode and the timer are stand-ins that record what each timing asks.
+    calls = []
+
+    def fake_decode(q, k, v, **kw):  # right as planned, wrong for the requested count at equal lengths
+        calls.append(kw)
+        out = bench.lengths_reference(q, k, v, kw["cache_seqlens"].tolist())
+        return out + 1 if kw["num_splits"] and len(set(kw["cache_seqlens"].tolist())) == 1 else out
+
+    timings = iter([50.0, 150.0, 40.0, 38.0])
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", fake_decode)
+    monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (next(timings), "graph"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1.2e9, 80e9))  # room for 3 layers of 134 MB
+    lengths = (16384, 1024)
+    r = bench.run_lengths_case(lengths, repeats=3, device="cpu")
+    # The plan for equal lengths at b=2 and 16384 keys balances: n splits each, at most more.
+    plan = bench.flash_decode.plan(2, 1, 32, 8, 128, 16384, seqlen=16384, lengths=True, device=-1)
+    assert r["balanced"] and r["num_splits"] == plan["balance_splits"] < plan["num_splits"] == r["most_splits"]
+    assert (r["us"], r["unbalanced_us"], r["even_us"], r["even_unbalanced_us"]) == (50.0, 150.0, 40.0, 38.0)
+    assert r["check"] == "MISMATCH: even_unbalanced max error 1"
+    assert r["keys"] == 17408 and r["L"] == 16384 and r["layers"] == 3
+    assert r["tbs"] == pytest.approx(17408 * 8 * 128 * 2 * 2 / 50.0 / 1e6)
+    assert [c["num_splits"] for c in calls] == [0, r["num_splits"], 0, r["num_splits"]]
+    assert all(c["max_seqlen_k"] == 16384 for c in calls)
+    assert calls[0]["cache_seqlens"].tolist() == [16384, 1024] and calls[2]["cache_seqlens"].tolist() == [8704] * 2
+    line = bench.format_lengths_row(r)
+    assert line.startswith(f"lengths b=2 [16384,1024] | 50.0us 1.43TB/s ({r['num_splits']} splits for equal lengths, "
+                           f"balanced, at most {r['most_splits']} splits)")
+    assert "unbalanced 150.0us | equal lengths 40.0us, unbalanced 38.0us | check MISMATCH" in line
+
+
+def test_main_runs_lengths_alone(tmp_path, monkeypatch, capsys):
+    # --shapes none --lengths: no table (and no plot), the batches in the log and results.json.
+    monkeypatch.setattr(bench, "gpu_missing", lambda: None)
+    monkeypatch.setattr(bench, "read_ceiling", lambda repeats: {"triton": 4.4})
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+    monkeypatch.setattr(bench, "eager_tiny", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
+    seen = []
+
+    def fake_case(lengths, repeats):
+        seen.append(lengths)
+        if len(lengths) == 1:
+            raise RuntimeError("out of memory")
+        return dict(lengths=",".join(map(str, lengths)), b=len(lengths), us=10.0, tbs=1.0, num_splits=2,
+                    balanced=True, most_splits=17, unbalanced_us=20.0, even_us=9.0, even_unbalanced_us=8.5,
+                    check="ok")
+
+    monkeypatch.setattr(bench, "run_lengths_case", fake_case)
+    out = tmp_path / "bench"
+    assert bench.main(["--shapes", "none", "--lengths", "8k,1k*3;5", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert seen == [(8192, 1024, 1024, 1024), (5,)]
+    assert "lengths b=4 [8192,1024,1024,1024] | 10.0us 1.00TB/s (2 splits for equal lengths, balanced" in printed
+    assert "lengths b=1 [5] | n/a (RuntimeError: out of memory)" in printed
+    data = json.loads((out / "results.json").read_text())
+    assert data["rows"] == [] and [r["b"] for r in data["meta"]["lengths"]] == [4, 1]
+    assert not (out / "bandwidth.png").exists()
 
 
 def peers_with(monkeypatch, module):

@@ -6,6 +6,7 @@
     python -m flash_decode.bench --shapes "b=1/8,L=1k/32k;hq=48,hkv=48,L=8k,sq=10" --peers cudnn,flash
     python -m flash_decode.bench --shapes "b=1,L=1k/32k" --num-splits 1,2,4,8,16,32 --peers none
     python -m flash_decode.bench --read-same-bytes --peers cudnn   # a plain read of each cache too
+    python -m flash_decode.bench --shapes none --lengths "32768,1024*7;16384,4096*3"  # ragged batches
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
@@ -205,6 +206,33 @@ def label(shape):
     return ",".join(f"{k}={v}" for k, v in shape._asdict().items())
 
 
+def parse_lengths(text):
+    """'32768,1024*7;8k*4' -> [(32768, 1024, ..., 1024), (8192,) * 4]: ';' separates
+    batches, ',' their sequences' lengths, LEN*N repeats LEN N times (k suffixes work)."""
+    batches = []
+    for spec in filter(None, (s.strip() for s in text.split(";"))):
+        lengths = []
+        for item in spec.split(","):
+            value, star, count = item.partition("*")
+            try:
+                length, times = parse_int(value), parse_int(count) if star else 1
+            except ValueError:
+                raise ValueError(f"bad length {item.strip()!r} in {spec!r}: use LEN or LEN*N") from None
+            if length < 0 or times < 1:
+                raise ValueError(f"bad length {item.strip()!r} in {spec!r}: lengths 0 or more, N at least 1")
+            lengths += [length] * times
+        if max(lengths) < 1:
+            raise ValueError(f"batch {spec!r} holds no keys")
+        batches.append(tuple(lengths))
+    return batches
+
+
+def even_lengths(lengths):
+    """The same keys spread over the same sequences as evenly as they go."""
+    q, r = divmod(sum(lengths), len(lengths))
+    return tuple(q + (i < r) for i in range(len(lengths)))
+
+
 def matrix_cases(matrix, dtypes=None):
     """[(Shape, dtype name)]: the matrix's own dtypes, or each shape in each of dtypes."""
     cases = [(s, dt) for dt, spec in matrix for s in parse_shapes(spec)]
@@ -253,6 +281,13 @@ def _shapes_arg(text):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _lengths_arg(text):
+    try:
+        return parse_lengths(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="flash-decode-bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -282,6 +317,12 @@ def parse_args(argv=None):
     p.add_argument("--serving-shapes", type=_shapes_arg, metavar="SPEC",
                    help="shapes for the serving cases (paged caches, append), or 'none' "
                         f"(default: '{SERVING_SHAPES}', '{SERVING_QUICK}' with --quick, none with --shapes)")
+    p.add_argument("--lengths", type=_lengths_arg, default=[], metavar="SPEC",
+                   help="batches of given lengths ('32768,1024*7;...': ';' separates batches, "
+                        "LEN*N repeats), 32/8 heads, d128, fp16, a cache_seqlens tensor: each timed "
+                        "as planned (balanced by the lengths where the plan balances), at the plan's "
+                        "own split count for every sequence (num_splits, never balanced), and both "
+                        "again with the same keys in equal lengths (default: none)")
     args = p.parse_args(argv)
     if args.serving_shapes is None:
         args.serving_shapes = [] if args.shapes else parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
@@ -725,6 +766,84 @@ def format_serving_row(r):
                    f" | check {r['check']}")
 
 
+LENGTHS_TIMINGS = (  # (row key, equal lengths, requested split count)
+    ("us", False, False), ("unbalanced_us", False, True), ("even_us", True, False), ("even_unbalanced_us", True, True))
+
+
+def lengths_reference(q, k, v, lengths):
+    """fp32 SDPA of each sequence of q (b, 1, hq, d) over its first lengths[i] keys of k
+    and v (b, L, hkv, d); zeros for a sequence without keys (what flash_decode writes)."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for i, n in enumerate(lengths):
+        if n:
+            seq = [x[i:i + 1, :n].transpose(1, 2) for x in (q, k, v)]
+            out[i] = reference(*seq, nb=1).transpose(1, 2)[0]
+    return out
+
+
+def run_lengths_case(lengths, repeats, device="cuda"):
+    """One --lengths batch on a contiguous cache of its longest length (32/8 heads, d128,
+    fp16, max_seqlen_k that length): µs per call as planned, with num_splits = the plan's
+    own count (no balancing), and both for the same keys in equal lengths; TB/s of the
+    keys held. Each of the four outputs is checked against fp32 SDPA per sequence."""
+    b, hq, hkv, d, cap = len(lengths), SHAPE_DEFAULTS.hq, SHAPE_DEFAULTS.hkv, SHAPE_DEFAULTS.d, max(lengths)
+    shape = Shape(b, hq, hkv, d, cap, 1)
+    nbytes = kv_bytes(shape, "fp16") * sum(lengths) // (b * cap)
+    row = dict(lengths=",".join(map(str, lengths)), b=b, hq=hq, hkv=hkv, d=d, L=cap, keys=sum(lengths),
+               kv_mb=round(nbytes / MB, 2))
+    n = layer_count(nbytes, torch.cuda.mem_get_info()[0], kv_bytes(shape, "fp16"))
+    if n < 1:
+        return dict(row, check=f"n/a (cache of {kv_bytes(shape, 'fp16') / 1e9:.1f} GB does not fit)")
+    plan = flash_decode.plan(b, 1, hq, hkv, d, cap, seqlen=1 << (cap - 1).bit_length(), lengths=True,
+                             device=None if device == "cuda" else -1)
+    splits = plan.get("balance_splits", plan["num_splits"])  # the count equal lengths take
+    row.update(layers=n, num_splits=splits, balanced="balance_splits" in plan, most_splits=plan["num_splits"])
+    layers = [(k := torch.randn(b, cap, hkv, d, device=device, dtype=torch.float16), torch.randn_like(k))
+              for _ in range(n)]
+    q = torch.randn(b, 1, hq, d, device=device, dtype=torch.float16)
+    bad = []
+    for key, even, requested in LENGTHS_TIMINGS:
+        held = even_lengths(lengths) if even else lengths
+        lens = torch.tensor(held, dtype=torch.int32, device=device)
+        kw = dict(cache_seqlens=lens, max_seqlen_k=cap, num_splits=splits if requested else 0)
+
+        def call(layer, kw=kw):
+            return flash_decode.flash_decode(q, layer[0], layer[1], **kw)
+
+        ok, err = matches(call(layers[0]), lengths_reference(q, *layers[0], held), "fp16")
+        if not ok:
+            bad.append(f"{key[:-3]} max error {err:.3g}")
+        row[key] = time_kernel(call, layers, repeats)[0]
+    row["check"] = "ok" if not bad else "MISMATCH: " + ", ".join(bad)
+    row["tbs"] = tbs(nbytes, row["us"])
+    return row
+
+
+def run_lengths(args, log):
+    rows = []
+    for lengths in args.lengths:
+        try:
+            row = run_lengths_case(lengths, args.repeats)
+        except Exception as err:  # noqa: BLE001 (report the batch, go on)
+            row = dict(lengths=",".join(map(str, lengths)), b=len(lengths), check=f"n/a ({type(err).__name__}: "
+                       f"{_reason(err)})")
+        rows.append(row)
+        settle(args.settle)
+        log(format_lengths_row(row))
+    return rows
+
+
+def format_lengths_row(r):
+    lengths = r["lengths"] if len(r["lengths"]) <= 40 else r["lengths"][:37] + "..."
+    text = f"lengths b={r['b']} [{lengths}]"
+    if "us" not in r:
+        return text + f" | {r.get('check')}"
+    how = f"balanced, at most {r['most_splits']} splits" if r["balanced"] else "not balanced"
+    return (text + f" | {r['us']:.1f}us {r['tbs']:.2f}TB/s ({r['num_splits']} splits for equal lengths, {how})"
+            f" | unbalanced {r['unbalanced_us']:.1f}us | equal lengths {r['even_us']:.1f}us,"
+            f" unbalanced {r['even_unbalanced_us']:.1f}us | check {r['check']}")
+
+
 def eager_tiny(calls=400, rounds=5):
     """Eager µs per call on TINY: flash_decode vs a plain torch SDPA call."""
     q, kvs, q_ours, ours = make_tensors(TINY, "fp16", 1, "bhsd")
@@ -912,6 +1031,7 @@ def main(argv=None):
         settle(args.settle)
         log(f"[{i}/{len(args.cases)}] " + format_row(row, args.peers))
     serving = run_serving(args, log) if args.serving_shapes else []
+    lengths = run_lengths(args, log) if args.lengths else []
     try:
         meta["eager"] = eager_tiny()  # reported in the summary
     except Exception as err:  # noqa: BLE001
@@ -921,9 +1041,10 @@ def main(argv=None):
     for what, value in summary:
         print(f"{what}: {value}")
     meta["serving"] = serving
+    meta["lengths"] = lengths
     write_results(args.out, rows, meta, summary, args.peers)
     print(f"wrote {args.out}/results.json and results.csv")
-    if not args.no_plot:
+    if not args.no_plot and rows:  # a run of serving or --lengths cases alone has no table to plot
         try:
             plot(rows, args.ceiling, args.out / "bandwidth.png", args.peers)
             print(f"wrote {args.out}/bandwidth.png")
