@@ -130,7 +130,8 @@ def case_times(result):
         for timing in ("us", "unbalanced_us", "even_us", "even_unbalanced_us"):
             if r.get(timing) is not None:
                 name = {"us": "planned"}.get(timing, timing[:-3].replace("_", " "))
-                cases[f"lengths b={r['b']} [{r['lengths']}] {name}"] = (r[timing], (r.get("num_splits"),))
+                key = f"lengths b={r['b']} {r['hq']}/{r['hkv']} d{r['d']} [{r['lengths']}] {name}"
+                cases[key] = (r[timing], (r.get("num_splits"),))
     return cases
 
 

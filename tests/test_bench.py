@@ -337,14 +337,16 @@ def test_serving_cases_and_shapes():
 
 
 def test_parse_lengths_and_their_even_spread():
-    assert bench.parse_lengths("32768,1024*7; 8k*2,0") == [(32768,) + (1024,) * 7, (8192, 8192, 0)]
+    B = bench.Batch
+    assert bench.parse_lengths("32768,1024*7; hq=8,hkv=1,d=64:8k*2,0") == [
+        B(32, 8, 128, (32768,) + (1024,) * 7), B(8, 1, 64, (8192, 8192, 0))]
     assert bench.even_lengths((32768,) + (1024,) * 7) == (4992,) * 8
     assert bench.even_lengths((10, 0, 1)) == (4, 4, 3)
-    for bad in ("1024*0", "-1,5", "abc", "0,0*3", "1024**2"):
+    for bad in ("1024*0", "-1,5", "abc", "0,0*3", "1024**2", "hq=8:", "hq=12,hkv=8:4k", "b=2:4k", "hkv:4k"):
         with pytest.raises(ValueError):
             bench.parse_lengths(bad)
     assert bench.parse_args([]).lengths == []
-    assert bench.parse_args(["--lengths", "4k,1k*3"]).lengths == [(4096, 1024, 1024, 1024)]
+    assert bench.parse_args(["--lengths", "4k,1k*3"]).lengths == [B(32, 8, 128, (4096, 1024, 1024, 1024))]
     with pytest.raises(SystemExit):
         bench.parse_args(["--lengths", "4k*x"])
 
@@ -363,8 +365,7 @@ def test_lengths_case_times_planned_unbalanced_and_even(monkeypatch):
     monkeypatch.setattr(bench.flash_decode, "flash_decode", fake_decode)
     monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (next(timings), "graph"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1.2e9, 80e9))  # room for 3 layers of 134 MB
-    lengths = (16384, 1024)
-    r = bench.run_lengths_case(lengths, repeats=3, device="cpu")
+    r = bench.run_lengths_case(bench.Batch(32, 8, 128, (16384, 1024)), repeats=3, device="cpu")
     # The plan for equal lengths at b=2 and 16384 keys balances: n splits each, at most more.
     plan = bench.flash_decode.plan(2, 1, 32, 8, 128, 16384, seqlen=16384, lengths=True, device=-1)
     assert r["balanced"] and r["num_splits"] == plan["balance_splits"] < plan["num_splits"] == r["most_splits"]
@@ -376,8 +377,8 @@ def test_lengths_case_times_planned_unbalanced_and_even(monkeypatch):
     assert all(c["max_seqlen_k"] == 16384 for c in calls)
     assert calls[0]["cache_seqlens"].tolist() == [16384, 1024] and calls[2]["cache_seqlens"].tolist() == [8704] * 2
     line = bench.format_lengths_row(r)
-    assert line.startswith(f"lengths b=2 [16384,1024] | 50.0us 1.43TB/s ({r['num_splits']} splits for equal lengths, "
-                           f"balanced, at most {r['most_splits']} splits)")
+    assert line.startswith(f"lengths b=2,hq=32,hkv=8,d=128 [16384,1024] | 50.0us 1.43TB/s ({r['num_splits']} "
+                           f"splits for equal lengths, balanced, at most {r['most_splits']} splits)")
     assert "unbalanced 150.0us | equal lengths 40.0us, unbalanced 38.0us | check MISMATCH" in line
 
 
@@ -390,21 +391,23 @@ def test_main_runs_lengths_alone(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
     seen = []
 
-    def fake_case(lengths, repeats):
-        seen.append(lengths)
-        if len(lengths) == 1:
+    def fake_case(batch, repeats):
+        seen.append(batch)
+        if len(batch.lengths) == 1:
             raise RuntimeError("out of memory")
-        return dict(lengths=",".join(map(str, lengths)), b=len(lengths), us=10.0, tbs=1.0, num_splits=2,
+        return dict(lengths=",".join(map(str, batch.lengths)), b=len(batch.lengths), hq=batch.hq, hkv=batch.hkv,
+                    d=batch.d, us=10.0, tbs=1.0, num_splits=2,
                     balanced=True, most_splits=17, unbalanced_us=20.0, even_us=9.0, even_unbalanced_us=8.5,
                     check="ok")
 
     monkeypatch.setattr(bench, "run_lengths_case", fake_case)
     out = tmp_path / "bench"
-    assert bench.main(["--shapes", "none", "--lengths", "8k,1k*3;5", "--out", str(out)]) == 0
+    assert bench.main(["--shapes", "none", "--lengths", "8k,1k*3;hq=8,hkv=1:5", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert seen == [(8192, 1024, 1024, 1024), (5,)]
-    assert "lengths b=4 [8192,1024,1024,1024] | 10.0us 1.00TB/s (2 splits for equal lengths, balanced" in printed
-    assert "lengths b=1 [5] | n/a (RuntimeError: out of memory)" in printed
+    assert seen == [bench.Batch(32, 8, 128, (8192, 1024, 1024, 1024)), bench.Batch(8, 1, 128, (5,))]
+    assert ("lengths b=4,hq=32,hkv=8,d=128 [8192,1024,1024,1024] | 10.0us 1.00TB/s (2 splits for equal lengths, "
+            "balanced") in printed
+    assert "lengths b=1,hq=8,hkv=1,d=128 [5] | n/a (RuntimeError: out of memory)" in printed
     data = json.loads((out / "results.json").read_text())
     assert data["rows"] == [] and [r["b"] for r in data["meta"]["lengths"]] == [4, 1]
     assert not (out / "bandwidth.png").exists()

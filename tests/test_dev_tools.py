@@ -73,8 +73,8 @@ def bench_result(us, serving_us=None, splits=2):
     row = dict(dtype="fp16", b=1, hq=32, hkv=8, d=128, L=32768, sq=1, ours_us=us, num_splits=splits,
                kernel="fd_split_kv_f16_d128_r16")
     serving = [dict(case="ragged", dtype="fp16", b=8, hq=32, hkv=8, d=128, L=32768, sq=1, us=serving_us)]
-    lengths = [dict(lengths="32768,1024", b=2, num_splits=8, us=us, unbalanced_us=3 * us, even_us=us - 1,
-                    even_unbalanced_us=us - 2)]
+    lengths = [dict(lengths="32768,1024", b=2, hq=32, hkv=8, d=128, num_splits=8, us=us, unbalanced_us=3 * us,
+                    even_us=us - 1, even_unbalanced_us=us - 2)]
     return dict(meta=dict(serving=serving if serving_us else [], lengths=lengths), rows=[row], summary=[])
 
 
@@ -93,7 +93,7 @@ def test_ab_tool_alternates_and_summarizes_each_build_against_the_first(tmp_path
     runs = ab.load_runs(tmp_path)
     assert list(runs) == ["a", "b"] and [len(r) for r in runs.values()] == [3, 3]
     table, serving, *lengths = ab.summarize(runs)
-    assert [s["case"] for s in lengths] == [f"lengths b=2 [32768,1024] {t}" for t in
+    assert [s["case"] for s in lengths] == [f"lengths b=2 32/8 d128 [32768,1024] {t}" for t in
                                             ("planned", "unbalanced", "even", "even unbalanced")]
     assert lengths[1]["builds"]["a"]["median"] == pytest.approx(30.6) and not lengths[1]["plan_differs"]
     assert table["case"] == "fp16 b=1 32/8 d128 L=32768 sq1"

@@ -6,7 +6,7 @@
     python -m flash_decode.bench --shapes "b=1/8,L=1k/32k;hq=48,hkv=48,L=8k,sq=10" --peers cudnn,flash
     python -m flash_decode.bench --shapes "b=1,L=1k/32k" --num-splits 1,2,4,8,16,32 --peers none
     python -m flash_decode.bench --read-same-bytes --peers cudnn   # a plain read of each cache too
-    python -m flash_decode.bench --shapes none --lengths "32768,1024*7;16384,4096*3"  # ragged batches
+    python -m flash_decode.bench --shapes none --lengths "32768,1024*7;hq=8,hkv=1:16k,4k*3"  # ragged batches
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
@@ -206,13 +206,26 @@ def label(shape):
     return ",".join(f"{k}={v}" for k, v in shape._asdict().items())
 
 
+Batch = namedtuple("Batch", "hq hkv d lengths")  # a --lengths batch: heads, head dim, each sequence's keys
+
+
 def parse_lengths(text):
-    """'32768,1024*7;8k*4' -> [(32768, 1024, ..., 1024), (8192,) * 4]: ';' separates
-    batches, ',' their sequences' lengths, LEN*N repeats LEN N times (k suffixes work)."""
+    """'32768,1024*7;hq=8,hkv=1:8k*4' -> [Batch]: ';' separates batches, ',' their
+    sequences' lengths, LEN*N repeats LEN N times (k suffixes work); an optional
+    'hq=..,hkv=..,d=..:' prefix sets the heads and head dim (default 32/8, d128)."""
     batches = []
     for spec in filter(None, (s.strip() for s in text.split(";"))):
+        heads, colon, rest = spec.rpartition(":")
+        sizes = dict(hq=SHAPE_DEFAULTS.hq, hkv=SHAPE_DEFAULTS.hkv, d=SHAPE_DEFAULTS.d)
+        for item in filter(None, heads.split(",")) if colon else ():
+            key, sep, value = item.partition("=")
+            if not sep or key.strip() not in sizes:
+                raise ValueError(f"bad field {item!r} in {spec!r}: use hq, hkv, d before the ':'")
+            sizes[key.strip()] = parse_int(value)
+        if min(sizes.values()) < 1 or sizes["hq"] % sizes["hkv"]:
+            raise ValueError(f"bad heads in {spec!r}: sizes must be positive, hq a multiple of hkv")
         lengths = []
-        for item in spec.split(","):
+        for item in rest.split(","):
             value, star, count = item.partition("*")
             try:
                 length, times = parse_int(value), parse_int(count) if star else 1
@@ -223,7 +236,7 @@ def parse_lengths(text):
             lengths += [length] * times
         if max(lengths) < 1:
             raise ValueError(f"batch {spec!r} holds no keys")
-        batches.append(tuple(lengths))
+        batches.append(Batch(lengths=tuple(lengths), **sizes))
     return batches
 
 
@@ -318,8 +331,9 @@ def parse_args(argv=None):
                    help="shapes for the serving cases (paged caches, append), or 'none' "
                         f"(default: '{SERVING_SHAPES}', '{SERVING_QUICK}' with --quick, none with --shapes)")
     p.add_argument("--lengths", type=_lengths_arg, default=[], metavar="SPEC",
-                   help="batches of given lengths ('32768,1024*7;...': ';' separates batches, "
-                        "LEN*N repeats), 32/8 heads, d128, fp16, a cache_seqlens tensor: each timed "
+                   help="batches of given lengths ('32768,1024*7;hq=8,hkv=1:4k*8': ';' separates "
+                        "batches, LEN*N repeats, heads and head dim before a ':', 32/8 and d128 by "
+                        "default), fp16, a cache_seqlens tensor: each timed "
                         "as planned (balanced by the lengths where the plan balances), at the plan's "
                         "own split count for every sequence (num_splits, never balanced), and both "
                         "again with the same keys in equal lengths (default: none)")
@@ -781,12 +795,13 @@ def lengths_reference(q, k, v, lengths):
     return out
 
 
-def run_lengths_case(lengths, repeats, device="cuda"):
-    """One --lengths batch on a contiguous cache of its longest length (32/8 heads, d128,
-    fp16, max_seqlen_k that length): µs per call as planned, with num_splits = the plan's
-    own count (no balancing), and both for the same keys in equal lengths; TB/s of the
-    keys held. Each of the four outputs is checked against fp32 SDPA per sequence."""
-    b, hq, hkv, d, cap = len(lengths), SHAPE_DEFAULTS.hq, SHAPE_DEFAULTS.hkv, SHAPE_DEFAULTS.d, max(lengths)
+def run_lengths_case(batch, repeats, device="cuda"):
+    """One --lengths batch on a contiguous fp16 cache of its longest length, with that
+    length as max_seqlen_k: µs per call as planned, with num_splits = the plan's own count
+    (no balancing), and both for the same keys in equal lengths; TB/s of the keys held.
+    Each of the four outputs is checked against fp32 SDPA per sequence."""
+    lengths, hq, hkv, d = batch.lengths, batch.hq, batch.hkv, batch.d
+    b, cap = len(lengths), max(lengths)
     shape = Shape(b, hq, hkv, d, cap, 1)
     nbytes = kv_bytes(shape, "fp16") * sum(lengths) // (b * cap)
     row = dict(lengths=",".join(map(str, lengths)), b=b, hq=hq, hkv=hkv, d=d, L=cap, keys=sum(lengths),
@@ -821,12 +836,12 @@ def run_lengths_case(lengths, repeats, device="cuda"):
 
 def run_lengths(args, log):
     rows = []
-    for lengths in args.lengths:
+    for batch in args.lengths:
         try:
-            row = run_lengths_case(lengths, args.repeats)
+            row = run_lengths_case(batch, args.repeats)
         except Exception as err:  # noqa: BLE001 (report the batch, go on)
-            row = dict(lengths=",".join(map(str, lengths)), b=len(lengths), check=f"n/a ({type(err).__name__}: "
-                       f"{_reason(err)})")
+            row = dict(lengths=",".join(map(str, batch.lengths)), b=len(batch.lengths), hq=batch.hq, hkv=batch.hkv,
+                       d=batch.d, check=f"n/a ({type(err).__name__}: {_reason(err)})")
         rows.append(row)
         settle(args.settle)
         log(format_lengths_row(row))
@@ -835,7 +850,7 @@ def run_lengths(args, log):
 
 def format_lengths_row(r):
     lengths = r["lengths"] if len(r["lengths"]) <= 40 else r["lengths"][:37] + "..."
-    text = f"lengths b={r['b']} [{lengths}]"
+    text = f"lengths b={r['b']},hq={r['hq']},hkv={r['hkv']},d={r['d']} [{lengths}]"
     if "us" not in r:
         return text + f" | {r.get('check')}"
     how = f"balanced, at most {r['most_splits']} splits" if r["balanced"] else "not balanced"
