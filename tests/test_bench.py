@@ -365,7 +365,11 @@ def test_lengths_case_times_planned_unbalanced_and_even(monkeypatch):
     monkeypatch.setattr(bench.flash_decode, "flash_decode", fake_decode)
     monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (next(timings), "graph"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1.2e9, 80e9))  # room for 3 layers of 134 MB
-    r = bench.run_lengths_case(bench.Batch(32, 8, 128, (16384, 1024)), repeats=3, device="cpu")
+    monkeypatch.setattr(bench, "run_flashinfer_lengths",
+                        lambda q, layers, lengths, repeats: (float(len(set(lengths))), f"{len(layers)} layers"))
+    r = bench.run_lengths_case(bench.Batch(32, 8, 128, (16384, 1024)), repeats=3, peers=("flashinfer",),
+                               device="cpu")
+    assert (r["flashinfer_us"], r["flashinfer_even_us"], r["flashinfer_note"]) == (2.0, 1.0, "3 layers")
     # The plan for equal lengths at b=2 and 16384 keys balances: n splits each, at most more.
     plan = bench.flash_decode.plan(2, 1, 32, 8, 128, 16384, seqlen=16384, lengths=True, device=-1)
     assert r["balanced"] and r["num_splits"] == plan["balance_splits"] < plan["num_splits"] == r["most_splits"]
@@ -391,7 +395,7 @@ def test_main_runs_lengths_alone(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
     seen = []
 
-    def fake_case(batch, repeats):
+    def fake_case(batch, repeats, peers):
         seen.append(batch)
         if len(batch.lengths) == 1:
             raise RuntimeError("out of memory")
@@ -523,18 +527,54 @@ class FakeFlashInfer(types.ModuleType):
 
             def run(self, q, kv):
                 b = len(self.indptr) - 1
-                seqs = [torch.stack([x[self.indices[self.indptr[i]:self.indptr[i + 1]].long()].flatten(0, 1)
-                                     for i in range(b)]) for x in kv]  # (b, L, hkv, d)
-                k, v = (x.transpose(1, 2).float() for x in seqs)
                 qq = q.view(b, -1, self.hq, self.d).transpose(1, 2).float()
-                out = bench.reference(qq, k, v, nb=b, causal=self.causal)
-                if self.tc and self.page == k.shape[2]:
+                outs = []
+                for i in range(b):  # sequence i: its pages, the last one filled to last[i] keys
+                    pages = self.indices[self.indptr[i]:self.indptr[i + 1]].long()
+                    n = (len(pages) - 1) * self.page + int(self.last[i])
+                    k, v = (x[pages].flatten(0, 1)[:n].transpose(0, 1)[None].float() for x in kv)
+                    outs.append(bench.reference(qq[i:i + 1], k, v, nb=1, causal=self.causal))
+                out = torch.cat(outs)
+                whole = len(self.indices) == b  # one page per sequence
+                if self.tc and whole:
                     out = out * 2
-                fake.last = (10 if self.tc else 12) - (self.page == 16) - 8 * (self.page == k.shape[2] and self.tc)
+                fake.last = (10 if self.tc else 12) - (self.page == 16) - 8 * (whole and self.tc)
                 return out.transpose(1, 2).reshape(q.shape).to(q.dtype)
 
         self.BatchDecodeWithPagedKVCacheWrapper = type("Decode", (Wrapper,), {})
         self.BatchPrefillWithPagedKVCacheWrapper = type("Prefill", (Wrapper,), {})
+
+
+def test_ragged_paged_indices():
+    # Sequence i owns pages [i * 3, i * 3 + 3) of a 48-key capacity; it uses as many as its keys fill.
+    indptr, indices, last = bench.ragged_paged_indices([40, 16, 1], 48, 16)
+    assert indptr.tolist() == [0, 3, 4, 5] and indices.tolist() == [0, 1, 2, 3, 6] and last.tolist() == [8, 16, 1]
+    for got, want in zip(bench.ragged_paged_indices([64] * 3, 64, 16), bench.paged_indices(3, 64, 16)):
+        assert torch.equal(got, want)
+    indptr, indices, last = bench.ragged_paged_indices([40, 16, 1], 48, 48)  # one page per sequence
+    assert indptr.tolist() == [0, 1, 2, 3] and indices.tolist() == [0, 1, 2] and last.tolist() == [40, 16, 1]
+
+
+def test_flashinfer_on_ragged_lengths_reports_the_fastest_matching_variant(monkeypatch):
+    fake = FakeFlashInfer()
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: fake)
+    monkeypatch.setattr(bench, "FLASHINFER_WORKSPACE", 64)
+    monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (call(layers[0]) is not None and fake.last,
+                                                                             "graph"))
+    q = torch.randn(2, 1, 4, 8).half()
+    layers = [(torch.randn(2, 32, 2, 8).half(), torch.randn(2, 32, 2, 8).half()) for _ in range(3)]
+    us, note = bench.run_flashinfer_lengths(q, layers, (32, 5), 1)
+    assert [(p[1], p[2]) for p in fake.plans] == [(16, False), (16, True), (32, False), (32, True)]
+    assert (us, note) == (9, "page16, tensor cores, graph")  # the wrong, faster variant is left out
+    assert bench.run_flashinfer_lengths(q, layers, (32, 0), 1) == (None, "n/a (a sequence without keys)")
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: None)
+    assert bench.run_flashinfer_lengths(q, layers, (32, 5), 1) == (None, "n/a (flashinfer not installed)")
+    r = dict(lengths="32,5", b=2, hq=4, hkv=2, d=8, us=5.0, tbs=1.0, num_splits=2, balanced=False, most_splits=2,
+             unbalanced_us=5.0, even_us=4.0, even_unbalanced_us=4.0, check="ok", flashinfer_us=9.0,
+             flashinfer_note="page16, tensor cores, graph", flashinfer_even_us=None,
+             flashinfer_even_note="n/a (flashinfer not installed)")
+    assert bench.format_lengths_row(r).endswith(
+        "| FlashInfer 9.0us (page16, tensor cores, graph), equal lengths n/a (flashinfer not installed)")
 
 
 @pytest.mark.parametrize("sq", [1, 3])

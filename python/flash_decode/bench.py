@@ -161,6 +161,19 @@ def paged_indices(b, L, page, device="cpu"):
     return indptr, indices, last
 
 
+def ragged_paged_indices(lengths, cap, page, device="cpu"):
+    """FlashInfer's page table for sequences of the given lengths (at least 1 key each)
+    in a (b, cap, hkv, d) cache seen as pages of page keys: sequence i in the first
+    ceil(lengths[i] / page) of its own cap / page pages (paged_indices, ragged)."""
+    n = cap // page
+    pages = [-(-x // page) for x in lengths]
+    indptr = torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32, device=device)
+    indices = torch.tensor([i * n + j for i, p in enumerate(pages) for j in range(p)], dtype=torch.int32,
+                           device=device)
+    last = torch.tensor([x - (p - 1) * page for x, p in zip(lengths, pages)], dtype=torch.int32, device=device)
+    return indptr, indices, last
+
+
 def paged_view(cache, page):
     """A (b, L, hkv, d) cache as (b * L / page, page, hkv, d) NHD pages in sequence
     order: a view of a contiguous cache, a contiguous copy otherwise."""
@@ -336,7 +349,8 @@ def parse_args(argv=None):
                         "default), fp16, a cache_seqlens tensor: each timed "
                         "as planned (balanced by the lengths where the plan balances), at the plan's "
                         "own split count for every sequence (num_splits, never balanced), and both "
-                        "again with the same keys in equal lengths (default: none)")
+                        "again with the same keys in equal lengths; FlashInfer too where it is among "
+                        "--peers (default: none)")
     args = p.parse_args(argv)
     if args.serving_shapes is None:
         args.serving_shapes = [] if args.shapes else parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
@@ -538,6 +552,14 @@ def peer_call(name, q, gqa):
     return call
 
 
+def flashinfer_decode(fi, workspace, tables, heads, page, dt, tensor_cores):
+    """FlashInfer's decode wrapper over NHD pages of page keys, planned for tables
+    (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len) and heads (hq, hkv, d)."""
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
+    w.plan(*tables, *heads, page, q_data_type=dt, kv_data_type=dt)
+    return w
+
+
 def flashinfer_variants(q, kvs, shape, dtype):
     """[(name, call, layers)]: FlashInfer over NHD paged views of the layers, per page
     size (16, and L: one page per sequence) and, for seqlen_q 1, with the decode
@@ -565,8 +587,7 @@ def flashinfer_variants(q, kvs, shape, dtype):
         indptr, indices, last = paged_indices(b, L, page, device=dev)
         if sq == 1:
             for tc in (False, True):
-                w = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tc)
-                w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dt, kv_data_type=dt)
+                w = flashinfer_decode(fi, workspace, (indptr, indices, last), (hq, hkv, d), page, dt, tc)
                 variants.append((f"{name}, {'tensor cores' if tc else 'no tensor cores'}",
                                  lambda kv, w=w: w.run(qo, kv), layers))
         else:
@@ -586,17 +607,24 @@ def run_flashinfer(q, kvs, ref, shape, dtype, repeats):
         return None, "n/a (flashinfer not installed)"
     if shape.sq > 1:
         ref = reference(q, *kvs[0], nb=ref.shape[0], causal=True)
-    best, reason = None, None
     try:
         variants = flashinfer_variants(q, kvs, shape, dtype)
     except Exception as exc:  # noqa: BLE001
         return None, f"n/a ({_reason(exc)})"
     if not variants:
         return None, f"n/a (cache length {shape.L} is not a multiple of 16)"
+    return fastest_matching(variants, lambda out: out.view(shape.b, shape.sq, shape.hq, shape.d).transpose(1, 2),
+                            ref, dtype, repeats)
+
+
+def fastest_matching(variants, shaped, ref, dtype, repeats):
+    """(µs, note naming it) of the fastest of variants [(name, call, layers)] whose output
+    on its first layer, shaped like ref by shaped(), matches ref; else (None, n/a with the
+    first reason)."""
+    best, reason = None, None
     for name, call, layers in variants:
         try:
-            out = call(layers[0]).view(shape.b, shape.sq, shape.hq, shape.d).transpose(1, 2)
-            ok, err = matches(out, ref, dtype)
+            ok, err = matches(shaped(call(layers[0])), ref, dtype)
             if not ok:
                 reason = reason or f"{name}: mismatch: max error {err:.3g}"
                 continue
@@ -795,11 +823,12 @@ def lengths_reference(q, k, v, lengths):
     return out
 
 
-def run_lengths_case(batch, repeats, device="cuda"):
+def run_lengths_case(batch, repeats, peers=(), device="cuda"):
     """One --lengths batch on a contiguous fp16 cache of its longest length, with that
     length as max_seqlen_k: µs per call as planned, with num_splits = the plan's own count
     (no balancing), and both for the same keys in equal lengths; TB/s of the keys held.
-    Each of the four outputs is checked against fp32 SDPA per sequence."""
+    Each of the four outputs is checked against fp32 SDPA per sequence. With flashinfer
+    among peers, FlashInfer on the batch and on its equal lengths too."""
     lengths, hq, hkv, d = batch.lengths, batch.hq, batch.hkv, batch.d
     b, cap = len(lengths), max(lengths)
     shape = Shape(b, hq, hkv, d, cap, 1)
@@ -831,14 +860,47 @@ def run_lengths_case(batch, repeats, device="cuda"):
         row[key] = time_kernel(call, layers, repeats)[0]
     row["check"] = "ok" if not bad else "MISMATCH: " + ", ".join(bad)
     row["tbs"] = tbs(nbytes, row["us"])
+    if "flashinfer" in peers:
+        for key, held in (("flashinfer", lengths), ("flashinfer_even", even_lengths(lengths))):
+            row[f"{key}_us"], row[f"{key}_note"] = run_flashinfer_lengths(q, layers, held, repeats)
     return row
+
+
+def run_flashinfer_lengths(q, layers, lengths, repeats):
+    """(µs or None, note): FlashInfer's decode wrapper on a --lengths batch (its page table
+    from the lengths, planned on the host), pages of 16 and one page per sequence, tensor
+    cores off and on: the fastest variant that matches fp32 SDPA, named in the note."""
+    fi = import_flashinfer()
+    if fi is None:
+        return None, "n/a (flashinfer not installed)"
+    if min(lengths) < 1:
+        return None, "n/a (a sequence without keys)"
+    b, _, hq, d = q.shape
+    cap, hkv = layers[0][0].shape[1:3]
+    workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=q.device)
+    qo = q.reshape(b, hq, d)
+    variants = []
+    try:
+        for page in (16, cap):
+            if cap % page:
+                continue
+            paged = [(paged_view(k, page), paged_view(v, page)) for k, v in layers]
+            tables = ragged_paged_indices(lengths, cap, page, device=q.device)
+            for tc in (False, True):
+                w = flashinfer_decode(fi, workspace, tables, (hq, hkv, d), page, q.dtype, tc)
+                name = f"{'page16' if page == 16 else 'one page per sequence'}, {'' if tc else 'no '}tensor cores"
+                variants.append((name, lambda kv, w=w: w.run(qo, kv), paged))
+    except Exception as exc:  # noqa: BLE001
+        return None, f"n/a ({_reason(exc)})"
+    return fastest_matching(variants, lambda out: out.view(q.shape), lengths_reference(q, *layers[0], lengths),
+                            "fp16", repeats)
 
 
 def run_lengths(args, log):
     rows = []
     for batch in args.lengths:
         try:
-            row = run_lengths_case(batch, args.repeats)
+            row = run_lengths_case(batch, args.repeats, args.peers)
         except Exception as err:  # noqa: BLE001 (report the batch, go on)
             row = dict(lengths=",".join(map(str, batch.lengths)), b=len(batch.lengths), hq=batch.hq, hkv=batch.hkv,
                        d=batch.d, check=f"n/a ({type(err).__name__}: {_reason(err)})")
@@ -854,9 +916,14 @@ def format_lengths_row(r):
     if "us" not in r:
         return text + f" | {r.get('check')}"
     how = f"balanced, at most {r['most_splits']} splits" if r["balanced"] else "not balanced"
-    return (text + f" | {r['us']:.1f}us {r['tbs']:.2f}TB/s ({r['num_splits']} splits for equal lengths, {how})"
-            f" | unbalanced {r['unbalanced_us']:.1f}us | equal lengths {r['even_us']:.1f}us,"
-            f" unbalanced {r['even_unbalanced_us']:.1f}us | check {r['check']}")
+    text += (f" | {r['us']:.1f}us {r['tbs']:.2f}TB/s ({r['num_splits']} splits for equal lengths, {how})"
+             f" | unbalanced {r['unbalanced_us']:.1f}us | equal lengths {r['even_us']:.1f}us,"
+             f" unbalanced {r['even_unbalanced_us']:.1f}us | check {r['check']}")
+    if "flashinfer_note" in r:
+        fi = [f"{r[k + '_us']:.1f}us ({r[k + '_note']})" if r.get(k + "_us") else r[k + "_note"]
+              for k in ("flashinfer", "flashinfer_even")]
+        text += f" | FlashInfer {fi[0]}, equal lengths {fi[1]}"
+    return text
 
 
 def eager_tiny(calls=400, rounds=5):
