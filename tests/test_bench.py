@@ -5,6 +5,7 @@ flash_decode.bench` on a machine without a GPU."""
 
 import csv
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -361,7 +362,7 @@ def test_lengths_case_times_planned_unbalanced_and_even(monkeypatch):
         out = bench.lengths_reference(q, k, v, kw["cache_seqlens"].tolist())
         return out + 1 if kw["num_splits"] and len(set(kw["cache_seqlens"].tolist())) == 1 else out
 
-    timings = iter([50.0, 150.0, 40.0, 38.0])
+    timings = itertools.cycle([50.0, 150.0, 40.0, 38.0])
     monkeypatch.setattr(bench.flash_decode, "flash_decode", fake_decode)
     monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (next(timings), "graph"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1.2e9, 80e9))  # room for 3 layers of 134 MB
@@ -384,6 +385,10 @@ def test_lengths_case_times_planned_unbalanced_and_even(monkeypatch):
     assert line.startswith(f"lengths b=2,hq=32,hkv=8,d=128 [16384,1024] | 50.0us 1.43TB/s ({r['num_splits']} "
                            f"splits for equal lengths, balanced, at most {r['most_splits']} splits)")
     assert "unbalanced 150.0us | equal lengths 40.0us, unbalanced 38.0us | check MISMATCH" in line
+    # A longest length that is not a power of two is planned as the calls are: for the capacity.
+    odd = bench.run_lengths_case(bench.Batch(8, 1, 64, (3000, 5)), repeats=3, device="cpu")
+    assert odd["L"] == 3000 and odd["check"] == "ok"
+    assert odd["num_splits"] == bench.flash_decode.plan(2, 1, 8, 1, 64, 3000, device=-1)["num_splits"]
 
 
 def test_main_runs_lengths_alone(tmp_path, monkeypatch, capsys):

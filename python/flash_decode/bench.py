@@ -838,8 +838,9 @@ def run_lengths_case(batch, repeats, peers=(), device="cuda"):
     n = layer_count(nbytes, torch.cuda.mem_get_info()[0], kv_bytes(shape, "fp16"))
     if n < 1:
         return dict(row, check=f"n/a (cache of {kv_bytes(shape, 'fp16') / 1e9:.1f} GB does not fit)")
-    plan = flash_decode.plan(b, 1, hq, hkv, d, cap, seqlen=1 << (cap - 1).bit_length(), lengths=True,
-                             device=None if device == "cuda" else -1)
+    # The plan of the calls below: max_seqlen_k = cap plans for the capacity itself (the bound
+    # rounded up to a power of two, capped at the capacity).
+    plan = flash_decode.plan(b, 1, hq, hkv, d, cap, seqlen=cap, lengths=True, device=None if device == "cuda" else -1)
     splits = plan.get("balance_splits", plan["num_splits"])  # the count equal lengths take
     row.update(layers=n, num_splits=splits, balanced="balance_splits" in plan, most_splits=plan["num_splits"])
     layers = [(k := torch.randn(b, cap, hkv, d, device=device, dtype=torch.float16), torch.randn_like(k))
