@@ -550,6 +550,16 @@ class FakeFlashInfer(types.ModuleType):
         self.BatchPrefillWithPagedKVCacheWrapper = type("Prefill", (Wrapper,), {})
 
 
+def test_lengths_reference_attends_each_sequence_over_its_own_keys():
+    q, k, v = torch.randn(3, 1, 4, 8), torch.randn(3, 6, 2, 8), torch.randn(3, 6, 2, 8)
+    out = bench.lengths_reference(q.half(), k.half(), v.half(), [6, 3, 0])
+    for i, n in enumerate([6, 3]):
+        kk, vv = (x.half().float()[i, :n].repeat_interleave(2, dim=1) for x in (k, v))  # (n, hq, d)
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q.half().float()[i, 0], kk) / 8 ** 0.5, dim=-1)
+        torch.testing.assert_close(out[i, 0], torch.einsum("hn,nhd->hd", p, vv), rtol=1e-5, atol=1e-5)
+    assert out.shape == q.shape and not out[2].any()  # no keys: zeros, as flash_decode writes
+
+
 def test_ragged_paged_indices():
     # Sequence i owns pages [i * 3, i * 3 + 3) of a 48-key capacity; it uses as many as its keys fill.
     indptr, indices, last = bench.ragged_paged_indices([40, 16, 1], 48, 16)

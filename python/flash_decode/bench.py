@@ -818,8 +818,8 @@ def lengths_reference(q, k, v, lengths):
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for i, n in enumerate(lengths):
         if n:
-            seq = [x[i:i + 1, :n].transpose(1, 2) for x in (q, k, v)]
-            out[i] = reference(*seq, nb=1).transpose(1, 2)[0]
+            kv = [x[i:i + 1, :n].transpose(1, 2) for x in (k, v)]
+            out[i] = reference(q[i:i + 1].transpose(1, 2), *kv, nb=1).transpose(1, 2)[0]
     return out
 
 
