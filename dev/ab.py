@@ -2,11 +2,14 @@
 
     python3 dev/ab.py --build before=WHEEL --build after=WHEEL [--passes 3] [--out DIR] \
         -- --shapes "b=1,L=32k;b=8,L=8k" --peers none --serving-shapes "b=8,L=32k"
+    python3 dev/ab.py --build before=git:HEAD~1 --build after=git:HEAD -- --shapes "b=1,L=32k"
     python3 dev/ab.py --summarize DIR
 
-A build is a wheel, a folder holding one wheel, or a folder that already holds an
-installed flash_decode (a `pip install --target` folder). Wheels are installed with
-`pip install --no-deps --target` under --out. Each pass runs `python -m
+A build is a wheel, a folder holding one wheel, a folder that already holds an
+installed flash_decode (a `pip install --target` folder), or git:REV, a revision of
+this repository, built into a wheel under --out first (`pip wheel --no-deps
+--no-build-isolation`: the build's tools, Go and CUDA, must be installed). Wheels are
+installed with `pip install --no-deps --target` under --out. Each pass runs `python -m
 flash_decode.bench` once per build, with the arguments after `--` (plus --out and
 --no-plot), from --out so that no source tree shadows the build; passes go forwards and
 backwards in turn (A B, B A, A B, ...), so that a machine warming up or slowing down
@@ -21,14 +24,18 @@ Needs a GPU for the runs, not for --summarize.
 """
 
 import argparse
+import io
 import json
 import os
 import pathlib
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 _RUN = re.compile(r"^(\d+)_(.+)$")
 
 
@@ -50,7 +57,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Arguments after -- go to python -m flash_decode.bench.")
     p.add_argument("--build", type=parse_build, action="append", default=[], metavar="NAME=PATH",
-                   help="a wheel, a folder with one wheel, or an installed-package folder (two or more)")
+                   help="a wheel, a folder with one wheel, an installed-package folder, or git:REV "
+                        "(two or more)")
     p.add_argument("--passes", type=int, default=3, help="runs of each build (default 3)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("ab-runs"), help="folder for runs and summary")
     p.add_argument("--summarize", type=pathlib.Path, metavar="DIR", help="only summarize the runs already in DIR")
@@ -86,10 +94,30 @@ def find_wheel(path):
     return wheels[0] if wheels else None
 
 
+def build_wheel(name, rev, out):
+    """A wheel of revision rev of this repository, built under out: its tree exported
+    with git archive, then pip wheel."""
+    src, dist = (out / f"src_{name}").resolve(), (out / f"wheel_{name}").resolve()
+    for d in (src, dist):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive {rev}: {archive.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        if hasattr(tarfile, "data_filter"):  # Python 3.12, and 3.11.4 on
+            tar.extractall(src, filter="data")
+        else:
+            tar.extractall(src)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src),
+                    "-w", str(dist)], check=True)
+    return find_wheel(dist)
+
+
 def site_of(name, path, out):
-    """The folder to put on PYTHONPATH for a build: its wheel installed under out, or
-    the folder itself when it already holds flash_decode."""
-    wheel = find_wheel(path)
+    """The folder to put on PYTHONPATH for a build: its wheel (built first for git:REV)
+    installed under out, or the folder itself when it already holds flash_decode."""
+    wheel = build_wheel(name, str(path)[4:], out) if str(path).startswith("git:") else find_wheel(path)
     if wheel is None:
         if not (path / "flash_decode").is_dir():
             raise SystemExit(f"{path}: neither a wheel nor a folder holding flash_decode")

@@ -134,6 +134,30 @@ row = dict(dtype="fp16", b=1, hq=32, hkv=8, d=128, L=32768, sq=1, ours_us=US, nu
     assert "-25.0%" in child.stdout
 
 
+def test_ab_tool_builds_a_git_revision_into_a_wheel(tmp_path, monkeypatch):
+    # git:REV exports the revision's tree and runs pip wheel on it; pip is a stand-in here.
+    ab = load_tool("ab")
+    real_run, seen = subprocess.run, []
+
+    def fake_run(cmd, **kw):
+        if cmd[:4] != [sys.executable, "-m", "pip", "wheel"]:
+            return real_run(cmd, **kw)
+        seen.append(cmd)
+        src, dist = pathlib.Path(cmd[-3]), pathlib.Path(cmd[-1])
+        assert (src / "pyproject.toml").is_file() and (src / "kernels" / "combine.cuh").is_file()
+        (dist / "flash_decode-0-py3-none-any.whl").write_bytes(b"")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    if real_run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    wheel = ab.build_wheel("head", "HEAD", tmp_path)
+    assert wheel == (tmp_path / "wheel_head" / "flash_decode-0-py3-none-any.whl").resolve() and len(seen) == 1
+    assert "--no-build-isolation" in seen[0] and "--no-deps" in seen[0]
+    with pytest.raises(SystemExit, match="git archive no-such-rev"):
+        ab.build_wheel("bad", "no-such-rev", tmp_path)
+
+
 def test_ab_tool_parses_its_arguments():
     ab = load_tool("ab")
     args = ab.parse_args(["--build", "x=w1.whl", "--build", "y=site", "--", "--shapes", "b=1,L=1k", "--peers", "none"])
