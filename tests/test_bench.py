@@ -347,6 +347,7 @@ def test_parse_lengths_and_their_even_spread():
         with pytest.raises(ValueError):
             bench.parse_lengths(bad)
     assert bench.parse_args([]).lengths == []
+    assert bench.parse_args(["--shapes", "none"]).cases == []
     assert bench.parse_args(["--lengths", "4k,1k*3"]).lengths == [B(32, 8, 128, (4096, 1024, 1024, 1024))]
     with pytest.raises(SystemExit):
         bench.parse_args(["--lengths", "4k*x"])

@@ -320,7 +320,8 @@ def parse_args(argv=None):
                                 epilog="\n".join(__doc__.split("\n")[1:9]))
     p.add_argument("--shapes", type=_shapes_arg, action="append",
                    help="shape specs, e.g. 'b=1,hq=32,hkv=8,d=128,L=32768,sq=1'; ';' separates "
-                        "shapes, '/' lists alternatives (default: the built-in matrix)")
+                        "shapes, '/' lists alternatives, 'none' runs no table case (default: the "
+                        "built-in matrix)")
     p.add_argument("--dtypes", type=_csv_arg(DTYPES), help="fp16,bf16 (default: per the matrix; fp16 for --shapes)")
     p.add_argument("--peers", type=_csv_arg(PEERS), default=list(PEERS),
                    help=f"comma list of {','.join(PEERS)}, or none (default: all)")
