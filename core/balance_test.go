@@ -2,29 +2,17 @@ package core
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
 // balancedAssignment mirrors kernels/balance.cuh for a balanced plan p of s
-// over the given lengths: each sequence's split count, and for each block
-// of the 1-D grid its (sequence, item, split), or sequence -1 past them.
+// over the given lengths: each sequence's split count (BalancedSplitCounts),
+// and for each block of the 1-D grid its (sequence, item, split), or
+// sequence -1 past them.
 func balancedAssignment(s Shape, p Plan, lengths []int) (counts []int, blocks [][3]int) {
-	tilesOf := func(n int) int {
-		n = min(max(n+s.SeqlenNew, 0), s.SeqlenCache)
-		return ceilDiv(n, p.Variant.KeysPerTile)
-	}
-	total := 0
-	for _, n := range lengths {
-		total += tilesOf(n)
-	}
+	counts = p.BalancedSplitCounts(s, lengths)
 	items := s.HeadsKV * p.RowTiles
-	for _, n := range lengths {
-		c := 1
-		if total > 0 {
-			c = min(max(ceilDiv(p.BalanceSplits*s.Batch*tilesOf(n), total), 1), p.NumSplits)
-		}
-		counts = append(counts, c)
-	}
 	for b, c := range counts {
 		for k := range c * items {
 			blocks = append(blocks, [3]int{b, k / c, k % c})
@@ -107,6 +95,31 @@ func TestPlanBalancedSplits(t *testing.T) {
 				t.Errorf("%v: workspace %d, lse at %d; want %d, %d", p, p.WorkspaceBytes, p.LSEPartialOffset, total, lse)
 			}
 		})
+	}
+}
+
+// BalancedSplitCounts answers only for a balanced plan and a length per sequence.
+func TestBalancedSplitCountsNeedABalancedPlan(t *testing.T) {
+	s := Shape{DType: Float16, Batch: 2, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1}
+	for _, tt := range []struct {
+		name    string
+		device  bool
+		lengths []int
+		want    []int
+	}{
+		{"balanced", true, []int{32768, 0}, []int{16, 1}},
+		{"appended tokens count, clamped to the cache", true, []int{-5, 40000}, []int{1, 16}},
+		{"a length missing", true, []int{32768}, nil},
+		{"lengths on the host", false, []int{32768, 0}, nil},
+	} {
+		s.DeviceLengths = tt.device
+		p, err := MakePlan(s, H200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.BalancedSplitCounts(s, tt.lengths); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: %v: counts %v, want %v", tt.name, p, got, tt.want)
+		}
 	}
 }
 

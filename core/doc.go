@@ -84,7 +84,8 @@
 //     split a sequence or whose splits merge through the combine takes its
 //     split count for equal lengths and balances the splits by the lengths
 //     there: each sequence gets its share of them, so that a long one among
-//     short ones is not left streaming on a few blocks (Plan.BalanceSplits).
+//     short ones is not left streaming on a few blocks (Plan.BalanceSplits;
+//     Plan.BalancedSplitCounts works the counts out on the host).
 //
 // Batch 1, 32/8 heads, head dim 128 and 32768 keys on an H200 gives 16
 // splits and the combine: 128 blocks, one wave, 2048 keys each; 1024 or

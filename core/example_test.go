@@ -30,6 +30,29 @@ func ExampleMakePlan() {
 	// 1024 tokens: fd_split_kv_f16_d128_r16, num_splits 8, grid [8 8 1], cluster 8, workspace 0 B
 }
 
+// With the lengths in a device array (cache_seqlens as a tensor), a plan of
+// batch 8 at 32768 tokens balances its splits on the GPU: 2 a sequence for
+// equal lengths, and a sequence of 32768 tokens among seven of 1024 takes
+// 14 while the others take 1 each (at most 17: the 132 SMs' blocks over its
+// 8 K/V heads). BalancedSplitCounts works the counts out as the kernels do.
+func ExamplePlan_BalancedSplitCounts() {
+	s := core.Shape{DType: core.Float16, Batch: 8, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128,
+		SeqlenCache: 32768, Seqlen: -1, DeviceLengths: true}
+	p, err := core.MakePlan(s, core.H200)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%d splits for equal lengths, at most %d a sequence, grid %v, combine %s\n",
+		p.BalanceSplits, p.NumSplits, p.Grid, p.Combine)
+	fmt.Println(p.BalancedSplitCounts(s, []int{32768, 32768, 32768, 32768, 32768, 32768, 32768, 32768}))
+	fmt.Println(p.BalancedSplitCounts(s, []int{32768, 1024, 1024, 1024, 1024, 1024, 1024, 1024}))
+	// Output:
+	// 2 splits for equal lengths, at most 17 a sequence, grid [192 1 1], combine fd_combine_f16_r4_bal
+	// [2 2 2 2 2 2 2 2]
+	// [14 1 1 1 1 1 1 1]
+}
+
 // Plan a variant of one's choosing on a device of one's choosing: the worked
 // example of the split heuristic on a GPU that holds 2 of its blocks per SM,
 // with the H200's clusters (sm_90) and without (sm_80).

@@ -344,6 +344,35 @@ func clampSplits(n, tiles int) int {
 	return max(1, min(n, MaxSplits, tiles))
 }
 
+// BalancedSplitCounts is the split count each sequence of s takes under a
+// balanced plan p (Plan.BalanceSplits > 0) when cache_seqlens holds the
+// given lengths, one a sequence: what kernels/balance.cuh works out on the
+// device, shown on the host. A sequence's key tiles count its appended
+// tokens, clamped to the cache; its count is its share of the
+// BalanceSplits * Batch splits equal lengths take, rounded up, at least 1
+// and at most NumSplits. It is nil for a plan that does not balance, whose
+// sequences all take NumSplits, and for len(lengths) != s.Batch.
+func (p Plan) BalancedSplitCounts(s Shape, lengths []int) []int {
+	if p.BalanceSplits == 0 || len(lengths) != s.Batch {
+		return nil
+	}
+	tiles := make([]int, len(lengths))
+	total := 0
+	for b, n := range lengths {
+		n = min(max(n+s.SeqlenNew, 0), s.SeqlenCache)
+		tiles[b] = ceilDiv(n, p.Variant.KeysPerTile)
+		total += tiles[b]
+	}
+	counts := make([]int, len(lengths))
+	for b, t := range tiles {
+		counts[b] = 1
+		if total > 0 {
+			counts[b] = min(max(ceilDiv(p.BalanceSplits*s.Batch*t, total), 1), p.NumSplits)
+		}
+	}
+	return counts
+}
+
 // balancedSplits is the most splits one sequence may take when a plan of n
 // splits for equal lengths (1 included) balances them by the lengths on
 // the device (Plan.BalanceSplits), or 0 where it does not: the lengths
