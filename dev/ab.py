@@ -14,7 +14,7 @@ flash_decode.bench` once per build, with the arguments after `--` (plus --out an
 --no-plot), from --out so that no source tree shadows the build; passes go forwards and
 backwards in turn (A B, B A, A B, ...), so that a machine warming up or slowing down
 over the run weighs on every build alike. Each run's results.json is kept as
-DIR/<pass>_<build>/results.json.
+DIR/<pass>_<build>/results.json (runs already there are removed first).
 
 The summary: for every table case and serving case, each build's median µs over its
 passes and their range, the change of each build's median against the first build's,
@@ -222,6 +222,9 @@ def main(argv=None):
         return 0
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    for d in out.iterdir():  # an earlier comparison's runs would join this one's summary
+        if d.is_dir() and _RUN.match(d.name):
+            shutil.rmtree(d)
     sites = {name: site_of(name, path, out) for name, path in args.build}
     names = [name for name, _ in args.build]
     for i, name in order(names, args.passes):

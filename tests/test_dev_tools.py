@@ -125,6 +125,8 @@ row = dict(dtype="fp16", b=1, hq=32, hkv=8, d=128, L=32768, sq=1, ours_us=US, nu
         (pkg / "__init__.py").write_text("")
         (pkg / "bench.py").write_text(bench.replace("US", str(us)))
     out = tmp_path / "runs"
+    (out / "2_old").mkdir(parents=True)  # an earlier comparison's third pass: removed, not summarized
+    (out / "2_old" / "results.json").write_text(json.dumps(bench_result(100.0)))
     child = run("dev/ab.py", "--build", f"old={tmp_path / 'old'}", "--build", f"new={tmp_path / 'new'}",
                 "--passes", "2", "--out", str(out), "--", "--shapes", "b=1,L=32k")
     assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-2000:]
