@@ -37,6 +37,9 @@ import tarfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _RUN = re.compile(r"^(\d+)_(.+)$")
+# A --lengths row's four timings (bench.LENGTHS_TIMINGS) and what the summary calls them.
+_LENGTHS_TIMINGS = {"us": "planned", "unbalanced_us": "unbalanced", "even_us": "even",
+                    "even_unbalanced_us": "even unbalanced"}
 
 
 def parse_build(text):
@@ -154,10 +157,9 @@ def case_times(result):
         if r.get("us") is not None:
             key = f"serving {r['case']} {r['dtype']} b={r['b']} {r['hq']}/{r['hkv']} d{r['d']} L={r['L']} sq{r['sq']}"
             cases[key] = (r["us"], None)
-    for r in (result.get("meta") or {}).get("lengths") or []:  # --lengths: four timings a batch
-        for timing in ("us", "unbalanced_us", "even_us", "even_unbalanced_us"):
+    for r in (result.get("meta") or {}).get("lengths") or []:
+        for timing, name in _LENGTHS_TIMINGS.items():
             if r.get(timing) is not None:
-                name = {"us": "planned"}.get(timing, timing[:-3].replace("_", " "))
                 key = f"lengths b={r['b']} {r['hq']}/{r['hkv']} d{r['d']} [{r['lengths']}] {name}"
                 cases[key] = (r[timing], (r.get("num_splits"),))
     return cases

@@ -154,18 +154,14 @@ def paged_indices(b, L, page, device="cpu"):
     """FlashInfer's page table for b sequences of L keys stored in order, sequence i
     in pages [i * n, (i + 1) * n) of n = ceil(L / page): (paged_kv_indptr (b + 1,),
     paged_kv_indices (b * n,), paged_kv_last_page_len (b,)), all int32."""
-    n = -(-L // page)
-    indptr = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=device)
-    indices = torch.arange(b * n, dtype=torch.int32, device=device)
-    last = torch.full((b,), L - (n - 1) * page, dtype=torch.int32, device=device)
-    return indptr, indices, last
+    return ragged_paged_indices([L] * b, L, page, device)
 
 
 def ragged_paged_indices(lengths, cap, page, device="cpu"):
-    """FlashInfer's page table for sequences of the given lengths (at least 1 key each)
-    in a (b, cap, hkv, d) cache seen as pages of page keys: sequence i in the first
-    ceil(lengths[i] / page) of its own cap / page pages (paged_indices, ragged)."""
-    n = cap // page
+    """paged_indices for sequences of the given lengths (at least 1 key each) in a
+    cache of cap keys a sequence: sequence i in the first ceil(lengths[i] / page) of
+    its own ceil(cap / page) pages."""
+    n = -(-cap // page)
     pages = [-(-x // page) for x in lengths]
     indptr = torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32, device=device)
     indices = torch.tensor([i * n + j for i, p in enumerate(pages) for j in range(p)], dtype=torch.int32,
