@@ -187,6 +187,33 @@ def test_compiled_steps_with_int_lengths_and_out(cpu_ops):
         assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
 
 
+@pytest.mark.parametrize("case_id, make_out, kwargs, exc, pattern", [
+    ("out in another dtype", lambda q: torch.empty(q.shape, dtype=torch.float32), {}, TypeError,
+     "out must have q's dtype"),
+    ("out of a broadcastable shape", lambda q: torch.empty(B, 3, HQ, D, dtype=q.dtype), {}, ValueError,
+     "out must have q's shape"),
+    # (After the traced call refuses, the eager call runs and refuses the CPU q first.)
+    ("out on another device", lambda q: torch.empty(q.shape, dtype=q.dtype, device="meta"), {}, ValueError,
+     "device"),
+    ("causal as an int", None, dict(causal=1), TypeError, "causal must be a bool"),
+])
+def test_compiled_call_refuses_what_eager_refuses(cpu_ops, case_id, make_out, kwargs, exc, pattern):
+    """out= is a copy of the op's result under torch.compile, and the ops'
+    schemas turn 1 into True: both are checked at trace time, with the eager
+    call's errors, instead of casting, broadcasting or converting."""
+    a = inputs()
+
+    def step(q, k_cache, v_cache, lens, out):
+        return flash_decode.flash_decode(q, k_cache, v_cache, cache_seqlens=lens, out=out, **kwargs)
+
+    torch._dynamo.reset()
+    # Without fullgraph the error reaches the caller as raised (fullgraph wraps it in dynamo's own).
+    compiled = torch.compile(step, backend="aot_eager")
+    out = None if make_out is None else make_out(a["q"])
+    with pytest.raises(exc, match=pattern):
+        compiled(a["q"], a["k_cache"], a["v_cache"], a["lens"], out)
+
+
 def test_eager_calls_do_not_go_through_the_ops(cpu_ops, fake_binding):
     a = inputs()
     flash_decode.flash_decode(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=a["lens"])

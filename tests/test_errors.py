@@ -114,6 +114,10 @@ CASES = [
     ("num_splits-float", setting(num_splits=2.0), TypeError, "num_splits", True),
     ("num_splits-str", setting(num_splits="4"), TypeError, "num_splits", True),
     ("num_splits-bool", setting(num_splits=True), TypeError, "num_splits", True),
+    # Past int64, what the Go core takes: refused by name, not by the binding's conversion.
+    ("num_splits-past-int64", setting(num_splits=1 << 63), ValueError, "num_splits", True),
+    ("window-past-int64", setting(window_size=(1 << 70, 0)), ValueError, "window_size", True),
+    ("seqlens-int-past-int64", setting(cache_seqlens=1 << 63), ValueError, "cache_seqlens", False),
     ("scale-str", setting(softmax_scale="0.1"), TypeError, "softmax_scale", True),
     ("scale-bool", setting(softmax_scale=True), TypeError, "softmax_scale", True),
     ("scale-nan", setting(softmax_scale=float("nan")), ValueError, "softmax_scale", False),

@@ -193,6 +193,37 @@ def test_a_length_bound_launches_its_own_plan(tmp_path):
     assert [[s[0], [int(x) for x in s[1:4]], int(s[6])] for s in splits] == [full[:3], bounded[:3]]
 
 
+_BOUND_WITH_APPEND = """
+import json, torch
+import flash_decode
+from flash_decode import _api
+# CPU tensors pass as device 0's (the fake device launches nothing): flash_decode's own path from
+# max_seqlen_k to the launch, next to plan() told the same bound.
+_api._check_devices = lambda q, **others: 0
+_api._current_stream = lambda device: 0
+cache = torch.zeros(1, 32768, 8, 128, dtype=torch.float16)
+q, new = torch.zeros(1, 1, 32, 128, dtype=torch.float16), torch.zeros(1, 1, 8, 128, dtype=torch.float16)
+lens = torch.zeros(1, dtype=torch.int32)
+plans = []
+for bound in (256, 200, 40000):
+    flash_decode.flash_decode(q, cache, cache.clone(), new, new, cache_seqlens=lens, max_seqlen_k=bound)
+    p = flash_decode.plan(1, 1, 32, 8, 128, 32768, seqlen=bound, seqlen_new=1, lengths=True, device=0)
+    plans.append([p["kernel"], p["grid"], p["cluster"]])
+print(json.dumps(plans))
+"""
+
+
+@needs_extension
+@needs_fake_device
+def test_plan_of_a_bound_with_new_tokens_is_the_plan_launched(tmp_path):
+    # plan(seqlen=bound, lengths=True) plans the bound as max_seqlen_k is planned: rounded up to a
+    # power of two, capped at the cache, the new tokens counted in it.
+    plans, launches = launch_on_fake_device(_BOUND_WITH_APPEND, tmp_path)
+    splits = [launch for launch in launches if launch[0].startswith("fd_split_kv_")]
+    assert [[s[0], [int(x) for x in s[1:4]], int(s[6])] for s in splits] == plans
+    assert plans[0] == plans[1] != plans[2]  # 200 keys are planned as 256; 40000 as the cache's 32768
+
+
 @needs_fakecuda
 def test_fake_driver_without_device():
     child = run_python(
@@ -288,7 +319,9 @@ for name, args, kw in [("heads", (1, 1, 12, 5, 128, 1024), {}), ("batch", (0, 1,
                        ("rotary", (1, 1, 32, 8, 128, 1024), {"rotary": True}),
                        ("window", (1, 1, 32, 8, 128, 1024), {"window_size": (-2, 0)}),
                        ("serving", (1, 1, 32, 8, 128, 1024), {"serving": 1}),
-                       ("seqlen_new", (1, 1, 32, 8, 128, 1024), {"seqlen_new": 2000})]:
+                       ("seqlen_new", (1, 1, 32, 8, 128, 1024), {"seqlen_new": 2000}),
+                       ("seqlen", (1, 1, 32, 8, 128, 1024), {"seqlen": 1000, "seqlen_new": 30}),
+                       ("int64", (1, 1, 32, 8, 128, 1024), {"num_splits": 1 << 63})]:
     try:
         flash_decode.plan(*args, device=-1, **kw)
     except Exception as err:
@@ -397,7 +430,10 @@ def test_binding_with_fake_driver():
     assert report["error_rotary"][0] == "ValueError" and "rotary_cos" in report["error_rotary"][1]
     assert report["error_window"][0] == "ValueError" and report["error_window"][1].startswith("window_size")
     assert report["error_serving"][0] == "TypeError" and report["error_serving"][1].startswith("serving")
-    assert report["error_seqlen_new"][0] == "ValueError" and "exceed seqlen_cache" in report["error_seqlen_new"][1]
+    # plan's own argument names, not flash_decode's (cache_seqlens, k), and no int past int64 reaches gopy.
+    assert report["error_seqlen_new"] == ["ValueError", "seqlen_new=2000 exceeds seqlen_cache=1024"]
+    assert report["error_seqlen"] == ["ValueError", "seqlen=1000 and seqlen_new=30 exceed seqlen_cache=1024"]
+    assert report["error_int64"] == ["ValueError", f"num_splits={1 << 63} is out of range (a 64-bit int)"]
 
     assert report["error_heads"][0] == "ValueError" and "invalid argument" in report["error_heads"][1]
     assert report["error_batch"][0] == "ValueError"

@@ -32,6 +32,8 @@ _PREPARED_LIMIT = 4096
 # Per layout with an int cache_seqlens: workspace bytes by length (the planner
 # sizes the splits by it), at most this many lengths.
 _WORKSPACES_LIMIT = 1024
+# Ints go to the Go core as int64: larger ones are refused by name, not by gopy's conversion.
+_INT64 = 1 << 63
 
 _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -120,7 +122,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)`` in q's
             dtype, both or neither: token t of sequence b is written into the
             cache at key ``cache_seqlens[b] + t`` (writes past the cache are
-            skipped) before attention, which then sees them. cache_seqlens
+            skipped; an int cache_seqlens plus seqlen_new must not exceed
+            seqlen_cache) before attention, which then sees them. cache_seqlens
             itself is not changed: the caller advances it. Needs
             cache_seqlens.
         rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)`` in q's dtype,
@@ -520,9 +523,18 @@ def _hint(max_seqlen_k, hints, workspace_fn, handle):
     cache, capacity, new = hints
     if max_seqlen_k < 0:
         raise ValueError(f"max_seqlen_k must not be negative, got {max_seqlen_k}")
-    bucket = min(capacity, 1 << (max_seqlen_k - 1).bit_length() if max_seqlen_k > 0 else 0)
-    seqlen = max(0, bucket - new)
+    seqlen = _bound_seqlen(max_seqlen_k, capacity, new)
     return _remember(cache, max_seqlen_k, (seqlen, _workspace_bytes(workspace_fn, handle, seqlen)))
+
+
+def _bound_seqlen(bound, capacity, new):
+    """The length a bound on the keys a sequence attends is planned for
+    (core.Shape.Seqlen, the keys before the new ones): the bound rounded up
+    to a power of two and capped at the cache's capacity, less the new
+    tokens. flash_decode's max_seqlen_k and plan's seqlen with lengths both
+    go through it, so that plan shows what the call runs."""
+    bucket = min(capacity, 1 << (bound - 1).bit_length() if bound > 0 else 0)
+    return max(0, bucket - new)
 
 
 def _workspace(workspace_fn, handle, workspaces, seqlen):
@@ -572,8 +584,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             without asking a GPU.
         seqlen: the valid length the planner assumes (an int cache_seqlens);
             None plans for the whole cache. With ``lengths`` it is the bound
-            (max_seqlen_k rounded up to a power of two), as with a
-            cache_seqlens tensor.
+            a call passes as max_seqlen_k, which is planned as there: rounded
+            up to a power of two and capped at seqlen_cache.
         serving: plan the serving kernels (``fd_split_kv_serving_*``), which
             a call with any serving argument runs: block_table,
             cache_batch_idx, cache_leftpad, softcap, alibi_slopes, a window
@@ -657,6 +669,13 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
         if type(flag) is not bool:
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    # What the Go core would refuse under flash_decode's names (cache_seqlens, k), here under plan's.
+    if seqlen_new > shape[5]:
+        raise ValueError(f"seqlen_new={seqlen_new} exceeds seqlen_cache={shape[5]}")
+    if lengths and seqlen >= 0:
+        seqlen = _bound_seqlen(seqlen, shape[5], seqlen_new)
+    elif seqlen + seqlen_new > shape[5]:
+        raise ValueError(f"seqlen={seqlen} and seqlen_new={seqlen_new} exceed seqlen_cache={shape[5]}")
     device = _device_index(device)
     # device < 0 plans for a default H200 in pure Go: no GPU or driver needed.
     native = _native.binding(planner_only=device < 0)
@@ -717,13 +736,17 @@ def _check_tensor(name, t):
 
 
 def _check_int(name, value):
-    """Return value as an int; TypeError for bools, floats and non-numbers."""
+    """Return value as an int; TypeError for bools, floats and non-numbers,
+    ValueError past int64 (what the Go core takes)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool")
     try:
-        return operator.index(value)
+        value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if not -_INT64 <= value < _INT64:
+        raise ValueError(f"{name}={value} is out of range (a 64-bit int)")
+    return value
 
 
 def _check_length(name, value):
@@ -731,6 +754,8 @@ def _check_length(name, value):
     negative length as "the whole cache"."""
     if value < 0:
         raise ValueError(f"{name}={value} must not be negative (a length in [0, seqlen_cache])")
+    if value >= _INT64:
+        raise ValueError(f"{name}={value} is out of range (a length in [0, seqlen_cache])")
     return value
 
 

@@ -74,7 +74,17 @@ def traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cac
            num_splits, return_softmax_lse, out, max_seqlen_k=None):
     """flash_decode's arguments as one of the two ops (what torch.compile
     traces). The ops' kernels check every argument when the graph runs; out=
-    is a copy of the op's result into out."""
+    is a copy of the op's result into out, so out is checked here, at trace
+    time, as an eager call checks it (a copy would cast or broadcast)."""
+    # The ops' schemas would take 1 for True: the flags are checked as an eager call checks them.
+    if type(causal) is not bool:
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if rotary_cos is not None and type(rotary_interleaved) is not bool:
+        raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
+    if out is not None:
+        _api._check_out(out, q)
+        if out.device != q.device:
+            raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
     seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     window_left, window_right = window_size
     if k is None and v is None and rotary_cos is None and rotary_sin is None:
