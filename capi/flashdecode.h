@@ -168,9 +168,9 @@ typedef struct fd_serving {
 
 /* Flash decoding for args on device args->device, launched on stream (a CUstream;
  * NULL is the legacy default stream). workspace: device memory of at least
- * fd_workspace_size bytes (may be NULL when that is 0); its contents need no
- * initialization. Returns FD_OK or an fd_status. Outputs are ready when the stream
- * reaches this point. */
+ * fd_workspace_size bytes (may be NULL when that is 0), 16-byte aligned and sharing
+ * no byte with the call's tensors; its contents need no initialization. Returns
+ * FD_OK or an fd_status. Outputs are ready when the stream reaches this point. */
 int fd_decode(const fd_args *args, void *workspace, size_t workspace_bytes, void *stream);
 
 /* Sets *bytes to the workspace fd_decode needs for args' shapes (pointers are not

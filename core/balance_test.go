@@ -66,6 +66,12 @@ func TestPlanBalancedSplits(t *testing.T) {
 		// A large batch: a split's partials take 4.2 MB (8192 rows of 128
 		// outputs and an LSE), so a sequence takes at most 7 (32 MiB).
 		{"b=256 4K", with(func(s *Shape) { s.Batch, s.SeqlenCache = 256, 4096 }), 1, 7, "fd_combine_f16_r4_bal"},
+		// No sequence could take more splits than equal lengths give it:
+		// one key tile planned (a bound of 64 keys), or partials capping
+		// a sequence at its one split (b=1056: 32 full waves, no tail to
+		// split, 17 MB of partials a split). Balancing would only cost.
+		{"one tile planned", with(func(s *Shape) { s.Seqlen = 64 }), 0, 0, ""},
+		{"b=1056 1K: partials cap it at one", with(func(s *Shape) { s.Batch, s.SeqlenCache = 1056, 1024 }), 0, 0, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			p, err := MakePlan(tt.s, H200)

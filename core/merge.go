@@ -205,7 +205,7 @@ func (p *MergeProblem) checkOutput(name string, out MergeOutput, size, cols int,
 	if err := checkMergeStrides(name, p.Rows[:], out.Strides[:], cols); err != nil {
 		return err
 	}
-	if overlaps([4]int{p.Rows[0], p.Rows[1], p.Rows[2], cols}, [4]int64{out.Strides[0], out.Strides[1], out.Strides[2], 1}) {
+	if overlaps([]int{p.Rows[0], p.Rows[1], p.Rows[2], cols}, []int64{out.Strides[0], out.Strides[1], out.Strides[2], 1}) {
 		return invalid(op, name, fmt.Sprintf("strides %v make rows overlap", out.Strides))
 	}
 	return nil

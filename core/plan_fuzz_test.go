@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -14,7 +15,7 @@ type planInput struct {
 	dtype, batch, seqlenQ, headsKV, group, headDim int
 	seqlenCache, seqlen, numSplits, seqlenNew      int
 	windowKeys, sms                                int
-	serving, rotary, clusters, paged               bool
+	serving, rotary, clusters, paged, lengths      bool
 }
 
 func (in planInput) shape() (Shape, Device) {
@@ -22,7 +23,7 @@ func (in planInput) shape() (Shape, Device) {
 		DType: DType(in.dtype), Batch: in.batch, SeqlenQ: in.seqlenQ, HeadsQ: in.headsKV * in.group,
 		HeadsKV: in.headsKV, HeadDim: in.headDim, SeqlenCache: in.seqlenCache, Seqlen: in.seqlen,
 		NumSplits: in.numSplits, Serving: in.serving, SeqlenNew: in.seqlenNew, WindowKeys: in.windowKeys,
-		RotaryQ: in.rotary, Paged: in.paged,
+		RotaryQ: in.rotary, Paged: in.paged, DeviceLengths: in.lengths,
 	}
 	d := Device{SMs: in.sms}
 	if in.clusters {
@@ -72,7 +73,10 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	}
 	items := s.Batch * s.HeadsKV * p.RowTiles
 	switch {
-	case p.WholeItems == 0 && p.Grid != [3]int{p.NumSplits, s.HeadsKV * p.RowTiles, s.Batch}:
+	case p.BalanceSplits > 0 && (!s.DeviceLengths || p.WholeItems > 0 || p.NumSplits <= p.BalanceSplits ||
+		p.Grid != [3]int{items * (p.BalanceSplits + 1), 1, 1}):
+		fail("a balanced plan is not a 1-D grid of n + 1 blocks an item whose sequences may take more than n splits")
+	case p.BalanceSplits == 0 && p.WholeItems == 0 && p.Grid != [3]int{p.NumSplits, s.HeadsKV * p.RowTiles, s.Batch}:
 		fail("grid is not (splits, heads x row tiles, batch)")
 	case p.WholeItems > 0 && (p.WholeItems >= items || p.Grid != [3]int{p.WholeItems + (items-p.WholeItems)*p.NumSplits, 1, 1}):
 		fail("a tail-split grid does not hold the whole items and the split rest")
@@ -85,7 +89,7 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
 	combines := p.NumSplits > 1 && p.Cluster == 1
 	groups := 1 // blocks a row: the column-group combine's groups
-	if p.Combine == v.CombineWide && v.CombineWideCols > 0 {
+	if (p.Combine == v.CombineWide || p.Combine == BalancedCombine(v.CombineWide)) && v.CombineWideCols > 0 {
 		groups = ceilDiv(s.HeadDim, v.CombineWideCols)
 	}
 	switch {
@@ -93,6 +97,8 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		fail("a cluster is not one cluster of every split")
 	case combines != (p.CombineGrid > 0) || combines != (p.Combine != ""):
 		fail("the combine runs exactly when splits are not merged in stage 1")
+	case combines && (p.BalanceSplits > 0) != strings.HasSuffix(p.Combine, BalancedCombine("")):
+		fail("a balanced plan's combine is not the balanced twin, or a plain plan's is")
 	case combines && (p.CombineGrid%groups != 0 || p.CombineGrid > math.MaxInt32 ||
 		p.CombineGrid/groups*p.CombineRows < rows-p.CombineRow0 || (p.CombineGrid/groups-1)*p.CombineRows >= rows-p.CombineRow0):
 		fail("the combine grid does not cover the split rows (each in its column groups) exactly")
@@ -162,6 +168,7 @@ func drawPlanInput(r *rand.Rand) planInput {
 		in.rotary = in.seqlenNew > 0 && r.IntN(2) == 0 || r.IntN(32) == 0
 	}
 	in.paged = in.serving && r.IntN(2) == 0 || r.IntN(64) == 0
+	in.lengths = r.IntN(2) == 0
 	return in
 }
 
@@ -181,16 +188,17 @@ func TestPlanInvariants(t *testing.T) {
 // FuzzMakePlan checks the same invariants on inputs the fuzzer chooses
 // (go test -fuzz FuzzMakePlan ./core); without -fuzz it runs the seeds.
 func FuzzMakePlan(f *testing.F) {
-	f.Add(int(Float16), 1, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 132, false, false, true, false)
-	f.Add(int(BFloat16), 8, 4, 8, 8, 256, 4096, 1000, 0, 1, 0, 132, true, true, true, true)
-	f.Add(int(Float16), 64, 1, 1, 64, 64, 131072, -1, 0, 0, 4097, 132, true, false, true, false)
-	f.Add(int(Float16), 3, 16, 2, 1, 72, 16, 15, 3, 16, 0, 7, true, true, false, false)
-	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false, false)
-	f.Add(int(Float16), 2, 1, 8, 4, 128, 4096, -1, 0, 1, 0, 132, true, false, true, true)
+	f.Add(int(Float16), 1, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 132, false, false, true, false, false)
+	f.Add(int(BFloat16), 8, 4, 8, 8, 256, 4096, 1000, 0, 1, 0, 132, true, true, true, true, true)
+	f.Add(int(Float16), 64, 1, 1, 64, 64, 131072, -1, 0, 0, 4097, 132, true, false, true, false, true)
+	f.Add(int(Float16), 3, 16, 2, 1, 72, 16, 15, 3, 16, 0, 7, true, true, false, false, false)
+	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false, false, true)
+	f.Add(int(Float16), 2, 1, 8, 4, 128, 4096, -1, 0, 1, 0, 132, true, false, true, true, false)
+	f.Add(int(Float16), 8, 1, 8, 4, 128, 32768, 64, 0, 0, 0, 132, false, false, true, false, true)
 	f.Fuzz(func(t *testing.T, dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
-		seqlenNew, windowKeys, sms int, serving, rotary, clusters, paged bool) {
+		seqlenNew, windowKeys, sms int, serving, rotary, clusters, paged, lengths bool) {
 		in := planInput{dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
-			seqlenNew, windowKeys, sms, serving, rotary, clusters, paged}
+			seqlenNew, windowKeys, sms, serving, rotary, clusters, paged, lengths}
 		// Sizes beyond these only repeat the limits Validate checks, and
 		// would make the checker's products overflow.
 		if headsKV < 1 || headsKV > 1<<16 || group < 1 || group > 1<<16 || sms > 1<<12 || windowKeys > 1<<31 {

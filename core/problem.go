@@ -260,6 +260,9 @@ func (p *Problem) ValidateLayout() error {
 	if sc := float64(p.Scale); math.IsNaN(sc) || math.IsInf(sc, 0) || sc < 0 {
 		return invalid(op, "softmax_scale", fmt.Sprintf("%v; must be finite and not negative", p.Scale))
 	}
+	if overflows32(float64(p.Scale) * math.Log2E) { // the kernels scale by it in base 2, in float32
+		return invalid(op, "softmax_scale", fmt.Sprintf("%v; softmax_scale*log2(e) must fit in float32", p.Scale))
+	}
 	return p.validateServing(op)
 }
 
@@ -268,11 +271,12 @@ func (p *Problem) ValidateLayout() error {
 // SeqlenCache is 0: nothing is read), lse and cache_seqlens (optional)
 // 4-byte aligned, and that what the kernels write shares no byte with
 // anything else: out and lse with every other tensor of the call, and,
-// with an append, k_cache and v_cache with every tensor but each other
-// (they may interleave in one buffer). The check compares byte ranges (from the address
-// to the end of the last element), so it also refuses two tensors that
-// interleave in one buffer without sharing an element. p's layout must be
-// valid (ValidateLayout).
+// with an append, k_cache and v_cache with every other tensor, and with
+// each other element by element (they may interleave in one buffer). The
+// other checks compare byte ranges (from the address to the end of the
+// last element), so they also refuse two tensors that interleave in one
+// buffer without sharing an element. p's layout must be valid
+// (ValidateLayout).
 func (p *Problem) CheckPointers() error {
 	const op = "decode"
 	if p == nil {
@@ -337,30 +341,23 @@ func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
 	return byteRange{name, uint64(ptr), end}
 }
 
-// checkOverlaps refuses what the kernels write sharing a byte with another
-// tensor of p (see CheckPointers): out and lse, and with an append the
-// caches, which then must not share memory with anything the call reads.
-// k_cache and v_cache may interleave (one buffer of both), since the
-// append writes each key's row in both together.
-func (p *Problem) checkOverlaps(op string) error {
+// spans is the byte range of each of p's tensors: the inputs (q,
+// k_cache, v_cache first), then out, then lse.
+func (p *Problem) spans() [14]byteRange {
 	s := p.Shape
 	el := s.DType.Size()
 	rows, seq := p.cacheDims() // paged caches hold NumPages pages of PageSize keys
-	out := tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el)
-	lse := spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4)
-	kCache := tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el)
-	vCache := tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el)
-	var table, slopes uint64 // elements of a rotary table and of alibi_slopes
+	var table, slopes uint64   // elements of a rotary table and of alibi_slopes
 	if p.Rotary.Dim > 0 && p.Rotary.Rows > 0 {
 		table = uint64(p.Rotary.Rows-1)*uint64(p.Rotary.Stride) + uint64(p.Rotary.Dim/2)
 	}
 	if p.Alibi {
 		slopes = uint64(max(s.Batch-1, 0))*uint64(p.AlibiBatchStride) + uint64(s.HeadsQ)
 	}
-	inputs := [...]byteRange{
+	return [...]byteRange{
 		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
-		kCache,
-		vCache,
+		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
 		spanOf("cache_seqlens", p.CacheSeqlens, uint64(s.Batch), 4),
 		tensorRange("k", p.New.K, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
 		tensorRange("v", p.New.V, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
@@ -370,8 +367,20 @@ func (p *Problem) checkOverlaps(op string) error {
 		spanOf("cache_batch_idx", p.CacheBatchIdx, uint64(s.Batch), 4),
 		spanOf("cache_leftpad", p.CacheLeftpad, uint64(s.Batch), 4),
 		spanOf("alibi_slopes", p.AlibiSlopes, slopes, 4),
-		out,
+		tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
+		spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4),
 	}
+}
+
+// checkOverlaps refuses what the kernels write sharing a byte with another
+// tensor of p (see CheckPointers): out and lse, and with an append the
+// caches, which then must not share memory with anything the call reads.
+// k_cache and v_cache may interleave (one buffer of both), since the
+// append writes each key's row in both together.
+func (p *Problem) checkOverlaps(op string) error {
+	all := p.spans()
+	inputs := all[:13] // the inputs and out
+	kCache, vCache, out, lse := all[1], all[2], all[12], all[13]
 	for _, w := range [...]byteRange{out, lse} {
 		for _, r := range inputs {
 			if r.name != w.name && w.overlaps(r) {
@@ -382,11 +391,36 @@ func (p *Problem) checkOverlaps(op string) error {
 	if p.New.Seqlen == 0 {
 		return nil
 	}
+	if p.cachesShareElements(kCache, vCache) {
+		return invalid(op, "v_cache", "shares elements with k_cache, and the append writes both (one buffer may hold both when they interleave)")
+	}
 	for _, w := range [...]byteRange{kCache, vCache} {
 		for _, r := range inputs {
 			if r.name != "k_cache" && r.name != "v_cache" && w.overlaps(r) {
 				return invalid(op, r.name, fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); the append writes into the caches, which must not share memory with what the call reads (new keys already in the cache: pass k=None and count them in cache_seqlens)", r.lo, r.hi, w.name, w.lo, w.hi))
 			}
+		}
+	}
+	return nil
+}
+
+// CheckWorkspace checks a workspace of the given bytes at ptr for a call
+// of p, whose pointers are valid (CheckPointers): 16-byte aligned (the
+// kernels move partials and the rotated q 16 bytes at a time) and sharing
+// no byte with any tensor of the call, since the kernels write it while
+// they read them. A workspace of 0 bytes is not checked.
+func (p *Problem) CheckWorkspace(ptr uintptr, bytes int) error {
+	const op = "decode"
+	if bytes <= 0 {
+		return nil
+	}
+	if ptr%16 != 0 {
+		return unsupported(op, "workspace", fmt.Sprintf("address %#x is not 16-byte aligned", ptr))
+	}
+	ws := spanOf("workspace", ptr, uint64(bytes), 1)
+	for _, r := range p.spans() {
+		if ws.overlaps(r) {
+			return invalid(op, "workspace", fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); the kernels write the workspace while they read the call's tensors", ws.lo, ws.hi, r.name, r.lo, r.hi))
 		}
 	}
 	return nil
@@ -419,10 +453,22 @@ func checkStrides(op, name string, t Tensor, size [4]int, exclusive bool) error 
 		}
 		last += n * stride[i]
 	}
-	if exclusive && overlaps(size, stride) {
+	if exclusive && overlaps(size[:], stride[:]) {
 		return invalid(op, name, fmt.Sprintf("strides (%d, %d, %d, 1) make elements overlap", t.BatchStride, t.SeqStride, t.HeadStride))
 	}
 	return nil
+}
+
+// overflows32 reports whether x is past float32's range.
+func overflows32(x float64) bool { return math.Abs(x) > math.MaxFloat32 }
+
+// EffectiveScale is the softmax scale the kernels use: Scale, or
+// 1/sqrt(HeadDim) where it is 0 (the default).
+func (p *Problem) EffectiveScale() float32 {
+	if p.Scale == 0 {
+		return float32(1 / math.Sqrt(float64(p.HeadDim)))
+	}
+	return p.Scale
 }
 
 // overlaps reports whether two different indices of a tensor with the given
@@ -430,7 +476,7 @@ func checkStrides(op, name string, t Tensor, size [4]int, exclusive bool) error 
 // the address; the others, innermost (smallest stride) first, must each step
 // past everything the inner ones span. This is the usual sufficient check:
 // it accepts every permuted dense or padded layout.
-func overlaps(size [4]int, stride [4]int64) bool {
+func overlaps(size []int, stride []int64) bool {
 	type dim struct {
 		n  int64
 		st int64

@@ -138,6 +138,8 @@ func TestProblemValidate(t *testing.T) {
 		{"valid", func(p *Problem) {}, "", nil},
 		{"lse and lens", func(p *Problem) { p.LSE, p.CacheSeqlens = 0x50004, 0x60008 }, "", nil},
 		{"scale", func(p *Problem) { p.Scale = 0.125 }, "", nil},
+		{"scale past float32 in base 2", func(p *Problem) { p.Scale = 3e38 }, "softmax_scale", ErrInvalid},
+		{"the largest scale", func(p *Problem) { p.Scale = 2e38 }, "", nil},
 		{"kv slice of bigger buffer", func(p *Problem) { p.K.BatchStride *= 3; p.K.SeqStride *= 2 }, "", nil},
 		{"shared cache over batch", func(p *Problem) { p.K.BatchStride = 0; p.V.BatchStride = 0 }, "", nil},
 		{"out permuted (b,h,s,d)", func(p *Problem) {
@@ -257,7 +259,7 @@ func TestOverlaps(t *testing.T) {
 		{[4]int{2, 2, 1, 8}, [4]int64{8, 8, 0, 1}, true},
 	}
 	for _, tt := range tests {
-		if got := overlaps(tt.size, tt.stride); got != tt.want {
+		if got := overlaps(tt.size[:], tt.stride[:]); got != tt.want {
 			t.Errorf("overlaps(%v, %v) = %v, want %v", tt.size, tt.stride, got, tt.want)
 		}
 	}
@@ -275,5 +277,30 @@ func TestDType(t *testing.T) {
 	}
 	if Float16.Size() != 2 || BFloat16.Size() != 2 || Float32.Size() != 4 {
 		t.Errorf("sizes %d, %d, %d; want 2, 2, 4", Float16.Size(), BFloat16.Size(), Float32.Size())
+	}
+}
+
+func TestCheckWorkspace(t *testing.T) {
+	p := appendProblem() // q, out, caches, new tokens, lengths and rotary tables: every range
+	p.LSE = 0x50000
+	for _, tt := range []struct {
+		name  string
+		ptr   uintptr
+		bytes int
+		want  error
+	}{
+		{"apart", 0x40000000, 1 << 20, nil},
+		{"no workspace", 0, 0, nil},
+		{"misaligned", 0x40000008, 1 << 20, ErrUnsupported},
+		{"inside k_cache", p.K.Ptr + 4096, 1 << 20, ErrInvalid},
+		{"running into v_cache", p.V.Ptr - 256, 1 << 20, ErrInvalid},
+		{"over lse", 0x4ff00, 1024, ErrInvalid},
+		{"over the rotary table", p.Rotary.Cos, 16, ErrInvalid},
+		{"just before q", p.Q.Ptr - 4096, 4096, nil},
+	} {
+		err := p.CheckWorkspace(tt.ptr, tt.bytes)
+		if !errors.Is(err, tt.want) || (tt.want != nil && !strings.Contains(err.Error(), "workspace")) {
+			t.Errorf("%s: %v; want %v naming workspace", tt.name, err, tt.want)
+		}
 	}
 }

@@ -118,6 +118,9 @@ func (s Shape) validateServing(op string) error {
 		return invalid(op, "block_table", "the paged form needs Shape.Serving and no window")
 	case s.Contiguous && (!s.Serving || s.WindowKeys > 0 || s.Paged || s.SeqlenNew == 0):
 		return invalid(op, "k", "the contiguous cache's appending form needs Shape.Serving, an append, and no window or pages")
+	case s.SeqlenNew > 0 && s.appendParts() > maxGridYZ:
+		// The append kernel's grid z counts its parts of the heads (plan.go).
+		return unsupported(op, "nheads_q", fmt.Sprintf("%d query and %d K/V heads of dim %d to append and rotate; the append kernel takes at most %d*%d chunks of 8 channels", s.HeadsQ, s.HeadsKV, s.HeadDim, maxGridYZ, appendThreads))
 	}
 	return nil
 }
@@ -193,6 +196,10 @@ func (p *Problem) validateServing(op string) error {
 	if c := float64(p.Softcap); math.IsNaN(c) || math.IsInf(c, 0) || c < 0 {
 		return invalid(op, "softcap", fmt.Sprintf("%v; must be finite and not negative (0: none)", p.Softcap))
 	}
+	// The kernels take softcap * log2(e) and scale / softcap in float32.
+	if c := float64(p.Softcap); c > 0 && (overflows32(c*math.Log2E) || overflows32(float64(p.EffectiveScale())/c)) {
+		return invalid(op, "softcap", fmt.Sprintf("%v; softcap*log2(e) and softmax_scale/softcap must fit in float32", p.Softcap))
+	}
 	if p.AlibiBatchStride < 0 || (!p.Alibi && p.AlibiBatchStride != 0) {
 		return invalid(op, "alibi_slopes", fmt.Sprintf("batch stride %d; must be 0 (slopes (nheads_q,)) or positive, with Alibi", p.AlibiBatchStride))
 	}
@@ -215,8 +222,45 @@ func (p *Problem) validateServing(op string) error {
 				return err
 			}
 		}
+		// The append writes the caches: no two elements of one may share an
+		// address (across k_cache and v_cache: CheckPointers).
+		rows, seq := p.cacheDims()
+		for _, x := range [...]struct {
+			name string
+			t    Tensor
+		}{{"k_cache", p.K}, {"v_cache", p.V}} {
+			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, true); err != nil {
+				return err
+			}
+		}
 	}
 	return p.Rotary.validate(op, n, s.HeadDim)
+}
+
+// cachesShareElements reports whether k_cache and v_cache, whose byte
+// ranges are k and v, may share an element. Caches of equal strides whose addresses
+// differ by a whole number of elements are one tensor with a fifth
+// dimension of size 2 (K, V) and that distance as its stride, which must
+// not overlap itself: this accepts K and V interleaved in one buffer and
+// refuses v_cache == k_cache. Other layouts are refused where their byte
+// ranges meet.
+func (p *Problem) cachesShareElements(k, v byteRange) bool {
+	if !k.overlaps(v) {
+		return false
+	}
+	el := p.DType.Size()
+	rows, seq := p.cacheDims()
+	size := [4]int{rows, seq, p.HeadsKV, p.HeadDim}
+	d := int64(p.V.Ptr) - int64(p.K.Ptr)
+	if d < 0 {
+		d = -d
+	}
+	if p.K.BatchStride != p.V.BatchStride || p.K.SeqStride != p.V.SeqStride || p.K.HeadStride != p.V.HeadStride ||
+		d%int64(el) != 0 {
+		return true
+	}
+	return overlaps([]int{size[0], size[1], size[2], size[3], 2},
+		[]int64{p.K.BatchStride, p.K.SeqStride, p.K.HeadStride, 1, d / int64(el)})
 }
 
 // cacheDims is the first two dimensions of K and V: (Batch, SeqlenCache),

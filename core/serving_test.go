@@ -39,7 +39,10 @@ func appendProblem() Problem {
 func allProblem() Problem {
 	p := appendProblem()
 	p.CacheBatch, p.CacheBatchIdx = 5, 0x16000000
-	p.K.BatchStride *= 2 // a cache of 5 rows, padded
+	// A cache of 5 rows, K and V interleaved row by row in one buffer.
+	p.V.Ptr = p.K.Ptr + uintptr(p.K.BatchStride)*2
+	p.K.BatchStride *= 2
+	p.V.BatchStride = p.K.BatchStride
 	p.Leftpad, p.CacheLeftpad = true, 0x17000000
 	p.Window = Window{Enabled: true, Left: 255, Right: 0}
 	p.Softcap = 30
@@ -118,6 +121,18 @@ func TestServingValidate(t *testing.T) {
 		{"k stride not a multiple of 8", appendProblem, func(p *Problem) { p.New.K.SeqStride = 1020 }, "k", ErrUnsupported},
 		{"v negative stride", appendProblem, func(p *Problem) { p.New.V.HeadStride = -128 }, "v", ErrInvalid},
 		{"k null", appendProblem, func(p *Problem) { p.New.K.Ptr = 0 }, "k", ErrInvalid},
+		// The append writes the caches: their elements must be their own.
+		{"append into v_cache = k_cache", appendProblem, func(p *Problem) { p.V = p.K }, "v_cache", ErrInvalid},
+		{"append into v_cache half a row into k_cache", appendProblem, func(p *Problem) { p.V.Ptr = p.K.Ptr + 128 }, "v_cache", ErrInvalid},
+		{"append into caches of other strides that meet", appendProblem, func(p *Problem) {
+			p.V.Ptr, p.V.BatchStride = p.K.Ptr+16, p.K.BatchStride*2
+		}, "v_cache", ErrInvalid},
+		{"append into a cache whose heads alias", appendProblem, func(p *Problem) { p.K.HeadStride = 0 }, "k_cache", ErrInvalid},
+		{"append into a cache broadcast over the batch", appendProblem, func(p *Problem) { p.V.BatchStride = 0 }, "v_cache", ErrInvalid},
+		{"read-only caches may alias", plain, func(p *Problem) { p.V = p.K }, "", nil},
+		{"softcap past float32 in base 2", plain, func(p *Problem) { p.Softcap = 3e38 }, "softcap", ErrInvalid},
+		{"softcap so small scale/softcap overflows", plain, func(p *Problem) { p.Softcap = 1e-40 }, "softcap", ErrInvalid},
+		{"a small softcap", plain, func(p *Problem) { p.Softcap = 1e-30 }, "", nil},
 		{"v misaligned", appendProblem, func(p *Problem) { p.New.V.Ptr += 8 }, "v", ErrUnsupported},
 		{"k without seqlen_new", plain, func(p *Problem) { p.New.K.Ptr = 0x12000000 }, "k", ErrInvalid},
 		{"append without cache_seqlens", appendProblem, func(p *Problem) { p.CacheSeqlens = 0 }, "cache_seqlens", ErrInvalid},

@@ -380,8 +380,10 @@ func (p Plan) BalancedSplitCounts(s Shape, lengths []int) []int {
 // more, and no window bounds a row's keys. A sequence may take enough
 // splits to fill the planned slots alone (items of it a split each), and
 // no more than the plan's key tiles, MaxSplits, or what keeps the
-// partials of its rows (rowBytes a split) within balancedPartialBytes;
-// at least n.
+// partials of its rows (rowBytes a split) within balancedPartialBytes.
+// Where that is no more than n, no sequence could take more splits than
+// equal lengths give it, so balancing could only cost (a grid of n + 1
+// blocks an item, a combine where n is 1): 0.
 //
 // Why: the planner never reads the lengths, so a plain plan gives every
 // sequence n splits, and a batch of one long sequence among short ones
@@ -392,5 +394,9 @@ func balancedSplits(s Shape, n, items, slots, tiles, rowBytes int) int {
 	if !s.DeviceLengths || s.Batch < 2 || s.WindowKeys > 0 {
 		return 0
 	}
-	return max(n, min(MaxSplits, tiles, ceilDiv(slots, max(items, 1)), balancedPartialBytes/max(rowBytes, 1)))
+	most := min(MaxSplits, tiles, ceilDiv(slots, max(items, 1)), balancedPartialBytes/max(rowBytes, 1))
+	if most <= n {
+		return 0
+	}
+	return most
 }

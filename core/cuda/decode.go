@@ -10,7 +10,8 @@ import (
 // stream (a CUstream handle; 0 is the legacy default stream) and returning the
 // plan it ran. workspace must hold at least Plan.WorkspaceBytes bytes of
 // device memory (PlanFor(p.PlanShape()) tells how many; 0 bytes unless the
-// plan runs the combine kernel or rotates q); its contents need no
+// plan runs the combine kernel or rotates q), 16-byte aligned and apart
+// from p's tensors (core.Problem.CheckWorkspace); its contents need no
 // initialization. With new tokens (p.New) it first writes them into the
 // cache. Decode never
 // synchronizes with the host and allocates no device memory: out and the
@@ -37,6 +38,9 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 	if workspaceBytes < pl.WorkspaceBytes || (pl.WorkspaceBytes > 0 && workspace == 0) {
 		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
 			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
+	}
+	if err := p.CheckWorkspace(workspace, pl.WorkspaceBytes); err != nil {
+		return core.Plan{}, err
 	}
 	// The device's context is current for the launches only: the caller's
 	// (torch's current device, say) is current again when Decode returns.

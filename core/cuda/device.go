@@ -80,8 +80,9 @@ func getDevice(ordinal int) (*device, error) {
 
 // openDevice retains the primary context of GPU ordinal (never a new context:
 // the caller's allocations live in the primary one), loads the fatbin and
-// looks up every kernel variant.
-func openDevice(ordinal int) (*device, error) {
+// looks up every kernel variant. Where it fails it unloads the module and
+// releases the context again, so that the next call starts afresh.
+func openDevice(ordinal int) (_ *device, err error) {
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: counting CUDA devices: %w", err)
@@ -94,6 +95,11 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: retaining the primary context of device %d: %w", ordinal, err)
 	}
+	defer func() {
+		if err != nil {
+			dev.ReleasePrimaryCtx()
+		}
+	}()
 	raw, err := rawContext(ctx, ordinal)
 	if err != nil {
 		return nil, err
@@ -121,6 +127,11 @@ func openDevice(ordinal int) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
 	}
+	defer func() {
+		if err != nil {
+			unloadModule(mod) // while the context is current (s.undo runs after)
+		}
+	}()
 	d := &device{ordinal: ordinal, ctx: ctx, raw: raw, sms: sms, pdl: major >= 9, maxCluster: 1,
 		fns: map[string]*kernels{}, plans: map[core.Shape]planned{}}
 	if major >= 9 {

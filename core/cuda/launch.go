@@ -76,6 +76,10 @@ func loadModule(image string) (module, error) {
 	return module(m), err
 }
 
+// unloadModule unloads a module loaded by loadModule, from the current
+// context (a failed device open leaves nothing behind).
+func unloadModule(m module) { C.cuModuleUnload(C.CUmodule(m)) }
+
 // lookup returns the kernel called name in m.
 func lookup(m module, name string) (function, error) {
 	c := C.CString(name)
@@ -176,10 +180,7 @@ func plainParams(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params 
 		k.balance_splits = C.int(pl.BalanceSplits)
 		k.balance_tile_keys = C.int(pl.Variant.KeysPerTile)
 	}
-	scale := p.Scale
-	if scale == 0 {
-		scale = float32(1 / math.Sqrt(float64(p.HeadDim)))
-	}
+	scale := p.EffectiveScale()
 	k.scale = C.float(scale)
 	k.scale_log2 = C.float(float64(scale) * math.Log2E)
 	return k

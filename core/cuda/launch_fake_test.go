@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -157,7 +158,10 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 	if !fakeDevice() {
 		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1")
 	}
-	os.Unsetenv("FAKECUDA_LAUNCH_LOG") // no file writes: the allocation count is Go's alone
+	if log, ok := os.LookupEnv("FAKECUDA_LAUNCH_LOG"); ok { // no file writes: the allocation count is Go's alone
+		os.Unsetenv("FAKECUDA_LAUNCH_LOG")
+		defer os.Setenv("FAKECUDA_LAUNCH_LOG", log)
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	const gib = uintptr(1) << 30
@@ -193,5 +197,55 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 		if allocs := testing.AllocsPerRun(100, func() { r.Run(&args, 0) }); allocs != 0 {
 			t.Errorf("%s: Run allocates %v times a call", tc.name, allocs)
 		}
+	}
+}
+
+// TestRunRefusesABadWorkspace: on the fake device, a workspace that is
+// misaligned or overlaps a tensor of the call is refused before anything
+// launches, by Decode and by Prepared.Run alike.
+func TestRunRefusesABadWorkspace(t *testing.T) {
+	log := os.Getenv("FAKECUDA_LAUNCH_LOG")
+	if !fakeDevice() || log == "" {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1 and FAKECUDA_LAUNCH_LOG")
+	}
+	log, _ = filepath.Abs(log)
+	const gib = uintptr(1) << 30
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1, NumSplits: 32}
+	p := core.Problem{Shape: s, Q: at(1*gib, 1, 32, 128), K: at(64*gib, 32768, 8, 128), V: at(128*gib, 32768, 8, 128), Out: at(2*gib, 1, 32, 128)}
+	r, err := Prepare(&p, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := PlanFor(s, 0)
+	if err != nil || pl.WorkspaceBytes == 0 {
+		t.Fatalf("plan %v (%v): want a split plan with a workspace", pl, err)
+	}
+	launched(t, log)
+	for _, tc := range []struct {
+		name string
+		ws   uintptr
+		want error
+	}{
+		{"misaligned", 10*gib + 4, core.ErrUnsupported},
+		{"over out", 2*gib - 256, core.ErrInvalid},
+		{"inside k_cache", 64*gib + 4096, core.ErrInvalid},
+	} {
+		args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Seqlen: -1, Workspace: tc.ws, WorkspaceBytes: pl.WorkspaceBytes}
+		if _, err := r.Run(&args, 0); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "workspace") {
+			t.Errorf("%s: Run: %v; want %v naming the workspace", tc.name, err, tc.want)
+		}
+		if _, err := Decode(&p, tc.ws, pl.WorkspaceBytes, 0, 0); !errors.Is(err, tc.want) {
+			t.Errorf("%s: Decode: %v; want %v", tc.name, err, tc.want)
+		}
+		if got := launched(t, log); len(got) != 0 {
+			t.Errorf("%s: launched %v", tc.name, got)
+		}
+	}
+	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Seqlen: -1, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+	if _, err := r.Run(&args, 0); err != nil {
+		t.Fatalf("a workspace apart from the tensors: %v", err)
+	}
+	if got := launched(t, log); len(got) != 2 {
+		t.Errorf("launched %v; want stage 1 and the combine", got)
 	}
 }
