@@ -172,13 +172,15 @@ func (p *Problem) validateServing(op string) error {
 	case p.CacheBatch > math.MaxInt32:
 		return unsupported(op, "cache_batch_idx", fmt.Sprintf("cache rows %d; at most %d", p.CacheBatch, math.MaxInt32))
 	}
-	if rows, seq := p.cacheDims(); rows != s.Batch || seq != s.SeqlenCache {
-		// The layout check of ValidateLayout assumed (batch, seqlen_cache).
+	// The caches' strides at their real extents (ValidateLayout assumed
+	// (batch, seqlen_cache)), and with an append, which writes them, no two
+	// elements of one sharing an address (across the two: CheckPointers).
+	if rows, seq := p.cacheDims(); rows != s.Batch || seq != s.SeqlenCache || p.New.Seqlen > 0 {
 		for _, x := range [...]struct {
 			name string
 			t    Tensor
 		}{{"k_cache", p.K}, {"v_cache", p.V}} {
-			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, false); err != nil {
+			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, p.New.Seqlen > 0); err != nil {
 				return err
 			}
 		}
@@ -219,17 +221,6 @@ func (p *Problem) validateServing(op string) error {
 			t    Tensor
 		}{{"k", p.New.K}, {"v", p.New.V}} {
 			if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, n, s.HeadsKV, s.HeadDim}, false); err != nil {
-				return err
-			}
-		}
-		// The append writes the caches: no two elements of one may share an
-		// address (across k_cache and v_cache: CheckPointers).
-		rows, seq := p.cacheDims()
-		for _, x := range [...]struct {
-			name string
-			t    Tensor
-		}{{"k_cache", p.K}, {"v_cache", p.V}} {
-			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, true); err != nil {
 				return err
 			}
 		}

@@ -165,16 +165,7 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	const gib = uintptr(1) << 30
-	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1, NumSplits: 32}
-	p := core.Problem{Shape: s, Q: at(1*gib, 1, 32, 128), K: at(64*gib, 4096, 8, 128), V: at(128*gib, 4096, 8, 128), Out: at(2*gib, 1, 32, 128)}
-	r, err := Prepare(&p, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := PlanFor(s, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, r, pl := preparedSplitCall(t, 4096)
 	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, LSE: 3 * gib, CacheSeqlens: 4 * gib, Seqlen: -1,
 		Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
 	d, err := getDevice(0)
@@ -210,15 +201,9 @@ func TestRunRefusesABadWorkspace(t *testing.T) {
 	}
 	log, _ = filepath.Abs(log)
 	const gib = uintptr(1) << 30
-	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1, NumSplits: 32}
-	p := core.Problem{Shape: s, Q: at(1*gib, 1, 32, 128), K: at(64*gib, 32768, 8, 128), V: at(128*gib, 32768, 8, 128), Out: at(2*gib, 1, 32, 128)}
-	r, err := Prepare(&p, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := PlanFor(s, 0)
-	if err != nil || pl.WorkspaceBytes == 0 {
-		t.Fatalf("plan %v (%v): want a split plan with a workspace", pl, err)
+	p, r, pl := preparedSplitCall(t, 32768)
+	if pl.WorkspaceBytes == 0 {
+		t.Fatalf("plan %v: want a split plan with a workspace", pl)
 	}
 	launched(t, log)
 	for _, tc := range []struct {
@@ -248,4 +233,23 @@ func TestRunRefusesABadWorkspace(t *testing.T) {
 	if got := launched(t, log); len(got) != 2 {
 		t.Errorf("launched %v; want stage 1 and the combine", got)
 	}
+}
+
+// preparedSplitCall is a b=1, 32/8-head, d128 call of n keys in 32 splits
+// at made-up addresses (q at 1 GiB, out at 2, k_cache at 64, v_cache at
+// 128), prepared on device 0, and its plan.
+func preparedSplitCall(t *testing.T, n int) (core.Problem, *Prepared, core.Plan) {
+	t.Helper()
+	const gib = uintptr(1) << 30
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: n, Seqlen: -1, NumSplits: 32}
+	p := core.Problem{Shape: s, Q: at(1*gib, 1, 32, 128), K: at(64*gib, n, 8, 128), V: at(128*gib, n, 8, 128), Out: at(2*gib, 1, 32, 128)}
+	r, err := Prepare(&p, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := PlanFor(s, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, r, pl
 }
