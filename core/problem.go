@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"sort"
 )
 
 // Limits of the kernels, checked by Validate.
@@ -481,13 +480,19 @@ func overlaps(size []int, stride []int64) bool {
 		n  int64
 		st int64
 	}
-	var ds []dim
+	var buf [5]dim // room for every caller's dimensions: no allocation (it runs per call)
+	ds := buf[:0]
 	for i := range size {
 		if size[i] > 1 {
-			ds = append(ds, dim{int64(size[i]), stride[i]})
+			d := dim{int64(size[i]), stride[i]}
+			j := len(ds) // insertion by stride: a handful of dimensions
+			ds = append(ds, d)
+			for ; j > 0 && ds[j-1].st > d.st; j-- {
+				ds[j] = ds[j-1]
+			}
+			ds[j] = d
 		}
 	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i].st < ds[j].st })
 	span := int64(1) // addresses [0, span) reached by the inner dimensions
 	for _, d := range ds {
 		if d.st < span {

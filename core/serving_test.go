@@ -639,3 +639,16 @@ func TestFusedAppend(t *testing.T) {
 		})
 	}
 }
+
+// CheckPointers runs on every call of a prepared layout: with an append
+// into K and V interleaved in one buffer, its element-wise check of the
+// two caches allocates nothing either.
+func TestCheckPointersOfInterleavedCachesAllocatesNothing(t *testing.T) {
+	p := allProblem() // K and V interleaved row by row, an append
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { p.CheckPointers() }); allocs != 0 {
+		t.Errorf("CheckPointers allocates %v times a call", allocs)
+	}
+}

@@ -27,6 +27,18 @@ func at(addr uintptr, seq, heads, dim int) core.Tensor {
 	return core.Tensor{Ptr: addr, BatchStride: int64(seq * heads * dim), SeqStride: int64(heads * dim), HeadStride: int64(dim)}
 }
 
+// launchLog is the absolute path of the fake device's launch log; it skips
+// t where the driver is not the fake device or no log is named.
+func launchLog(t *testing.T) string {
+	t.Helper()
+	log := os.Getenv("FAKECUDA_LAUNCH_LOG")
+	if !fakeDevice() || log == "" {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1 and FAKECUDA_LAUNCH_LOG")
+	}
+	log, _ = filepath.Abs(log)
+	return log
+}
+
 // launched reads and clears the fake device's launch log: one "kernel gx gy
 // gz threads shared cluster pdl" line per launch.
 func launched(t *testing.T, log string) []string {
@@ -49,11 +61,7 @@ func launchLine(kernel string, gx, gy, gz, threads, shared, cluster, pdl int) st
 // launch (sm_90); MergeStates launches its MergeLaunch. On the fake device,
 // so the launch path runs where CI runs.
 func TestLaunchesFollowThePlan(t *testing.T) {
-	log := os.Getenv("FAKECUDA_LAUNCH_LOG")
-	if !fakeDevice() || log == "" {
-		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1 and FAKECUDA_LAUNCH_LOG")
-	}
-	log, _ = filepath.Abs(log)
+	log := launchLog(t)
 	const gib = uintptr(1) << 30
 	plain := func(b, hq, hkv, n, splits int) core.Problem {
 		s := core.Shape{DType: core.Float16, Batch: b, SeqlenQ: 1, HeadsQ: hq, HeadsKV: hkv, HeadDim: 128, SeqlenCache: n, Seqlen: -1, NumSplits: splits}
@@ -195,11 +203,7 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 // misaligned or overlaps a tensor of the call is refused before anything
 // launches, by Decode and by Prepared.Run alike.
 func TestRunRefusesABadWorkspace(t *testing.T) {
-	log := os.Getenv("FAKECUDA_LAUNCH_LOG")
-	if !fakeDevice() || log == "" {
-		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1 and FAKECUDA_LAUNCH_LOG")
-	}
-	log, _ = filepath.Abs(log)
+	log := launchLog(t)
 	const gib = uintptr(1) << 30
 	p, r, pl := preparedSplitCall(t, 32768)
 	if pl.WorkspaceBytes == 0 {

@@ -326,8 +326,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
     batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache = _check_shapes(q, k_cache, v_cache)
     _check_cache_seqlens(cache_seqlens, batch)
     scale = _check_scale(softmax_scale)
-    if type(causal) is not bool:
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _check_bool("causal", causal)
     num_splits = _check_int("num_splits", num_splits)
     if out is not None:
         _check_out(out, q)
@@ -470,8 +469,7 @@ def _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         if rotary_sin.shape != rotary_cos.shape:
             raise ValueError(f"rotary_sin must have rotary_cos's shape {tuple(rotary_cos.shape)}, "
                              f"got {tuple(rotary_sin.shape)}")
-        if type(rotary_interleaved) is not bool:
-            raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
+        _check_bool("rotary_interleaved", rotary_interleaved)
         layout.update(rotary_dim=2 * rotary_cos.shape[1], rotary_rows=rotary_cos.shape[0],
                       rotary_cos=_strides(rotary_cos), rotary_sin=_strides(rotary_sin),
                       rotary_interleaved=rotary_interleaved)
@@ -496,8 +494,7 @@ def _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
 
     _check_cache_seqlens(cache_seqlens, batch)
     scale = _check_scale(softmax_scale)
-    if type(causal) is not bool:
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    _check_bool("causal", causal)
     layout.update(softmax_scale=_finite("softmax_scale", scale), default_scale=softmax_scale is None,
                   causal=causal, num_splits=_check_int("num_splits", num_splits))
     if out is not None:
@@ -667,8 +664,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         raise ValueError(f"window_size must be (left, right) with each side -1 (unbounded) or at least 0, "
                          f"got {tuple(window)}")
     for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
-        if type(flag) is not bool:
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        _check_bool(name, flag)
     # What the Go core would refuse under flash_decode's names (cache_seqlens, k), here under plan's.
     if seqlen_new > shape[5]:
         raise ValueError(f"seqlen_new={seqlen_new} exceeds seqlen_cache={shape[5]}")
@@ -733,6 +729,12 @@ def _device_index(device):
 def _check_tensor(name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_bool(name, value):
+    """TypeError unless value is a bool (1 is not one, though 1 == True)."""
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _check_int(name, value):

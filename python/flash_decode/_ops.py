@@ -77,10 +77,9 @@ def traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cac
     is a copy of the op's result into out, so out is checked here, at trace
     time, as an eager call checks it (a copy would cast or broadcast)."""
     # The ops' schemas would take 1 for True: the flags are checked as an eager call checks them.
-    if type(causal) is not bool:
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if rotary_cos is not None and type(rotary_interleaved) is not bool:
-        raise TypeError(f"rotary_interleaved must be a bool, got {type(rotary_interleaved).__name__}")
+    _api._check_bool("causal", causal)
+    if rotary_cos is not None:
+        _api._check_bool("rotary_interleaved", rotary_interleaved)
     if out is not None:
         _api._check_out(out, q)
         if out.device != q.device:
