@@ -19,7 +19,10 @@
  *
  * Device memory and streams are the CUDA driver API's (CUdeviceptr, CUstream); the
  * library uses the primary context of args->device, the one the CUDA runtime and
- * PyTorch use too. fd_decode never synchronizes with the host and never allocates.
+ * PyTorch use too. fd_decode never synchronizes with the host and never allocates,
+ * once a device is open: the first call that names a device (fd_plan and
+ * fd_workspace_size with device >= 0 too) retains its primary context and loads the
+ * kernels, which allocates. Make one such call before capturing a CUDA graph.
  *
  * Loading: the library needs libcuda.so.1 (the NVIDIA driver). Its CUDA binding
  * (gorgonia.org/cu) calls cuInit when the library loads and exits the process if
@@ -46,15 +49,19 @@ typedef enum fd_dtype {
 /* What every function returns. fd_last_error() tells more. */
 typedef enum fd_status {
     FD_OK = 0,
-    FD_ERR_INVALID = 1,     /* an argument can never be right (negative size, NULL pointer, ...) */
+    FD_ERR_INVALID = 1,     /* an argument can never be right (negative size, NULL pointer,
+                               a device ordinal with no GPU, ...) */
     FD_ERR_UNSUPPORTED = 2, /* well-formed, but no kernel for it (e.g. a dtype or head_dim) */
-    FD_ERR_CUDA = 3,        /* the driver failed: no such device, launch error, ... */
+    FD_ERR_CUDA = 3,        /* the driver failed: a launch error, out of resources, ... */
     FD_ERR_BUFFER = 4,      /* a caller buffer is too small (fd_plan_json) */
     FD_ERR_INTERNAL = 5,    /* a bug in flash-decode; please report fd_last_error() */
 } fd_status;
 
 /* A 4-D (batch, seq, heads, head_dim) tensor in device memory. Strides count
- * elements, not bytes; the head_dim dimension is contiguous (stride 1). */
+ * elements, not bytes; the head_dim dimension is contiguous (stride 1). The kernels
+ * load 8 elements at a time: ptr must be 16-byte aligned and the strides multiples
+ * of 8. What a call writes (out, lse, and with an append the caches) must share no
+ * byte with its other tensors or with the workspace. */
 typedef struct fd_tensor {
     uint64_t ptr;          /* CUdeviceptr of element [0,0,0,0] */
     int64_t batch_stride;  /* elements between consecutive batch entries */
@@ -117,9 +124,11 @@ typedef struct fd_plan_info {
     int32_t sms;                /* SM count planned for */
     int32_t blocks_per_sm;      /* resident stage-1 blocks per SM planned for */
     int64_t lse_partial_offset; /* byte offset of the partial LSEs in the workspace */
-    int64_t workspace_bytes;    /* workspace fd_decode needs (0 when combine_grid == 0) */
+    int64_t workspace_bytes;    /* workspace fd_decode needs (0 when combine_grid == 0
+                                   and no rotary embedding rotates q into it) */
 } fd_plan_info; /* (its layout is fixed: newer plan fields, such as whole_items,
-                   combine_row0 and balance_splits, are in fd_plan_json only) */
+                   combine_row0, balance_splits and the append kernel, are in
+                   fd_plan_json and fd_plan_json_serving only) */
 
 /* The serving features of one call, flash_attn_with_kvcache's arguments beyond
  * fd_args (mirrors core.Problem's serving fields). Zero-initialize, then set: a
@@ -140,7 +149,8 @@ typedef struct fd_serving {
     int32_t max_pages;           /* pages per sequence (block_table.shape[1]) */
     int32_t cache_batch;         /* cache_batch_idx: rows of k and v (k_cache.shape[0]), > 0 */
     uint64_t cache_batch_idx;    /* CUdeviceptr of int32 (batch,) cache rows (contiguous cache
-                                    only; clamped to [0, cache_batch - 1]); 0: row b */
+                                    only; clamped to [0, cache_batch - 1]); required when
+                                    cache_batch > 0, else 0 (sequence b reads row b) */
     uint64_t cache_leftpad;      /* CUdeviceptr of int32 (batch,) first valid key of each
                                     sequence; 0: keys start at 0 */
     int32_t window;              /* nonzero: window_left and window_right apply (window_size) */
@@ -152,7 +162,9 @@ typedef struct fd_serving {
     int64_t alibi_batch_stride;  /* 0 for (heads_q,) slopes, else elements between sequences */
     fd_tensor k_new;             /* (batch, seqlen_new, heads_kv, head_dim), dtype: token t of
                                     sequence b is written to key cache_seqlens[b] + t before
-                                    attention (needs cache_seqlens; skipped past the cache) */
+                                    attention (skipped past the cache). Needs fd_args's
+                                    cache_seqlens, or seqlen >= 0 (every sequence at that
+                                    length) with seqlen + seqlen_new <= seqlen_cache */
     fd_tensor v_new;             /* likewise for v */
     int32_t seqlen_new;          /* new tokens per sequence, 1..seqlen_cache; 0: no append */
     int32_t rotary_dim;          /* with an append: rotate the first rotary_dim channels (a
@@ -188,7 +200,9 @@ int fd_decode_serving(const fd_args *args, const fd_serving *serving, void *work
                       size_t workspace_bytes, void *stream);
 
 /* fd_workspace_size for fd_decode_serving: reads the sizes and which of serving's
- * arrays are set (not what they hold); pass the same fd_serving as to the decode. */
+ * arrays are set (not what they hold); pass the same fd_serving as to the decode. It
+ * refuses the sizes and options fd_decode_serving would (page counts, window, softcap,
+ * new tokens, rotary layout), whatever the tensors. */
 int fd_workspace_size_serving(const fd_args *args, const fd_serving *serving, size_t *bytes);
 
 /* fd_plan for fd_decode_serving (the serving kernels when a feature is on). */
@@ -196,17 +210,29 @@ int fd_plan_serving(const fd_args *args, const fd_serving *serving, fd_plan_info
 
 /* Writes the plan as a NUL-terminated JSON object (the fields of core.Plan, snake_case)
  * into buf. *needed (if not NULL) receives the bytes it takes, NUL included; returns
- * FD_ERR_BUFFER, writing nothing, when buf_size is smaller. */
+ * FD_ERR_BUFFER, writing nothing, when buf_size is smaller (buf NULL with buf_size 0
+ * asks for the size only). */
 int fd_plan_json(const fd_args *args, char *buf, size_t buf_size, size_t *needed);
+
+/* fd_plan_json for fd_decode_serving: the whole plan of a serving call, its append
+ * kernel and rotated q's offset (q_rot_offset) included. */
+int fd_plan_json_serving(const fd_args *args, const fd_serving *serving, char *buf, size_t buf_size,
+                         size_t *needed);
 
 /* The flash-decode release, e.g. "0.1.0". */
 const char *fd_version(void);
 
 #endif /* FD_CGO_EXPORTS */
 
-/* The message of the last failed fd_* call on the calling thread, naming the argument
- * at fault (e.g. "flashdecode: plan: nheads_q: invalid argument: 12 is not a multiple
- * of nheads_kv=5"); "" after a successful call. Valid until the thread's next fd_* call. */
+/* The longest fd_last_error message, NUL included (longer ones are cut). */
+#define FD_LAST_ERROR_MAX 1024
+
+/* The message of the last failed fd_* call on the calling thread, naming the field at
+ * fault as fd_args, fd_serving or fd_merge_args call it (e.g. "flashdecode: plan:
+ * heads_q: invalid argument: 12 is not a multiple of nheads_kv=5"; the details after
+ * the field may use PyTorch's names: nheads_kv is heads_kv, k_cache.shape[0] is
+ * num_pages); "" after a successful call. Valid until the thread's next fd_* call; it
+ * takes no memory beyond a fixed per-thread buffer. */
 const char *fd_last_error(void);
 
 /* ---- Merging attention states: fd_merge_states --------------------------------------
@@ -261,8 +287,8 @@ typedef struct fd_merge_args {
 #ifndef FD_CGO_EXPORTS
 
 /* Merges args' states on device args->device, launched on stream (a CUstream; NULL is
- * the legacy default stream): one kernel launch, no host synchronization, no allocation;
- * it can be captured in a CUDA graph. Returns FD_OK or an fd_status; fd_last_error()
+ * the legacy default stream): one kernel launch, no host synchronization, no allocation
+ * once the device is open (see fd_decode); it can then be captured in a CUDA graph. Returns FD_OK or an fd_status; fd_last_error()
  * names the argument at fault. The outputs are ready when the stream reaches this point. */
 int fd_merge_states(const fd_merge_args *args, void *stream);
 

@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
@@ -90,6 +91,35 @@ func serving(p *core.Problem, sv *C.fd_serving) {
 		Dim: int(sv.rotary_dim), Rows: int(sv.rotary_rows), Interleaved: sv.rotary_interleaved != 0}
 }
 
+// cArgs maps the argument names core's errors use (PyTorch's, see
+// core.Error) to the fd_args and fd_serving fields a C caller sets: the
+// caches are fd_args.k and v, the new tokens fd_serving.k_new and v_new.
+var cArgs = map[string]string{
+	"k_cache": "k", "v_cache": "v", "k": "k_new", "v": "v_new",
+	"nheads_q": "heads_q", "nheads_kv": "heads_kv", "headdim": "head_dim",
+	"softmax_scale": "scale", "window_size": "window",
+}
+
+// forC renames the argument of a decode or plan error for a C caller of
+// args (see cArgs); without a cache_seqlens array the lengths are
+// fd_args.seqlen.
+func forC(err error, args *C.fd_args) error {
+	e, ok := err.(*core.Error)
+	if !ok {
+		return err
+	}
+	name, ok := cArgs[e.Arg]
+	if e.Arg == "cache_seqlens" && args.cache_seqlens == 0 {
+		name, ok = "seqlen", true
+	}
+	if !ok {
+		return err
+	}
+	c := *e
+	c.Arg = name
+	return &c
+}
+
 // errNilArgs reports a NULL fd_args pointer.
 func errNilArgs(op string) error {
 	return &core.Error{Op: op, Arg: "args", Msg: "NULL", Err: core.ErrInvalid}
@@ -135,6 +165,13 @@ func (e *internalError) Error() string {
 	return fmt.Sprintf("flashdecode: internal error (please report): %v", e.v)
 }
 
+// sizeArg converts a size_t capacity for the Go core, which counts bytes
+// in an int: a capacity past math.MaxInt (SIZE_MAX for "large enough")
+// is more than any call needs, not a negative count.
+func sizeArg(n C.size_t) int {
+	return int(min(uint64(n), math.MaxInt))
+}
+
 // guard turns a panic into an FD_ERR_INTERNAL result: nothing crosses into C.
 func guard(ret *C.int) {
 	if v := recover(); v != nil {
@@ -160,19 +197,30 @@ func decode(args *C.fd_args, sv *C.fd_serving, workspace unsafe.Pointer, workspa
 		return finish(errNilArgs("decode"))
 	}
 	p := problem(args, sv)
-	_, err := cuda.Decode(&p, uintptr(workspace), int(workspaceBytes), int(args.device), uintptr(stream))
-	return finish(err)
+	_, err := cuda.Decode(&p, uintptr(workspace), sizeArg(workspaceBytes), int(args.device), uintptr(stream))
+	return finish(forC(err, args))
 }
 
 // plan returns the plan for args' shapes (and sv's serving features, when
-// not NULL) on args.device.
+// not NULL) on args.device; an error names fields as C knows them.
 func plan(op string, args *C.fd_args, sv *C.fd_serving) (core.Plan, error) {
 	if args == nil {
 		return core.Plan{}, errNilArgs(op)
 	}
+	pl, err := planFor(args, sv)
+	return pl, forC(err, args)
+}
+
+// planFor is plan's work.
+func planFor(args *C.fd_args, sv *C.fd_serving) (core.Plan, error) {
 	s := shape(args)
 	if sv != nil {
+		// What fd_decode_serving would refuse whatever the tensors: the
+		// serving features' sizes and options, and an append's start.
 		p := problem(args, sv)
+		if err := p.ValidateSizes(); err != nil {
+			return core.Plan{}, err
+		}
 		s = p.PlanShape()
 	}
 	return cuda.PlanFor(s, int(args.device))
@@ -255,7 +303,22 @@ func copyName(dst []C.char, s string) {
 //export fd_plan_json
 func fd_plan_json(args *C.fd_args, buf *C.char, bufSize C.size_t, needed *C.size_t) (ret C.int) {
 	defer guard(&ret)
-	pl, err := plan("plan_json", args, nil)
+	return planJSON(args, nil, buf, bufSize, needed)
+}
+
+//export fd_plan_json_serving
+func fd_plan_json_serving(args *C.fd_args, sv *C.fd_serving, buf *C.char, bufSize C.size_t, needed *C.size_t) (ret C.int) {
+	defer guard(&ret)
+	return planJSON(args, sv, buf, bufSize, needed)
+}
+
+// planJSON is fd_plan_json and fd_plan_json_serving. A NULL buf with
+// buf_size 0 asks for the size only.
+func planJSON(args *C.fd_args, sv *C.fd_serving, buf *C.char, bufSize C.size_t, needed *C.size_t) C.int {
+	if buf == nil && bufSize != 0 {
+		return finish(&core.Error{Op: "plan_json", Arg: "buf", Msg: fmt.Sprintf("NULL with buf_size %d", uint64(bufSize)), Err: core.ErrInvalid})
+	}
+	pl, err := plan("plan_json", args, sv)
 	if err != nil {
 		return finish(err)
 	}
@@ -266,8 +329,8 @@ func fd_plan_json(args *C.fd_args, buf *C.char, bufSize C.size_t, needed *C.size
 	if needed != nil {
 		*needed = C.size_t(len(js) + 1)
 	}
-	if buf == nil || int(bufSize) < len(js)+1 {
-		return finish(&bufferError{need: len(js) + 1, have: int(bufSize)})
+	if sizeArg(bufSize) < len(js)+1 {
+		return finish(&bufferError{need: len(js) + 1, have: sizeArg(bufSize)})
 	}
 	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(js)+1)
 	copy(dst, js)

@@ -125,10 +125,41 @@ func (s Shape) validateServing(op string) error {
 	return nil
 }
 
-// validateServing is ValidateLayout's part for the serving features: the
-// paged or batch-indexed cache's sizes and strides, the window, softcap,
-// ALiBi's stride, the new tokens' and the rotary tables' layouts.
+// validateServing is ValidateLayout's part for the serving features: their
+// sizes and options (validateServingSizes), then the strides of the paged
+// or batch-indexed caches and of the new tokens.
 func (p *Problem) validateServing(op string) error {
+	if err := p.validateServingSizes(op); err != nil {
+		return err
+	}
+	return p.validateServingStrides(op)
+}
+
+// ValidateSizes reports the first thing wrong with what p's plan depends
+// on: its Shape, and its serving features' sizes and options (the paged
+// cache's page counts, the cache rows, the window, softcap, ALiBi's
+// stride, the new tokens' count and the rotary tables' layout), and, for
+// an append without cache_seqlens, that Seqlen plus the new tokens fit
+// the cache. It reads neither the tensors' strides nor any address, so a
+// caller can size the workspace (cuda.PlanFor of PlanShape) before it has
+// the tensors; Validate checks everything.
+func (p *Problem) ValidateSizes() error {
+	const op = "plan"
+	if err := p.Shape.validate(op); err != nil {
+		return err
+	}
+	if err := p.validateServingSizes(op); err != nil {
+		return err
+	}
+	if n := p.New.Seqlen; n > 0 && p.CacheSeqlens == 0 && !p.DeviceLengths {
+		return p.checkAppendStart(op)
+	}
+	return nil
+}
+
+// validateServingSizes is validateServing's part that reads no tensor
+// stride: the serving features' sizes and options.
+func (p *Problem) validateServingSizes(op string) error {
 	s := p.Shape
 	switch {
 	case p.PageSize < 0:
@@ -150,19 +181,6 @@ func (p *Problem) validateServing(op string) error {
 		case p.CacheBatch != 0:
 			return invalid(op, "cache_batch_idx", "cannot be used with block_table (a paged cache)")
 		}
-		// The serving kernels address a key of a page in 32-bit pieces (a page's
-		// offset as page id times a 32-bit stride, the row's in 32 bits).
-		for _, c := range []struct {
-			name string
-			t    Tensor
-		}{{"k_cache", p.K}, {"v_cache", p.V}} {
-			switch {
-			case c.t.BatchStride > math.MaxUint32:
-				return unsupported(op, c.name, fmt.Sprintf("page stride %d elements; at most %d", c.t.BatchStride, uint32(math.MaxUint32)))
-			case int64(p.PageSize)*c.t.SeqStride > math.MaxInt32:
-				return unsupported(op, c.name, fmt.Sprintf("a page of %d rows %d elements apart spans more than %d elements", p.PageSize, c.t.SeqStride, math.MaxInt32))
-			}
-		}
 	case p.NumPages != 0 || p.MaxPages != 0 || p.BlockTableStride != 0:
 		return invalid(op, "page_size", fmt.Sprintf("0 (a contiguous cache), but num_pages %d, max_pages %d, block_table stride %d are set", p.NumPages, p.MaxPages, p.BlockTableStride))
 	}
@@ -172,20 +190,6 @@ func (p *Problem) validateServing(op string) error {
 	case p.CacheBatch > math.MaxInt32:
 		return unsupported(op, "cache_batch_idx", fmt.Sprintf("cache rows %d; at most %d", p.CacheBatch, math.MaxInt32))
 	}
-	// The caches' strides at their real extents (ValidateLayout assumed
-	// (batch, seqlen_cache)), and with an append, which writes them, no two
-	// elements of one sharing an address (across the two: CheckPointers).
-	if rows, seq := p.cacheDims(); rows != s.Batch || seq != s.SeqlenCache || p.New.Seqlen > 0 {
-		for _, x := range [...]struct {
-			name string
-			t    Tensor
-		}{{"k_cache", p.K}, {"v_cache", p.V}} {
-			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, p.New.Seqlen > 0); err != nil {
-				return err
-			}
-		}
-	}
-
 	w := p.Window
 	switch {
 	case w.Enabled && (w.Left < -1 || w.Right < -1):
@@ -215,7 +219,45 @@ func (p *Problem) validateServing(op string) error {
 		return invalid(op, "k", fmt.Sprintf("seqlen_new %d; must not be negative", n))
 	case n > s.SeqlenCache:
 		return invalid(op, "k", fmt.Sprintf("%d new tokens (k.shape[1]) exceed seqlen_cache=%d", n, s.SeqlenCache))
-	case n > 0:
+	}
+	return p.Rotary.validate(op, n, s.HeadDim)
+}
+
+// validateServingStrides is validateServing's part for the strides: the
+// paged cache's within the serving kernels' 32-bit page addressing, the
+// caches' at their real extents, and the new tokens'.
+func (p *Problem) validateServingStrides(op string) error {
+	s := p.Shape
+	if p.PageSize > 0 {
+		// The serving kernels address a key of a page in 32-bit pieces (a page's
+		// offset as page id times a 32-bit stride, the row's in 32 bits).
+		for _, c := range []struct {
+			name string
+			t    Tensor
+		}{{"k_cache", p.K}, {"v_cache", p.V}} {
+			switch {
+			case c.t.BatchStride > math.MaxUint32:
+				return unsupported(op, c.name, fmt.Sprintf("page stride %d elements; at most %d", c.t.BatchStride, uint32(math.MaxUint32)))
+			case int64(p.PageSize)*c.t.SeqStride > math.MaxInt32:
+				return unsupported(op, c.name, fmt.Sprintf("a page of %d rows %d elements apart spans more than %d elements", p.PageSize, c.t.SeqStride, math.MaxInt32))
+			}
+		}
+	}
+	// The caches' strides at their real extents (ValidateLayout assumed
+	// (batch, seqlen_cache)), and with an append, which writes them, no two
+	// elements of one sharing an address (across the two: CheckPointers).
+	n := p.New.Seqlen
+	if rows, seq := p.cacheDims(); rows != s.Batch || seq != s.SeqlenCache || n > 0 {
+		for _, x := range [...]struct {
+			name string
+			t    Tensor
+		}{{"k_cache", p.K}, {"v_cache", p.V}} {
+			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, n > 0); err != nil {
+				return err
+			}
+		}
+	}
+	if n > 0 {
 		for _, x := range [...]struct {
 			name string
 			t    Tensor
@@ -225,7 +267,7 @@ func (p *Problem) validateServing(op string) error {
 			}
 		}
 	}
-	return p.Rotary.validate(op, n, s.HeadDim)
+	return nil
 }
 
 // cachesShareElements reports whether k_cache and v_cache, whose byte
@@ -328,13 +370,22 @@ func (p *Problem) checkServingPointers(op string) error {
 			return invalid(op, x.name, fmt.Sprintf("address %#x is not %d-byte aligned", x.addr, x.align))
 		}
 	}
-	if n := p.New.Seqlen; n > 0 && p.CacheSeqlens == 0 {
-		if p.Seqlen < 0 {
-			return invalid(op, "cache_seqlens", "required with k and v: the new tokens go after each sequence's cached ones")
-		}
-		if p.Seqlen+n > p.SeqlenCache {
-			return invalid(op, "cache_seqlens", fmt.Sprintf("%d + %d new tokens exceed seqlen_cache=%d", p.Seqlen, n, p.SeqlenCache))
-		}
+	if p.New.Seqlen > 0 && p.CacheSeqlens == 0 {
+		return p.checkAppendStart(op)
+	}
+	return nil
+}
+
+// checkAppendStart checks where an append without cache_seqlens writes:
+// every sequence at Seqlen, which must be given and leave room for the
+// new tokens.
+func (p *Problem) checkAppendStart(op string) error {
+	n := p.New.Seqlen
+	if p.Seqlen < 0 {
+		return invalid(op, "cache_seqlens", "required with k and v: the new tokens go after each sequence's cached ones")
+	}
+	if p.Seqlen+n > p.SeqlenCache {
+		return invalid(op, "cache_seqlens", fmt.Sprintf("%d + %d new tokens exceed seqlen_cache=%d", p.Seqlen, n, p.SeqlenCache))
 	}
 	return nil
 }

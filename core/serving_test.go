@@ -50,15 +50,19 @@ func allProblem() Problem {
 	return p
 }
 
+// problemCase is a validation case: a fixture, an edit of it, and the
+// argument and sentinel the error must carry ("" and nil: valid).
+type problemCase struct {
+	name string
+	base func() Problem
+	edit func(*Problem)
+	arg  string
+	want error
+}
+
 func TestServingValidate(t *testing.T) {
 	plain := validProblem
-	tests := []struct {
-		name string
-		base func() Problem
-		edit func(*Problem)
-		arg  string // "" means valid
-		want error
-	}{
+	tests := []problemCase{
 		{"plain", plain, func(p *Problem) {}, "", nil},
 		{"paged", pagedProblem, func(p *Problem) {}, "", nil},
 		{"paged, page 1", pagedProblem, func(p *Problem) { p.PageSize, p.MaxPages, p.K.BatchStride, p.V.BatchStride = 1, 4096, 1024, 1024 }, "", nil},
@@ -182,10 +186,58 @@ func TestServingValidate(t *testing.T) {
 			p := tt.base()
 			tt.edit(&p)
 			err := p.Validate()
-			checkErr(t, err, tt.arg, tt.want)
-			if err != nil && !strings.HasPrefix(err.Error(), "flashdecode: decode: ") {
-				t.Errorf("error %q does not name the decode operation", err)
+			checkOpErr(t, err, "decode", tt.arg, tt.want)
+			// What ValidateSizes refuses, Validate refuses for the same argument.
+			var se, ve *Error
+			if serr := p.ValidateSizes(); serr != nil &&
+				(!errors.As(serr, &se) || !errors.As(err, &ve) || se.Arg != ve.Arg || se.Err != ve.Err) {
+				t.Errorf("ValidateSizes: %v; Validate: %v", serr, err)
 			}
+		})
+	}
+}
+
+// checkOpErr is checkErr for an error that must also name operation op.
+func checkOpErr(t *testing.T, err error, op, arg string, want error) {
+	t.Helper()
+	checkErr(t, err, arg, want)
+	if err != nil && !strings.HasPrefix(err.Error(), "flashdecode: "+op+": ") {
+		t.Errorf("error %q does not name the %s operation", err, op)
+	}
+}
+
+// TestValidateSizes checks what a workspace query refuses before the
+// tensors exist: ValidateSizes reads no stride and no address.
+func TestValidateSizes(t *testing.T) {
+	bare := func(base func() Problem) func() Problem {
+		return func() Problem {
+			p := base()
+			p.Q, p.K, p.V, p.Out, p.New.K, p.New.V = Tensor{}, Tensor{}, Tensor{}, Tensor{}, Tensor{}, Tensor{}
+			p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes, p.CacheSeqlens = 0, 0, 0, 0, 0
+			p.Rotary.Cos, p.Rotary.Sin = 0, 0
+			p.DeviceLengths = base().CacheSeqlens != 0
+			return p
+		}
+	}
+	tests := []problemCase{
+		{"plain", bare(validProblem), func(p *Problem) {}, "", nil},
+		{"paged", bare(pagedProblem), func(p *Problem) {}, "", nil},
+		{"every feature", bare(allProblem), func(p *Problem) {}, "", nil},
+		{"append at an int length", bare(appendProblem), func(p *Problem) { p.DeviceLengths, p.Seqlen = false, 4093 }, "", nil},
+		{"headdim 100", bare(validProblem), func(p *Problem) { p.HeadDim = 100 }, "headdim", ErrUnsupported},
+		{"page_size -5", bare(pagedProblem), func(p *Problem) { p.PageSize = -5 }, "page_size", ErrInvalid},
+		{"seqlen_cache not max_pages*page_size", bare(pagedProblem), func(p *Problem) { p.MaxPages = 3 }, "seqlen_cache", ErrInvalid},
+		{"window (-7, -9)", bare(validProblem), func(p *Problem) { p.Window = Window{Enabled: true, Left: -7, Right: -9} }, "window_size", ErrInvalid},
+		{"softcap -3", bare(validProblem), func(p *Problem) { p.Softcap = -3 }, "softcap", ErrInvalid},
+		{"rotary_dim 24", bare(appendProblem), func(p *Problem) { p.Rotary.Dim = 24 }, "rotary_dim", ErrUnsupported},
+		{"append past the int length", bare(appendProblem), func(p *Problem) { p.DeviceLengths, p.Seqlen = false, 4094 }, "cache_seqlens", ErrInvalid},
+		{"append with no lengths", bare(appendProblem), func(p *Problem) { p.DeviceLengths, p.Seqlen = false, -1 }, "cache_seqlens", ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := tt.base()
+			tt.edit(&p)
+			checkOpErr(t, p.ValidateSizes(), "plan", tt.arg, tt.want)
 		})
 	}
 }

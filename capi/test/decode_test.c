@@ -125,7 +125,14 @@ static void test_plan_json(void) {
     rc = fd_plan_json(&a, buf, need, NULL);
     CHECK(rc == FD_OK && buf[0] == '{' && strlen(buf) + 1 == need, "json rc %d: %s", rc, buf);
     CHECK(strstr(buf, "\"num_splits\"") && strstr(buf, "\"workspace_bytes\""), "json fields: %s", buf);
+    // A capacity past INT64_MAX ("large enough") is large enough.
+    rc = fd_plan_json(&a, buf, SIZE_MAX, NULL);
+    CHECK(rc == FD_OK && buf[0] == '{', "buf_size SIZE_MAX: rc %d (%s)", rc, fd_last_error());
     free(buf);
+    // NULL with a size is a mistake, not a size query.
+    rc = fd_plan_json(&a, NULL, 4096, NULL);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), ": buf: "), "NULL buf of 4096 bytes: rc %d \"%s\"", rc,
+          fd_last_error());
 }
 
 // expect_error calls fd_plan and fd_workspace_size on a and checks both fail with code
@@ -144,7 +151,7 @@ static void test_errors(void) {
     fd_args a = shape_args();
     a.heads_q = 12;
     a.heads_kv = 5;
-    expect_error("heads 12/5", a, FD_ERR_INVALID, "nheads_q");
+    expect_error("heads 12/5", a, FD_ERR_INVALID, ": heads_q: ");
     a = shape_args();
     a.batch = -3;
     expect_error("batch -3", a, FD_ERR_INVALID, "batch");
@@ -156,7 +163,11 @@ static void test_errors(void) {
     expect_error("num_splits -1", a, FD_ERR_INVALID, "num_splits");
     a = shape_args();
     a.head_dim = 512;
-    expect_error("head_dim 512", a, FD_ERR_UNSUPPORTED, "headdim");
+    expect_error("head_dim 512", a, FD_ERR_UNSUPPORTED, ": head_dim: ");
+    // Errors name fd_args' fields: without cache_seqlens the lengths are seqlen.
+    a = shape_args();
+    a.seqlen = a.seqlen_cache + 1;
+    expect_error("seqlen past the cache", a, FD_ERR_INVALID, ": seqlen: ");
 
     fd_plan_info p;
     int rc = fd_plan(NULL, &p);
@@ -180,16 +191,19 @@ static void test_errors(void) {
     CHECK(rc == FD_OK && fd_last_error()[0] == '\0', "plan after errors: %d \"%s\"", rc, fd_last_error());
 }
 
-// Without a device, asking about device 0 (or a nonsense one) is an error, not a crash.
+// Without a device, asking about device 0 (or a nonsense one) is an error, not a crash:
+// FD_ERR_INVALID naming the function's operation and the device.
 static void test_no_device(void) {
     fd_args a = shape_args();
     fd_plan_info p;
     a.device = 0;
     int rc = fd_plan(&a, &p);
-    CHECK(rc != FD_OK && fd_last_error()[0] != '\0', "plan on missing device 0: %d \"%s\"", rc, fd_last_error());
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), ": plan: device: "), "plan on missing device 0: %d \"%s\"",
+          rc, fd_last_error());
     a.device = 999;
     rc = fd_plan(&a, &p);
-    CHECK(rc != FD_OK && strstr(fd_last_error(), "device"), "plan on device 999: %d \"%s\"", rc, fd_last_error());
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), ": plan: device: "), "plan on device 999: %d \"%s\"", rc,
+          fd_last_error());
 }
 
 static void *fail_in_thread(void *arg) {
@@ -272,6 +286,7 @@ static void test_serving_plan(void) {
     // blocks an SM where the plain plan fills one (b=1, 32/8 heads, 32K
     // tokens on an H200: 32 splits against 16).
     paged(&a, &s);
+    s.num_pages = s.max_pages = a.seqlen_cache / s.page_size;
     rc = fd_plan_serving(&a, &s, &p);
     CHECK(rc == FD_OK && strcmp(p.kernel, "fd_split_kv_paged_f16_d128_r16") == 0 && q.num_splits == 16 &&
               p.num_splits == 32 && p.grid[0] == 32 && p.threads == q.threads,
@@ -318,8 +333,48 @@ static void test_serving_plan(void) {
     a = shape_args();
     s.seqlen_new = a.seqlen_cache + 1;
     rc = fd_workspace_size_serving(&a, &s, &ws);
-    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), ": k:"), "seqlen_new past the cache: %d \"%s\"", rc,
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), ": k_new:"), "seqlen_new past the cache: %d \"%s\"", rc,
           fd_last_error());
+
+    // The size queries refuse what fd_decode_serving refuses whatever the tensors.
+    struct {
+        const char *what, *arg;
+        fd_serving s;
+        int seqlen;
+    } bad[6];
+    memset(bad, 0, sizeof bad);
+    bad[0].what = "page_size -5", bad[0].arg = "page_size", bad[0].s.page_size = -5;
+    bad[1].what = "window (-7, -9)", bad[1].arg = "window", bad[1].s.window = 1;
+    bad[1].s.window_left = -7, bad[1].s.window_right = -9;
+    bad[2].what = "softcap -3", bad[2].arg = "softcap", bad[2].s.softcap = -3;
+    bad[3].what = "max_pages * page_size != seqlen_cache", bad[3].arg = "seqlen_cache";
+    bad[3].s.page_size = 16, bad[3].s.num_pages = 600, bad[3].s.max_pages = 3;
+    appending(&bad[4].s);
+    bad[4].what = "an append past the cache", bad[4].arg = "seqlen", bad[4].seqlen = 4094;
+    appending(&bad[5].s);
+    bad[5].what = "an append with no lengths", bad[5].arg = "seqlen", bad[5].seqlen = -1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        a = shape_args();
+        a.seqlen_cache = 4096;
+        a.seqlen = bad[i].seqlen;
+        char want[64];
+        snprintf(want, sizeof want, ": %s: ", bad[i].arg);
+        rc = fd_workspace_size_serving(&a, &bad[i].s, &ws);
+        CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), want), "%s: fd_workspace_size_serving %d \"%s\"",
+              bad[i].what, rc, fd_last_error());
+        rc = fd_plan_serving(&a, &bad[i].s, &p);
+        CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), want), "%s: fd_plan_serving %d \"%s\"", bad[i].what, rc,
+              fd_last_error());
+    }
+
+    // fd_plan_json_serving shows the serving plan whole: its append kernel and q_rot_offset.
+    memset(&s, 0, sizeof s);
+    a = serving_args();
+    a.num_splits = 40;
+    appending(&s);
+    rc = fd_plan_json_serving(&a, &s, json, sizeof json, NULL);
+    CHECK(rc == FD_OK && strstr(json, "\"append\":\"fd_append_kv") && strstr(json, "\"q_rot_offset\":"),
+          "fd_plan_json_serving: rc %d %s (%s)", rc, json, fd_last_error());
 }
 
 // expect_serving_error calls fd_decode_serving on a and s and checks it fails with code
@@ -348,7 +403,7 @@ static void test_serving_errors(void) {
     expect_serving_error("seqlen_cache not max_pages * page_size", pa, e, FD_ERR_INVALID, "seqlen_cache");
     e = ps;
     e.num_pages = 0;
-    expect_serving_error("no pages", pa, e, FD_ERR_INVALID, "k_cache");
+    expect_serving_error("no pages", pa, e, FD_ERR_INVALID, "k");
     e = ps;
     e.block_table = 0;
     expect_serving_error("paged without block_table", pa, e, FD_ERR_INVALID, "block_table");
@@ -365,7 +420,7 @@ static void test_serving_errors(void) {
     e = s;
     e.window = 1;
     e.window_left = -2;
-    expect_serving_error("window_size (-2, 0)", a, e, FD_ERR_INVALID, "window_size");
+    expect_serving_error("window_size (-2, 0)", a, e, FD_ERR_INVALID, "window");
     e = s;
     e.softcap = -1;
     expect_serving_error("softcap -1", a, e, FD_ERR_INVALID, "softcap");
@@ -374,10 +429,10 @@ static void test_serving_errors(void) {
     expect_serving_error("alibi_slopes misaligned", a, e, FD_ERR_INVALID, "alibi_slopes");
     e = as;
     e.k_new.seq_stride = 1020;
-    expect_serving_error("k stride", a, e, FD_ERR_UNSUPPORTED, "k");
+    expect_serving_error("k stride", a, e, FD_ERR_UNSUPPORTED, "k_new");
     e = as;
     e.v_new.ptr = 0;
-    expect_serving_error("v null", a, e, FD_ERR_INVALID, "v");
+    expect_serving_error("v null", a, e, FD_ERR_INVALID, "v_new");
     e = as;
     e.rotary_dim = 24;
     expect_serving_error("rotary_dim 24", a, e, FD_ERR_UNSUPPORTED, "rotary_dim");
@@ -389,7 +444,7 @@ static void test_serving_errors(void) {
     expect_serving_error("rotary without an append", a, e, FD_ERR_INVALID, "rotary_cos");
     fd_args b = a;
     b.cache_seqlens = 0;
-    expect_serving_error("append without cache_seqlens", b, as, FD_ERR_INVALID, "cache_seqlens");
+    expect_serving_error("append without cache_seqlens", b, as, FD_ERR_INVALID, "seqlen");
 }
 
 // Without a device, every serving feature at once passes the checks and stops there.

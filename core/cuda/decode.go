@@ -13,9 +13,11 @@ import (
 // plan runs the combine kernel or rotates q), 16-byte aligned and apart
 // from p's tensors (core.Problem.CheckWorkspace); its contents need no
 // initialization. With new tokens (p.New) it first writes them into the
-// cache. Decode never
-// synchronizes with the host and allocates no device memory: out and the
-// optional LSE are ready when the stream reaches this point.
+// cache. Decode never synchronizes with the host and allocates no device
+// memory: out and the optional LSE are ready when the stream reaches this
+// point. The first call that names a device (PlanFor's too) opens it:
+// retains its primary context and loads the kernels, which allocates, so
+// make one before capturing a CUDA graph.
 func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, stream uintptr) (core.Plan, error) {
 	if err := p.Validate(); err != nil {
 		return core.Plan{}, err
@@ -26,7 +28,7 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 // run plans (from the device's cache) and launches a problem whose layout
 // and pointers are valid: the launch path Decode and Prepared.Run share.
 func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, stream uintptr) (core.Plan, error) {
-	d, err := getDevice(device)
+	d, err := getDevice("decode", device)
 	if err != nil {
 		return core.Plan{}, err
 	}
@@ -35,9 +37,13 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 		return core.Plan{}, err
 	}
 	pl := &pd.plan
-	if workspaceBytes < pl.WorkspaceBytes || (pl.WorkspaceBytes > 0 && workspace == 0) {
+	switch {
+	case workspaceBytes < pl.WorkspaceBytes:
 		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
 			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
+	case pl.WorkspaceBytes > 0 && workspace == 0:
+		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
+			Msg: fmt.Sprintf("null device pointer; the plan needs %d bytes", pl.WorkspaceBytes), Err: core.ErrInvalid}
 	}
 	if err := p.CheckWorkspace(workspace, pl.WorkspaceBytes); err != nil {
 		return core.Plan{}, err
@@ -69,7 +75,7 @@ func PlanFor(s core.Shape, device int) (core.Plan, error) {
 	if device < 0 {
 		return core.MakePlan(s, core.H200)
 	}
-	d, err := getDevice(device)
+	d, err := getDevice("plan", device)
 	if err != nil {
 		return core.Plan{}, err
 	}

@@ -24,7 +24,7 @@ func gpu(t *testing.T) *device {
 	}
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
-	d, err := getDevice(0)
+	d, err := getDevice("decode", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

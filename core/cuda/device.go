@@ -57,10 +57,11 @@ var (
 	initMu  sync.Mutex
 )
 
-// getDevice returns the state of GPU ordinal, initializing it on first use.
-func getDevice(ordinal int) (*device, error) {
+// getDevice returns the state of GPU ordinal, initializing it on first use;
+// op names the caller's operation in its errors.
+func getDevice(op string, ordinal int) (*device, error) {
 	if ordinal < 0 || ordinal >= maxDevices {
-		return nil, &core.Error{Op: "decode", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d", ordinal), Err: core.ErrInvalid}
+		return nil, &core.Error{Op: op, Arg: "device", Msg: fmt.Sprintf("no CUDA device %d", ordinal), Err: core.ErrInvalid}
 	}
 	if d := devices[ordinal].Load(); d != nil {
 		return d, nil
@@ -70,7 +71,7 @@ func getDevice(ordinal int) (*device, error) {
 	if d := devices[ordinal].Load(); d != nil {
 		return d, nil
 	}
-	d, err := openDevice(ordinal)
+	d, err := openDevice(op, ordinal)
 	if err != nil {
 		return nil, err
 	}
@@ -82,13 +83,13 @@ func getDevice(ordinal int) (*device, error) {
 // the caller's allocations live in the primary one), loads the fatbin and
 // looks up every kernel variant. Where it fails it unloads the module and
 // releases the context again, so that the next call starts afresh.
-func openDevice(ordinal int) (_ *device, err error) {
+func openDevice(op string, ordinal int) (_ *device, err error) {
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: counting CUDA devices: %w", err)
 	}
 	if ordinal >= n {
-		return nil, &core.Error{Op: "decode", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d (%d present)", ordinal, n), Err: core.ErrInvalid}
+		return nil, &core.Error{Op: op, Arg: "device", Msg: fmt.Sprintf("no CUDA device %d (%d present)", ordinal, n), Err: core.ErrInvalid}
 	}
 	dev := cu.Device(ordinal)
 	ctx, err := dev.RetainPrimaryCtx()

@@ -176,7 +176,7 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 	_, r, pl := preparedSplitCall(t, 4096)
 	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, LSE: 3 * gib, CacheSeqlens: 4 * gib, Seqlen: -1,
 		Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
-	d, err := getDevice(0)
+	d, err := getDevice("decode", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -159,7 +159,7 @@ func BenchmarkPreparedRun(b *testing.B) {
 			// A sub-benchmark runs on its own goroutine: lock it, make the context current.
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			d, err := getDevice(0)
+			d, err := getDevice("decode", 0)
 			if err != nil {
 				b.Fatal(err)
 			}
