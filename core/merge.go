@@ -226,7 +226,7 @@ func checkMergePointer(name, what string, ptr uintptr, size, cols int) error {
 		if cols == 1 {
 			return invalid(mergeOp, name, fmt.Sprintf("%saddress %#x is not %d-byte aligned", what, ptr, align))
 		}
-		return unsupported(mergeOp, name, fmt.Sprintf("%saddress %#x is not %d-byte aligned; the kernel loads %d elements at a time (a .contiguous() copy is aligned)", what, ptr, align, mergeVectorElems))
+		return unsupported(mergeOp, name, fmt.Sprintf("%saddress %#x is not %d-byte aligned; the kernel loads %d elements at a time (a fresh tensor, such as a .clone(), is aligned)", what, ptr, align, mergeVectorElems))
 	}
 	return nil
 }

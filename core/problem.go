@@ -292,7 +292,7 @@ func (p *Problem) CheckPointers() error {
 			return invalid(op, x.name, "null device pointer")
 		}
 		if x.ptr%16 != 0 {
-			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a .contiguous() copy is aligned)", x.ptr))
+			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a fresh tensor, such as a .clone(), is aligned)", x.ptr))
 		}
 	}
 	if p.LSE%4 != 0 {

@@ -365,7 +365,7 @@ func (p *Problem) checkServingPointers(op string) error {
 		case x.on && x.addr == 0:
 			return invalid(op, x.name, "null device pointer")
 		case x.addr%x.align != 0 && x.align == 16:
-			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a .contiguous() copy is aligned)", x.addr))
+			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a fresh tensor, such as a .clone(), is aligned)", x.addr))
 		case x.addr%x.align != 0:
 			return invalid(op, x.name, fmt.Sprintf("address %#x is not %d-byte aligned", x.addr, x.align))
 		}

@@ -23,7 +23,8 @@ reported, not failed). Tokens/s are printed for both runs.
 
 ``--decode sdpa-paged`` replaces flash_decode by ``paged_decode_torch``, a plain
 torch function with the same arguments (rotate, write through the block table,
-gather the pages, SDPA), which is what makes the example run on a CPU.
+gather the pages, SDPA), which is what makes the example run on a CPU; the
+second part below then uses its torch stand-in too.
 
 If transformers is importable, a second part registers flash_decode as an
 attention implementation through transformers' AttentionInterface, builds a tiny
@@ -401,9 +402,11 @@ def set_attention(model, name):
         model.config._attn_implementation = name
 
 
-def run_transformers(device="cuda", tokens=64, dtype=None, seed=0, tie_tol=None, log=print):
+def run_transformers(device="cuda", tokens=64, dtype=None, seed=0, tie_tol=None, log=print, decode_with=None):
     """The second part: returns None when transformers is not installed, else a
-    dict with both generations and the comparison."""
+    dict with both generations and the comparison. decode_with as in run:
+    "flash" (the default on CUDA) registers flash_decode, anything else its
+    torch stand-in."""
     try:
         import transformers
         from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
@@ -416,7 +419,9 @@ def run_transformers(device="cuda", tokens=64, dtype=None, seed=0, tie_tol=None,
         dtype = torch.float16 if device.type == "cuda" else torch.float32
     if tie_tol is None:
         tie_tol = default_tie_tol(dtype)
-    if device.type == "cuda":
+    if decode_with is None:
+        decode_with = "flash" if device.type == "cuda" else "sdpa-paged"
+    if decode_with == "flash":
         from flash_decode import flash_decode as decode_fn
     else:
         decode_fn = dense_decode_torch
@@ -471,7 +476,8 @@ def main(argv=None):
                              "paged decode (the default on a CPU)")
     parser.add_argument("--tokens", type=int, default=256, help="tokens to decode per sequence")
     parser.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default=None,
-                        help="default: fp16 on CUDA, fp32 on a CPU")
+                        help="default: fp16 on CUDA, fp32 on a CPU (fp32 needs --decode sdpa-paged: "
+                             "flash_decode takes fp16 and bf16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tie-tol", type=float, default=None,
                         help="logit gap under which a different greedy token counts as a numerical tie "
@@ -480,11 +486,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.decode == "flash" and args.device == "cpu":
         parser.error("--decode flash needs --device cuda")
+    if args.dtype == "fp32" and (args.decode or ("flash" if args.device != "cpu" else "")) == "flash":
+        parser.error("--dtype fp32 needs --decode sdpa-paged: flash_decode takes fp16 and bf16")
     dtype = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     result = run(args.device, args.decode, args.tokens, dtype, args.seed, tie_tol=args.tie_tol)
     ok = result["mismatches"] == 0
     if not args.no_transformers:
-        hf = run_transformers(args.device, min(args.tokens, 64), dtype, args.seed, tie_tol=args.tie_tol)
+        hf = run_transformers(args.device, min(args.tokens, 64), dtype, args.seed, tie_tol=args.tie_tol,
+                              decode_with=args.decode)
         ok = ok and (hf is None or hf["mismatches"] == 0)
     return 0 if ok else 1
 

@@ -73,7 +73,8 @@ def test_parse_args_options():
 
 @pytest.mark.parametrize("argv", [["--peers", "cudnn,magic"], ["--dtypes", "fp8"], ["--shapes", "q=1"],
                                   ["--num-splits", "1,x"], ["--num-splits", "-1"], ["--num-splits", ","],
-                                  ["--settle", "-1"], ["--settle", "nan"], ["--settle", "inf"], ["--settle", "soon"]])
+                                  ["--settle", "-1"], ["--settle", "nan"], ["--settle", "inf"], ["--settle", "soon"],
+                                  ["--repeats", "0"], ["--repeats", "-3"], ["--repeats", "2.5"]])
 def test_parse_args_errors_exit(argv, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
@@ -301,16 +302,17 @@ def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys,
         assert "matplotlib is not installed" in printed
 
 
-@pytest.mark.parametrize("page", [1, 16])
-def test_serving_dense_gathers_the_pages(page):
-    # The serving cases check a paged call against one on the same keys gathered contiguous.
+@pytest.mark.parametrize("page, L", [(1, 64), (16, 64), (16, 50)])
+def test_serving_dense_gathers_the_pages(page, L):
+    # The serving cases check a paged call against one on the same keys gathered contiguous
+    # (an L that is not a multiple of the page size: the last page's first keys).
     from serving_ref import make_paged
     k = torch.randn(3, 64, 2, 8)
     v = torch.randn_like(k)
     kp, vp, table = make_paged(k, v, page, generator=torch.Generator().manual_seed(page))
-    gk, gv = bench.dense((kp, vp, table), 3, 64)
-    torch.testing.assert_close(gk, k, rtol=0, atol=0)
-    torch.testing.assert_close(gv, v, rtol=0, atol=0)
+    gk, gv = bench.dense((kp, vp, table), 3, L)
+    torch.testing.assert_close(gk, k[:, :L], rtol=0, atol=0)
+    torch.testing.assert_close(gv, v[:, :L], rtol=0, atol=0)
 
 
 def test_serving_dense_slices_a_larger_capacity():

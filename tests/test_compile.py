@@ -214,6 +214,40 @@ def test_compiled_call_refuses_what_eager_refuses(cpu_ops, case_id, make_out, kw
         compiled(a["q"], a["k_cache"], a["v_cache"], a["lens"], out)
 
 
+@pytest.mark.parametrize("kwargs, exc, pattern", [
+    (dict(num_splits=True), TypeError, "num_splits must be an int, got bool"),
+    (dict(num_splits=2.0), TypeError, "num_splits must be an int, got float"),
+    (dict(softmax_scale=True), TypeError, "softmax_scale must be a float or None, got bool"),
+    (dict(softmax_scale="0.1"), TypeError, "softmax_scale must be a float or None, got str"),
+    (dict(softcap=True), TypeError, "softcap must be a float, got bool"),
+    (dict(window_size=(True, -1)), TypeError, "window_size must be an int, got bool"),
+    (dict(window_size=(4.0, 0)), TypeError, "window_size must be an int, got float"),
+    (dict(max_seqlen_k=True), TypeError, "max_seqlen_k must be an int, got bool"),
+    (dict(cache_seqlens=[3, 7]), TypeError, "cache_seqlens must be None, an int or an int32 tensor"),
+    (dict(q=torch.zeros(B, HQ, D, dtype=torch.float16)), ValueError, "q must have 4 dimensions"),
+    (dict(q=torch.zeros(B, 17, HQ, D, dtype=torch.float16)), NotImplementedError, "seqlen_q: not supported"),
+], ids=lambda x: None if isinstance(x, (dict, type)) else x.split(",")[0][:24])
+def test_compiled_call_checks_arguments_at_trace_time(cpu_ops, kwargs, exc, pattern):
+    """The ops' schemas would convert True to 1 and 1.0, and a wrong type or
+    rank would fail inside the fake kernel: the traced call refuses each as
+    the eager call does, before any op runs (fullgraph: no eager fallback)."""
+    a = inputs()
+    kwargs = dict(kwargs)
+    q = kwargs.pop("q", a["q"])
+    lens = kwargs.pop("cache_seqlens", a["lens"])
+
+    def step(q, k_cache, v_cache):
+        return flash_decode.flash_decode(q, k_cache, v_cache, cache_seqlens=lens, **kwargs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=pattern) as raised:
+        compiled(q, a["k_cache"], a["v_cache"])
+    # fullgraph wraps the error in dynamo's own, which shows it as raised.
+    assert isinstance(raised.value, exc) or f"{exc.__name__}(" in str(raised.value), raised.value
+    assert cpu_ops == {"decode": 0, "decode_append": 0}
+
+
 def test_eager_calls_do_not_go_through_the_ops(cpu_ops, fake_binding):
     a = inputs()
     flash_decode.flash_decode(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=a["lens"])

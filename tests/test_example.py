@@ -72,3 +72,12 @@ def test_transformers_part(example):
 def test_flash_needs_cuda(example):
     with pytest.raises(SystemExit):
         example.main(["--device", "cpu", "--decode", "flash"])
+
+
+@pytest.mark.parametrize("argv", [["--device", "cuda", "--dtype", "fp32"],
+                                  ["--device", "cuda", "--decode", "flash", "--dtype", "fp32"]])
+def test_fp32_needs_the_torch_decode(example, argv, capsys):
+    # flash_decode takes fp16 and bf16: refused before the model is built, not at the first step.
+    with pytest.raises(SystemExit):
+        example.main(argv)
+    assert "--dtype fp32 needs --decode sdpa-paged" in capsys.readouterr().err

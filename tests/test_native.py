@@ -90,6 +90,11 @@ def test_plan_checks_arguments_first():
     # The Go core reads a negative length as "the whole cache": Python refuses one.
     with pytest.raises(ValueError, match="^seqlen=-2 must not be negative"):
         flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen=-2)
+    # -1 is the default device; other negative indices and bools are mistakes.
+    with pytest.raises(ValueError, match="^device=-2 must be a CUDA device index"):
+        flash_decode.plan(1, 1, 32, 8, 128, 1024, device=-2)
+    with pytest.raises(TypeError, match="^device must be an int, a str or a torch.device, got bool"):
+        flash_decode.plan(1, 1, 32, 8, 128, 1024, device=True)
 
 
 def launch_on_fake_device(script, tmp_path):

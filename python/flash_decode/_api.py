@@ -252,7 +252,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     seqlen, seqlens = -1, 0
     if workspaces is not None:  # an int cache_seqlens
         if max_seqlen_k is not None:
-            raise ValueError("max_seqlen_k is for a cache_seqlens tensor: an int cache_seqlens is planned by itself")
+            _check_bound(max_seqlen_k, cache_seqlens)
         seqlen = cache_seqlens
         workspace_bytes = workspaces.get(seqlen)
         if workspace_bytes is None:
@@ -261,14 +261,13 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         seqlens = cache_seqlens.data_ptr()
         if max_seqlen_k is not None:
             if type(max_seqlen_k) is not int:  # every call: as dict keys True == 1
-                raise TypeError(f"max_seqlen_k must be an int, got {type(max_seqlen_k).__name__}")
+                _check_bound(max_seqlen_k, cache_seqlens)
             hinted = hints[0].get(max_seqlen_k)
             if hinted is None:
                 hinted = _hint(max_seqlen_k, hints, workspace_fn, handle)
             seqlen, workspace_bytes = hinted
     elif max_seqlen_k is not None:
-        raise ValueError("max_seqlen_k needs cache_seqlens as a tensor: without cache_seqlens every sequence "
-                         "attends the whole cache")
+        _check_bound(max_seqlen_k, cache_seqlens)
     if out is None:
         # A plain empty_like keeps q's strides, which are the contiguous ones
         # the layout was registered with when q_contiguous; it is 0.2 us
@@ -692,6 +691,20 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
 _CORE_ERROR = re.compile(r"flashdecode: \w+: (?:\w+: )?(invalid argument|not supported)\b")
 
 
+def _check_bound(max_seqlen_k, cache_seqlens):
+    """Refuse a max_seqlen_k that is not None or an int, or that comes
+    without a cache_seqlens tensor (its value is checked when planned)."""
+    if max_seqlen_k is None:
+        return
+    if type(max_seqlen_k) is not int:
+        raise TypeError(f"max_seqlen_k must be an int, got {type(max_seqlen_k).__name__}")
+    if type(cache_seqlens) is int:
+        raise ValueError("max_seqlen_k is for a cache_seqlens tensor: an int cache_seqlens is planned by itself")
+    if cache_seqlens is None:
+        raise ValueError("max_seqlen_k needs cache_seqlens as a tensor: without cache_seqlens every sequence "
+                         "attends the whole cache")
+
+
 def _check_window(window_size):
     """window_size as a list of two ints (the Go core checks their values)."""
     if not isinstance(window_size, (tuple, list)):
@@ -714,9 +727,14 @@ def _translate(err):
 
 
 def _device_index(device):
+    """plan()'s device as an index (-1: the default H200-like device)."""
     if device is None:
         return torch.cuda.current_device()
-    if isinstance(device, int) and not isinstance(device, bool):
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}")
+    if isinstance(device, int):
+        if device < -1:
+            raise ValueError(f"device={device} must be a CUDA device index, or -1 for the default device")
         return device
     device = torch.device(device)
     if device.type != "cuda":

@@ -34,7 +34,13 @@ def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, .
     as one kernel on ``torch.cuda.current_stream()`` of the inputs' device,
     with no host synchronization and no allocation besides the two outputs
     (and a stacked copy of a list that cannot be passed as it is, see
-    below), so it can be captured in a CUDA graph. It is not differentiable.
+    below), so it can be captured in a CUDA graph. It is not differentiable,
+    and not a custom op: under torch.compile it is a graph break.
+
+    FlashInfer's ``merge_states(v, s)`` takes the states in dimension 1
+    (``(seq_len, num_states, ...)``); here they are dimension 0: pass
+    ``v.movedim(1, 0), s.movedim(1, 0)``. LSEs here are natural logs:
+    multiply base-2 ones (as some kernels return them) by ``math.log(2)``.
 
     Args:
         outs: the states' outputs: a tensor ``(num_states, *rows, headdim)``,
@@ -45,7 +51,8 @@ def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, .
             dimensions that step together are joined (any contiguous or
             transposed layout of up to 3 dimensions does); strides that are
             multiples of 4 elements and addresses aligned to 4 elements (a
-            .contiguous() tensor is). A list of more than 8 tensors, or of
+            freshly allocated tensor is; a view at an odd offset may not be,
+            and its .clone() is). A list of more than 8 tensors, or of
             tensors with different strides, is stacked into a new tensor
             first.
         lses: their float32 LSEs, natural log: a tensor ``(num_states,
@@ -109,7 +116,7 @@ def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
         >>> out_a, out_b = (torch.randn(4, 32, 128, device="cuda") for _ in "ab")
         >>> lse_a, lse_b = (torch.randn(4, 32, device="cuda") for _ in "ab")
         >>> out, lse = flash_decode.merge_state(out_a, lse_a, out_b, lse_b)
-        >>> torch.allclose(lse, torch.logaddexp(lse_a, lse_b))
+        >>> torch.allclose(lse, torch.logaddexp(lse_a, lse_b), atol=1e-5)
         True
     """
     return _merge((out_a, out_b), (lse_a, lse_b), ("out_a", "out_b"), ("lse_a", "lse_b"))

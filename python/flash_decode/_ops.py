@@ -73,17 +73,19 @@ def traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cac
            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
            num_splits, return_softmax_lse, out, max_seqlen_k=None):
     """flash_decode's arguments as one of the two ops (what torch.compile
-    traces). The ops' kernels check every argument when the graph runs; out=
-    is a copy of the op's result into out, so out is checked here, at trace
-    time, as an eager call checks it (a copy would cast or broadcast)."""
-    # The ops' schemas would take 1 for True: the flags are checked as an eager call checks them.
-    _api._check_bool("causal", causal)
-    if rotary_cos is not None:
-        _api._check_bool("rotary_interleaved", rotary_interleaved)
-    if out is not None:
-        _api._check_out(out, q)
-        if out.device != q.device:
-            raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
+    traces). The arguments are checked here, at trace time, as an eager call
+    checks them before its first launch: the ops' schemas would convert True
+    to 1 (or 1.0) and a wrong type or rank would fail inside the fake kernel
+    with the compiler's error, and out= is a copy of the op's result into
+    out, which would cast or broadcast. The ops' kernels check the rest
+    (values, devices) when the graph runs."""
+    _api._serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                         rotary_interleaved, alibi_slopes, num_splits, out)
+    _api._check_seqlen_q(q.shape[1])
+    _api._check_bound(max_seqlen_k, cache_seqlens)
+    if out is not None and out.device != q.device:
+        raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
     seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     window_left, window_right = window_size
     if k is None and v is None and rotary_cos is None and rotary_sin is None:

@@ -284,6 +284,16 @@ def _splits_arg(text):
     return values
 
 
+def _positive_arg(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
+    return value
+
+
 def _seconds_arg(text):
     try:
         value = float(text)
@@ -322,7 +332,7 @@ def parse_args(argv=None):
     p.add_argument("--peers", type=_csv_arg(PEERS), default=list(PEERS),
                    help=f"comma list of {','.join(PEERS)}, or none (default: all)")
     p.add_argument("--quick", action="store_true", help="a handful of shapes, for smoke tests")
-    p.add_argument("--repeats", type=int, default=20, help="graph replays per measurement (median)")
+    p.add_argument("--repeats", type=_positive_arg, default=20, help="graph replays per measurement (median)")
     p.add_argument("--out", type=Path, default=Path("flash-decode-bench"), help="output folder")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
@@ -709,15 +719,16 @@ def run_case(shape, dtype, peers, args):
 
 def serving_layers(shape, dtype, page, n, capacity=1):
     """n layers of (k_cache, v_cache, block_table or None) holding L keys per sequence:
-    contiguous (b, capacity * L, hkv, d), or paged (b * L / page pages in a random order)."""
+    contiguous (b, capacity * L, hkv, d), or paged (ceil(L / page) pages a sequence, in a
+    random order)."""
     b, _, hkv, d, L, _ = shape
     dt = DTYPES[dtype]
     layers = []
     for _ in range(n):
         if page:
-            pages = b * L // page
-            k = torch.randn(pages, page, hkv, d, device="cuda", dtype=dt)
-            table = torch.randperm(pages, device="cuda").to(torch.int32).view(b, L // page)
+            per_sequence = -(-L // page)
+            k = torch.randn(b * per_sequence, page, hkv, d, device="cuda", dtype=dt)
+            table = torch.randperm(b * per_sequence, device="cuda").to(torch.int32).view(b, per_sequence)
         else:
             k, table = torch.randn(b, capacity * L, hkv, d, device="cuda", dtype=dt), None
         layers.append((k, torch.randn_like(k), table))
@@ -730,7 +741,7 @@ def dense(layer, b, L):
     k, v, table = layer
     if table is None:
         return k[:, :L], v[:, :L]
-    return (x[table.long()].flatten(1, 2) for x in (k, v))
+    return (x[table.long()].flatten(1, 2)[:, :L] for x in (k, v))
 
 
 def run_serving_case(shape, dtype, case, repeats):
