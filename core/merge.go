@@ -119,8 +119,9 @@ func (p *MergeProblem) Launch() MergeLaunch {
 // (those of dimensions of size 1 are never used and not checked), multiples
 // of 4 elements for outs and out, element offsets that fit in 64 bits, one
 // pointer or one per state (at most 8); out and lse do not overlap
-// themselves. That out and lse do not overlap the inputs, and that the
-// memory is allocated on the right device, is the caller's part.
+// themselves, each other or any state's outs and lses (compared as byte
+// ranges, from an address to the end of its last element). That the memory
+// is allocated on the right device is the caller's part.
 func (p *MergeProblem) Validate() error {
 	const op = mergeOp
 	if p == nil {
@@ -162,7 +163,66 @@ func (p *MergeProblem) Validate() error {
 	if err := p.checkOutput("out", p.Out, size, p.HeadDim, true); err != nil {
 		return err
 	}
-	return p.checkOutput("lse", p.LSE, 4, 1, false)
+	if err := p.checkOutput("lse", p.LSE, 4, 1, false); err != nil {
+		return err
+	}
+	return p.checkOverlaps(size)
+}
+
+// checkOverlaps refuses an out or lse that shares a byte with the states
+// or with the other: each row's merge reads every state of that row only,
+// so a block writing its row into another row's state would race with it.
+func (p *MergeProblem) checkOverlaps(size int) error {
+	out := p.outputRange("out", p.Out, size, p.HeadDim)
+	lse := p.outputRange("lse", p.LSE, 4, 1)
+	if out.overlaps(lse) {
+		return invalid(mergeOp, "lse", "shares memory with out")
+	}
+	for _, in := range [...]struct {
+		name      string
+		in        MergeInput
+		size, col int
+	}{{"outs", p.Outs, size, p.HeadDim}, {"lses", p.LSEs, 4, 1}} {
+		for s := range in.in.NumPtrs {
+			r := p.inputRange(in.name, in.in, s, in.size, in.col)
+			for _, o := range [...]byteRange{out, lse} {
+				if o.overlaps(r) {
+					what := ""
+					if in.in.NumPtrs > 1 {
+						what = fmt.Sprintf(" (state %d)", s)
+					}
+					return invalid(mergeOp, o.name, fmt.Sprintf("shares memory with %s%s", in.name, what))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// lastOffset is the element offset of the last element of rows of cols
+// elements over dimensions of the given sizes and strides (Validate has
+// kept it within int64).
+func lastOffset(sizes []int, strides []int64, cols int) uint64 {
+	last := int64(cols - 1)
+	for i, n := range sizes {
+		last += int64(n-1) * strides[i]
+	}
+	return uint64(last)
+}
+
+// outputRange is the byte range of an output (empty when not wanted).
+func (p *MergeProblem) outputRange(name string, out MergeOutput, size, cols int) byteRange {
+	return spanOf(name, out.Ptr, lastOffset(p.Rows[:], out.Strides[:], cols)+1, size)
+}
+
+// inputRange is the byte range of pointer i of an input: state i's, or
+// every state's of a stacked input.
+func (p *MergeProblem) inputRange(name string, in MergeInput, i, size, cols int) byteRange {
+	last := lastOffset(p.Rows[:], in.Strides[:], cols)
+	if in.NumPtrs == 1 {
+		last += lastOffset([]int{p.NumStates}, []int64{in.StateStride}, 1)
+	}
+	return spanOf(name, in.Ptrs[i], last+1, size)
 }
 
 // checkInput checks one input of p whose rows hold cols elements of size

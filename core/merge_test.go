@@ -86,6 +86,16 @@ func TestMergeProblemValidate(t *testing.T) {
 		{"lse misaligned", func(p *MergeProblem) { p.LSE.Ptr += 1 }, ErrInvalid, "lse"},
 		{"lse overlap", func(p *MergeProblem) { p.LSE.Strides = [3]int64{8, 1, 1} }, ErrInvalid, "lse"},
 		{"lse negative", func(p *MergeProblem) { p.LSE.Strides[0] = -40 }, ErrInvalid, "lse"},
+		// What the merge writes shares no byte with what it reads, or with the other output.
+		{"out inside outs", func(p *MergeProblem) { p.Out.Ptr = 1<<20 + 64 }, ErrInvalid, "out"},
+		{"out right after outs", func(p *MergeProblem) { p.Out.Ptr = 1<<20 + 3*80*64*2 }, nil, ""},
+		{"lse on the lses", func(p *MergeProblem) { p.LSE.Ptr = 2 << 20 }, ErrInvalid, "lse"},
+		{"lse inside out", func(p *MergeProblem) { p.LSE.Ptr = 3<<20 + 4 }, ErrInvalid, "lse"},
+		{"out over list state 2", func(p *MergeProblem) {
+			p.Outs.NumPtrs, p.Outs.Ptrs[1], p.Outs.Ptrs[2], p.Outs.StateStride = 3, 5<<20, 6<<20, 0
+			p.Out.Ptr = 6<<20 + 128
+		}, ErrInvalid, "out"},
+		{"out over broadcast outs", func(p *MergeProblem) { p.Outs.StateStride, p.Out.Ptr = 0, 1<<20+80*64*2-8 }, ErrInvalid, "out"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -137,6 +147,7 @@ func TestMergeLaunch(t *testing.T) {
 	for _, tc := range tests {
 		p := validMerge()
 		p.DType, p.NumStates = tc.dtype, tc.states
+		p.Outs.StateStride, p.LSEs.StateStride = 0, 0 // every state at one address: no span reaches out
 		if err := p.Validate(); err != nil {
 			t.Fatal(err)
 		}

@@ -88,6 +88,10 @@ static void test_errors(void) {
     expect_error("out rows overlap", a, FD_ERR_INVALID, "out");
     a = valid_args(), a.lse_strides[0] = 0;
     expect_error("lse rows overlap", a, FD_ERR_INVALID, "lse");
+    a = valid_args(), a.out = a.outs.ptrs[1] + 256;
+    expect_error("out inside a state's outs", a, FD_ERR_INVALID, "out: invalid argument: shares memory with outs");
+    a = valid_args(), a.lse = a.lses.ptrs[0];
+    expect_error("lse on a state's lses", a, FD_ERR_INVALID, "lse: invalid argument: shares memory with lses");
     a = valid_args(), a.device = -1;
     expect_error("device -1", a, FD_ERR_INVALID, "device");
 
