@@ -377,12 +377,16 @@ func (p *Problem) spans() [14]byteRange {
 // k_cache and v_cache may interleave (one buffer of both), since the
 // append writes each key's row in both together.
 func (p *Problem) checkOverlaps(op string) error {
+	// Tensors are told apart by their index in spans (no string compares:
+	// this runs every call).
+	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 12, 13
 	all := p.spans()
-	inputs := all[:13] // the inputs and out
-	kCache, vCache, out, lse := all[1], all[2], all[12], all[13]
-	for _, w := range [...]byteRange{out, lse} {
-		for _, r := range inputs {
-			if r.name != w.name && w.overlaps(r) {
+	inputs := all[:lseIdx] // the inputs and out
+	kCache, vCache := all[kIdx], all[vIdx]
+	for _, wi := range [...]int{outIdx, lseIdx} {
+		w := all[wi]
+		for ri, r := range inputs {
+			if ri != wi && w.overlaps(r) {
 				return invalid(op, w.name, fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); what the kernels write must not share memory with another tensor", w.lo, w.hi, r.name, r.lo, r.hi))
 			}
 		}
@@ -394,8 +398,8 @@ func (p *Problem) checkOverlaps(op string) error {
 		return invalid(op, "v_cache", "shares elements with k_cache, and the append writes both (one buffer may hold both when they interleave)")
 	}
 	for _, w := range [...]byteRange{kCache, vCache} {
-		for _, r := range inputs {
-			if r.name != "k_cache" && r.name != "v_cache" && w.overlaps(r) {
+		for ri, r := range inputs {
+			if ri != kIdx && ri != vIdx && w.overlaps(r) {
 				return invalid(op, r.name, fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); the append writes into the caches, which must not share memory with what the call reads (new keys already in the cache: pass k=None and count them in cache_seqlens)", r.lo, r.hi, w.name, w.lo, w.hi))
 			}
 		}

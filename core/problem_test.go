@@ -304,3 +304,14 @@ func TestCheckWorkspace(t *testing.T) {
 		}
 	}
 }
+
+// TestSpansOrder: checkOverlaps tells the tensors apart by their index in spans.
+func TestSpansOrder(t *testing.T) {
+	p := allProblem()
+	sp := p.spans()
+	for i, name := range map[int]string{0: "q", 1: "k_cache", 2: "v_cache", 12: "out", 13: "lse"} {
+		if sp[i].name != name {
+			t.Errorf("spans()[%d] is %q, want %q", i, sp[i].name, name)
+		}
+	}
+}

@@ -343,37 +343,43 @@ func (r Rotary) validate(op string, seqlenNew, headDim int) error {
 // each feature's arrays are given exactly when it is on, and aligned, and
 // an append knows where each sequence's cached keys end.
 func (p *Problem) checkServingPointers(op string) error {
-	for _, x := range [...]struct {
-		name  string
-		addr  uintptr
-		on    bool
-		align uintptr
-		with  string // what turns it on
-	}{
-		{"block_table", p.BlockTable, p.PageSize > 0, 4, "page_size"},
-		{"cache_batch_idx", p.CacheBatchIdx, p.CacheBatch > 0, 4, "cache_batch (the cache rows)"},
-		{"cache_leftpad", p.CacheLeftpad, p.Leftpad, 4, "Leftpad"},
-		{"alibi_slopes", p.AlibiSlopes, p.Alibi, 4, "Alibi"},
-		{"k", p.New.K.Ptr, p.New.Seqlen > 0, 16, "seqlen_new"},
-		{"v", p.New.V.Ptr, p.New.Seqlen > 0, 16, "seqlen_new"},
-		{"rotary_cos", p.Rotary.Cos, p.Rotary.Dim > 0, 16, "rotary_dim"},
-		{"rotary_sin", p.Rotary.Sin, p.Rotary.Dim > 0, 16, "rotary_dim"},
-	} {
+	addrs := [...]uintptr{p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes, p.New.K.Ptr, p.New.V.Ptr,
+		p.Rotary.Cos, p.Rotary.Sin}
+	on := [...]bool{p.PageSize > 0, p.CacheBatch > 0, p.Leftpad, p.Alibi, p.New.Seqlen > 0, p.New.Seqlen > 0,
+		p.Rotary.Dim > 0, p.Rotary.Dim > 0}
+	for i, addr := range addrs {
+		x := &servingPointers[i]
 		switch {
-		case !x.on && x.addr != 0:
-			return invalid(op, x.name, fmt.Sprintf("address %#x given without %s", x.addr, x.with))
-		case x.on && x.addr == 0:
+		case !on[i] && addr != 0:
+			return invalid(op, x.name, fmt.Sprintf("address %#x given without %s", addr, x.with))
+		case on[i] && addr == 0:
 			return invalid(op, x.name, "null device pointer")
-		case x.addr%x.align != 0 && x.align == 16:
-			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a fresh tensor, such as a .clone(), is aligned)", x.addr))
-		case x.addr%x.align != 0:
-			return invalid(op, x.name, fmt.Sprintf("address %#x is not %d-byte aligned", x.addr, x.align))
+		case addr%x.align != 0 && x.align == 16:
+			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a fresh tensor, such as a .clone(), is aligned)", addr))
+		case addr%x.align != 0:
+			return invalid(op, x.name, fmt.Sprintf("address %#x is not %d-byte aligned", addr, x.align))
 		}
 	}
 	if p.New.Seqlen > 0 && p.CacheSeqlens == 0 {
 		return p.checkAppendStart(op)
 	}
 	return nil
+}
+
+// servingPointers names checkServingPointers' arrays in its order: the
+// argument, what turns it on, its alignment (a table, not rebuilt per call).
+var servingPointers = [...]struct {
+	name, with string
+	align      uintptr
+}{
+	{"block_table", "page_size", 4},
+	{"cache_batch_idx", "cache_batch (the cache rows)", 4},
+	{"cache_leftpad", "Leftpad", 4},
+	{"alibi_slopes", "Alibi", 4},
+	{"k", "seqlen_new", 16},
+	{"v", "seqlen_new", 16},
+	{"rotary_cos", "rotary_dim", 16},
+	{"rotary_sin", "rotary_dim", 16},
 }
 
 // checkAppendStart checks where an append without cache_seqlens writes:

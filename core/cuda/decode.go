@@ -37,29 +37,28 @@ func run(p *core.Problem, workspace uintptr, workspaceBytes int, device int, str
 		return core.Plan{}, err
 	}
 	pl := &pd.plan
-	switch {
-	case workspaceBytes < pl.WorkspaceBytes:
-		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
-			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
-	case pl.WorkspaceBytes > 0 && workspace == 0:
-		return core.Plan{}, &core.Error{Op: "decode", Arg: "workspace",
-			Msg: fmt.Sprintf("null device pointer; the plan needs %d bytes", pl.WorkspaceBytes), Err: core.ErrInvalid}
-	}
-	if err := p.CheckWorkspace(workspace, pl.WorkspaceBytes); err != nil {
+	if err := checkWorkspace(p, pl, workspace, workspaceBytes); err != nil {
 		return core.Plan{}, err
 	}
-	// The device's context is current for the launches only: the caller's
-	// (torch's current device, say) is current again when Decode returns.
-	s, err := current(d.raw, device)
-	if err != nil {
-		return core.Plan{}, err
-	}
-	defer s.undo()
 	k := params(p, pl, workspace)
 	if err := d.launch(&k, &pd, stream); err != nil {
-		return core.Plan{}, fmt.Errorf("flashdecode: %w", err)
+		return core.Plan{}, err
 	}
 	return *pl, nil
+}
+
+// checkWorkspace checks the workspace of a call of p that runs pl: large
+// enough, given when pl needs one, aligned and apart from p's tensors.
+func checkWorkspace(p *core.Problem, pl *core.Plan, workspace uintptr, workspaceBytes int) error {
+	switch {
+	case workspaceBytes < pl.WorkspaceBytes:
+		return &core.Error{Op: "decode", Arg: "workspace",
+			Msg: fmt.Sprintf("needs %d bytes, got %d", pl.WorkspaceBytes, workspaceBytes), Err: core.ErrInvalid}
+	case pl.WorkspaceBytes > 0 && workspace == 0:
+		return &core.Error{Op: "decode", Arg: "workspace",
+			Msg: fmt.Sprintf("null device pointer; the plan needs %d bytes", pl.WorkspaceBytes), Err: core.ErrInvalid}
+	}
+	return p.CheckWorkspace(workspace, pl.WorkspaceBytes)
 }
 
 // PlanFor returns the plan Decode would run for shape s on GPU device: the

@@ -48,6 +48,7 @@ type planned struct {
 	appendKV function // the plan's append kernel (Plan.Append); unused without one
 	split    function // stage 1
 	combine  function // the plan's combine kernel (Plan.Combine); unused without one
+	launches launches // the three above as launched, in order
 }
 
 const maxDevices = 64
@@ -253,6 +254,7 @@ func (d *device) plan(s core.Shape) (planned, error) {
 			return planned{}, fmt.Errorf("flashdecode: the plan's combine %s is not one of %s's", pl.Combine, pl.Variant.Kernel)
 		}
 	}
+	p.launches = launchesOf(&p)
 	d.mu.Lock()
 	if len(d.plans) > 4096 { // many distinct shapes: start over rather than grow without bound
 		d.plans = map[core.Shape]planned{}

@@ -11,17 +11,43 @@ package cuda
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../kernels
-#cgo noescape fd_launch
-#cgo nocallback fd_launch
+#cgo noescape fd_run
+#cgo nocallback fd_run
 #include <stdlib.h>
 #include <cuda.h>
 #include "launch.h"
 #include "params.h"
 
-// Stage 1, the combine or the append kernel, whose one argument is p.
-static CUresult fd_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
-                          unsigned smem, CUstream stream, int pdl, unsigned cluster, fd_params *p) {
-	return fd_launch_kernel(f, gx, gy, gz, threads, smem, stream, pdl, cluster, p);
+// One kernel of a plan: the append kernel, stage 1 or the combine.
+typedef struct { CUfunction f; unsigned gx, gy, gz, threads, smem, cluster; } fd_launch_spec;
+
+// What fd_run did: r is CUDA_SUCCESS, or the failure of step 0 (cuCtxGetCurrent),
+// 1 (cuCtxSetCurrent) or 2 + i (launch i).
+typedef struct { CUresult r; int step; } fd_run_result;
+
+// Makes ctx current on the calling thread (unless it is), launches the n kernels of l in
+// order with the one argument p, and puts the thread's context back: a decode's whole
+// driver work in one cgo call, which runs on one OS thread from start to end.
+static fd_run_result fd_run(CUcontext ctx, const fd_launch_spec *l, int n, CUstream stream, int pdl,
+                            fd_params *p) {
+	fd_run_result res = {CUDA_SUCCESS, 0};
+	CUcontext prev = NULL;
+	if ((res.r = cuCtxGetCurrent(&prev)) != CUDA_SUCCESS) return res;
+	const int changed = prev != ctx;
+	if (changed && (res.r = cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
+		res.step = 1;
+		return res;
+	}
+	for (int i = 0; i < n; i++) {
+		res.r = fd_launch_kernel(l[i].f, l[i].gx, l[i].gy, l[i].gz, l[i].threads, l[i].smem, stream, pdl,
+		                         l[i].cluster, p);
+		if (res.r != CUDA_SUCCESS) {
+			res.step = 2 + i;
+			break;
+		}
+	}
+	if (changed) cuCtxSetCurrent(prev);  // the caller's own context: it was current a moment ago
+	return res;
 }
 
 static CUresult fd_set_max_dynamic_smem(CUfunction f, int bytes) {
@@ -125,18 +151,27 @@ func check(call string, r C.CUresult) error {
 	return fmt.Errorf("%s: %s (CUDA error %d)", call, C.GoString(C.fd_error_string(r)), int(r))
 }
 
-// params fills the kernels' argument struct from a validated problem and its plan.
+// params fills the kernels' argument struct from a validated problem and its plan:
+// the layout's fields, then the call's addresses.
 func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
-	k := plainParams(p, pl, workspace)
+	k := layoutParams(p, pl)
+	setAddresses(&k, p, pl, workspace)
+	return k
+}
+
+// layoutParams fills every field but the device addresses: what a Prepared
+// layout run at one Seqlen keeps from call to call (see Prepared.Run).
+func layoutParams(p *core.Problem, pl *core.Plan) C.fd_params {
+	k := plainParams(p, pl)
 	if pl.Variant.Form.Serving() {
-		servingParams(&k, p, pl, workspace)
+		servingParams(&k, p)
 	}
 	return k
 }
 
-// plainParams fills the fields every kernel reads.
-func plainParams(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
-	var k C.fd_params
+// setAddresses sets the device addresses of k, and those in the workspace,
+// from p and workspace: the fields layoutParams leaves at 0.
+func setAddresses(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) {
 	setPtr(unsafe.Pointer(&k.q), p.Q.Ptr)
 	setPtr(unsafe.Pointer(&k.k), p.K.Ptr)
 	setPtr(unsafe.Pointer(&k.v), p.V.Ptr)
@@ -147,6 +182,27 @@ func plainParams(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params 
 		setPtr(unsafe.Pointer(&k.o_partial), workspace)
 		setPtr(unsafe.Pointer(&k.lse_partial), workspace+uintptr(pl.LSEPartialOffset))
 	}
+	if !pl.Variant.Form.Serving() {
+		return
+	}
+	setPtr(unsafe.Pointer(&k.block_table), p.BlockTable)
+	setPtr(unsafe.Pointer(&k.cache_batch_idx), p.CacheBatchIdx)
+	setPtr(unsafe.Pointer(&k.cache_leftpad), p.CacheLeftpad)
+	setPtr(unsafe.Pointer(&k.alibi_slopes), p.AlibiSlopes)
+	if p.New.Seqlen > 0 {
+		setPtr(unsafe.Pointer(&k.k_new), p.New.K.Ptr)
+		setPtr(unsafe.Pointer(&k.v_new), p.New.V.Ptr)
+	}
+	if p.Rotary.Dim > 0 {
+		setPtr(unsafe.Pointer(&k.rotary_cos), p.Rotary.Cos)
+		setPtr(unsafe.Pointer(&k.rotary_sin), p.Rotary.Sin)
+		setPtr(unsafe.Pointer(&k.q_rot), workspace+uintptr(pl.QRotOffset))
+	}
+}
+
+// plainParams fills the layout fields every kernel reads.
+func plainParams(p *core.Problem, pl *core.Plan) C.fd_params {
+	var k C.fd_params
 	k.q_batch_stride, k.q_seq_stride, k.q_head_stride = strides(p.Q)
 	k.k_batch_stride, k.k_seq_stride, k.k_head_stride = strides(p.K)
 	k.v_batch_stride, k.v_seq_stride, k.v_head_stride = strides(p.V)
@@ -195,10 +251,9 @@ func pageDivider(d int) (m uint32, l int) {
 	return uint32((uint64(1)<<(32+l))/uint64(d) - (1 << 32) + 1), l
 }
 
-// servingParams fills the fields the serving and append kernels read. The
-// window is (-1, -1) without one, and causal makes its right side 0.
-func servingParams(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) {
-	setPtr(unsafe.Pointer(&k.block_table), p.BlockTable)
+// servingParams fills the layout fields the serving and append kernels read.
+// The window is (-1, -1) without one, and causal makes its right side 0.
+func servingParams(k *C.fd_params, p *core.Problem) {
 	k.block_table_stride = C.longlong(p.BlockTableStride)
 	k.page_size = C.int(p.PageSize)
 	k.num_pages = C.int(p.NumPages)
@@ -206,12 +261,10 @@ func servingParams(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uin
 		m, l := pageDivider(p.PageSize)
 		k.page_div_m, k.page_div_l = C.uint(m), C.int(l)
 	}
-	setPtr(unsafe.Pointer(&k.cache_batch_idx), p.CacheBatchIdx)
 	k.cache_batch = C.int(p.Batch)
 	if p.CacheBatch > 0 {
 		k.cache_batch = C.int(p.CacheBatch)
 	}
-	setPtr(unsafe.Pointer(&k.cache_leftpad), p.CacheLeftpad)
 	k.window_left, k.window_right = -1, -1
 	if p.Window.Enabled {
 		k.window_left, k.window_right = C.int(p.Window.Left), C.int(p.Window.Right)
@@ -221,24 +274,18 @@ func servingParams(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uin
 	}
 	k.softcap = C.float(p.Softcap)
 	k.softcap_log2 = C.float(float64(p.Softcap) * math.Log2E)
-	setPtr(unsafe.Pointer(&k.alibi_slopes), p.AlibiSlopes)
 	k.alibi_batch_stride = C.longlong(p.AlibiBatchStride)
 	if p.New.Seqlen > 0 {
-		setPtr(unsafe.Pointer(&k.k_new), p.New.K.Ptr)
-		setPtr(unsafe.Pointer(&k.v_new), p.New.V.Ptr)
 		k.k_new_batch_stride, k.k_new_seq_stride, k.k_new_head_stride = strides(p.New.K)
 		k.v_new_batch_stride, k.v_new_seq_stride, k.v_new_head_stride = strides(p.New.V)
 		k.seqlen_new = C.int(p.New.Seqlen)
 	}
 	if r := p.Rotary; r.Dim > 0 {
-		setPtr(unsafe.Pointer(&k.rotary_cos), r.Cos)
-		setPtr(unsafe.Pointer(&k.rotary_sin), r.Sin)
 		k.rotary_stride = C.longlong(r.Stride)
 		k.rotary_dim, k.rotary_rows = C.int(r.Dim), C.int(r.Rows)
 		if r.Interleaved {
 			k.rotary_interleaved = 1
 		}
-		setPtr(unsafe.Pointer(&k.q_rot), workspace+uintptr(pl.QRotOffset))
 	}
 }
 
@@ -249,37 +296,56 @@ func strides(t core.Tensor) (C.longlong, C.longlong, C.longlong) {
 	return C.longlong(t.BatchStride), C.longlong(t.SeqStride), C.longlong(t.HeadStride)
 }
 
-// launch runs the plan's kernels on stream: the append kernel when the
-// plan has one, stage 1 (in clusters of pl.Cluster blocks when its splits
-// merge themselves), then the combine when the plan has one. Each waits in
-// the kernel for the one before it (programmatic dependent launch).
-func (d *device) launch(k *C.fd_params, pd *planned, stream uintptr) error {
+// launches is a plan's kernels in launch order, as fd_run takes them: the
+// append kernel when the plan has one, stage 1 (in clusters of pl.Cluster
+// blocks when its splits merge themselves), then the combine when the plan
+// has one. Each waits in the kernel for the one before it (programmatic
+// dependent launch).
+type launches struct {
+	spec  [3]C.fd_launch_spec
+	names [3]string // the kernels' names, for errors
+	n     int
+}
+
+// launchesOf lists pd's kernels (see launches).
+func launchesOf(pd *planned) launches {
 	pl := &pd.plan
-	s := *(*C.CUstream)(unsafe.Pointer(&stream))
+	var l launches
+	add := func(f function, name string, grid [3]int, threads, smem, cluster int) {
+		l.spec[l.n] = C.fd_launch_spec{f: C.CUfunction(f), gx: C.uint(grid[0]), gy: C.uint(grid[1]),
+			gz: C.uint(grid[2]), threads: C.uint(threads), smem: C.uint(smem), cluster: C.uint(cluster)}
+		l.names[l.n] = name
+		l.n++
+	}
+	if pl.Append != "" {
+		add(pd.appendKV, pl.Append, pl.AppendGrid, pl.AppendThreads, 0, 1)
+	}
+	add(pd.split, pl.Variant.Kernel, pl.Grid, pl.Threads, pl.SharedBytes, pl.Cluster)
+	if pl.CombineGrid > 0 {
+		add(pd.combine, pl.Combine, [3]int{pl.CombineGrid, 1, 1}, pl.CombineThreads, 0, 1)
+	}
+	return l
+}
+
+// launch runs pd's kernels with k on stream, with d's context current for
+// the launches only: the caller's (torch's current device, say) is current
+// again when it returns. The error's text is built only on failure: this
+// runs every call.
+func (d *device) launch(k *C.fd_params, pd *planned, stream uintptr) error {
+	l := &pd.launches
 	pdl := C.int(0)
 	if d.pdl {
 		pdl = 1
 	}
-	// The error's text is built only on failure: this runs every call.
-	if pl.Append != "" {
-		r := C.fd_launch(C.CUfunction(pd.appendKV), C.uint(pl.AppendGrid[0]), C.uint(pl.AppendGrid[1]), C.uint(pl.AppendGrid[2]),
-			C.uint(pl.AppendThreads), 0, s, pdl, 1, k)
-		if r != C.CUDA_SUCCESS {
-			return check("launch "+pl.Append, r)
-		}
-	}
-	r := C.fd_launch(C.CUfunction(pd.split), C.uint(pl.Grid[0]), C.uint(pl.Grid[1]), C.uint(pl.Grid[2]),
-		C.uint(pl.Threads), C.uint(pl.SharedBytes), s, pdl, C.uint(pl.Cluster), k)
-	if r != C.CUDA_SUCCESS {
-		return check("launch "+pl.Variant.Kernel, r)
-	}
-	if pl.CombineGrid == 0 {
+	res := C.fd_run(d.raw, &l.spec[0], C.int(l.n), *(*C.CUstream)(unsafe.Pointer(&stream)), pdl, k)
+	switch step := int(res.step); {
+	case res.r == C.CUDA_SUCCESS:
 		return nil
+	case step == 0:
+		return fmt.Errorf("flashdecode: device %d: %w", d.ordinal, check("cuCtxGetCurrent", res.r))
+	case step == 1:
+		return fmt.Errorf("flashdecode: device %d: %w", d.ordinal, check("cuCtxSetCurrent", res.r))
+	default:
+		return fmt.Errorf("flashdecode: %w", check("launch "+l.names[step-2], res.r))
 	}
-	r = C.fd_launch(C.CUfunction(pd.combine), C.uint(pl.CombineGrid), 1, 1,
-		C.uint(pl.CombineThreads), 0, s, pdl, 1, k)
-	if r != C.CUDA_SUCCESS {
-		return check("launch "+pl.Combine, r)
-	}
-	return nil
 }

@@ -55,13 +55,17 @@ func launchLine(kernel string, gx, gy, gz, threads, shared, cluster, pdl int) st
 	return fmt.Sprintf("%s_%d_%d_%d_%d_%d_%d_%d", kernel, gx, gy, gz, threads, shared, cluster, pdl)
 }
 
-// TestLaunchesFollowThePlan: each call launches exactly what its plan says,
-// in order (the append kernel, stage 1, the combine), with the plan's grid,
-// block size, shared memory and cluster, all with programmatic dependent
-// launch (sm_90); MergeStates launches its MergeLaunch. On the fake device,
-// so the launch path runs where CI runs.
-func TestLaunchesFollowThePlan(t *testing.T) {
-	log := launchLog(t)
+// launchCase is a problem and the path its plan must take.
+type launchCase struct {
+	name string
+	p    core.Problem
+	want string // the path the plan must take
+}
+
+// launchCases are problems at made-up addresses whose plans take every
+// path a decode launches: one split, clusters, the combines, whole items,
+// balanced splits, the append kernel and the appends fused into stage 1.
+func launchCases() []launchCase {
 	const gib = uintptr(1) << 30
 	plain := func(b, hq, hkv, n, splits int) core.Problem {
 		s := core.Shape{DType: core.Float16, Batch: b, SeqlenQ: 1, HeadsQ: hq, HeadsKV: hkv, HeadDim: 128, SeqlenCache: n, Seqlen: -1, NumSplits: splits}
@@ -78,11 +82,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 		p.Causal = true
 		return p
 	}
-	for _, tc := range []struct {
-		name string
-		p    core.Problem
-		want string // the path the plan must take
-	}{
+	return []launchCase{
 		{"split and combine", plain(1, 32, 8, 32768, 32), "combine"},
 		{"splits merged in clusters", plain(1, 32, 8, 1024, 0), "cluster"},
 		{"unsplit", plain(4, 32, 8, 4096, 1), "one"},
@@ -106,7 +106,18 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			p.New, p.Causal = paged().New, true
 			return p
 		}(), "fused"},
-	} {
+	}
+}
+
+// TestLaunchesFollowThePlan: each call (Decode, and a Prepared's first and later Runs) launches exactly what its plan says,
+// in order (the append kernel, stage 1, the combine), with the plan's grid,
+// block size, shared memory and cluster, all with programmatic dependent
+// launch (sm_90); MergeStates launches its MergeLaunch. On the fake device,
+// so the launch path runs where CI runs.
+func TestLaunchesFollowThePlan(t *testing.T) {
+	log := launchLog(t)
+	const gib = uintptr(1) << 30
+	for _, tc := range launchCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.p
 			pl, err := PlanFor(p.PlanShape(), 0)
@@ -123,10 +134,6 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}
-			launched(t, log)
-			if _, err := Decode(&p, 10*gib, pl.WorkspaceBytes, 0, 0); err != nil {
-				t.Fatal(err)
-			}
 			var want []string
 			if pl.Append != "" {
 				want = append(want, launchLine(pl.Append, pl.AppendGrid[0], pl.AppendGrid[1], pl.AppendGrid[2], pl.AppendThreads, 0, 1, 1))
@@ -135,8 +142,26 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			if pl.CombineGrid > 0 {
 				want = append(want, launchLine(pl.Combine, pl.CombineGrid, 1, 1, pl.CombineThreads, 0, 1, 1))
 			}
-			if got := launched(t, log); strings.Join(got, " ") != strings.Join(want, " ") {
-				t.Errorf("launched\n  %v\nwant\n  %v", got, want)
+			r, err := Prepare(&p, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
+				BlockTable: p.BlockTable, KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos,
+				RotarySin: p.Rotary.Sin, Seqlen: p.Seqlen, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+			for _, call := range []string{"Decode", "Prepared.Run", "Prepared.Run again"} {
+				launched(t, log)
+				if call == "Decode" {
+					_, err = Decode(&p, 10*gib, pl.WorkspaceBytes, 0, 0)
+				} else {
+					_, err = r.Run(&args, 0)
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", call, err)
+				}
+				if got := launched(t, log); strings.Join(got, " ") != strings.Join(want, " ") {
+					t.Errorf("%s launched\n  %v\nwant\n  %v", call, got, want)
+				}
 			}
 		})
 	}

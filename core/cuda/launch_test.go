@@ -71,3 +71,32 @@ func TestFatbinHoldsEveryKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutParamsReadNoAddress: a Prepared keeps layoutParams from call to
+// call and sets only the addresses (setAddresses), so layoutParams must not
+// depend on any address, and the two must give params' struct.
+func TestLayoutParamsReadNoAddress(t *testing.T) {
+	const ws = uintptr(10) << 30
+	for _, tc := range launchCases() {
+		p := tc.p
+		pl, err := core.MakePlan(p.PlanShape(), core.H200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zero := p
+		zero.Q.Ptr, zero.K.Ptr, zero.V.Ptr, zero.Out.Ptr, zero.LSE, zero.CacheSeqlens = 0, 0, 0, 0, 0, 0
+		zero.BlockTable, zero.CacheBatchIdx, zero.CacheLeftpad, zero.AlibiSlopes = 0, 0, 0, 0
+		zero.New.K.Ptr, zero.New.V.Ptr, zero.Rotary.Cos, zero.Rotary.Sin = 0, 0, 0, 0
+		k := layoutParams(&zero, &pl)
+		if k != layoutParams(&p, &pl) {
+			t.Errorf("%s: layoutParams reads an address", tc.name)
+		}
+		setAddresses(&k, &p, &pl, ws)
+		if k != params(&p, &pl, ws) {
+			t.Errorf("%s: layoutParams and setAddresses differ from params", tc.name)
+		}
+		if k == layoutParams(&p, &pl) {
+			t.Errorf("%s: setAddresses set no address", tc.name)
+		}
+	}
+}

@@ -1,7 +1,11 @@
 package cuda
 
+// #include "params.h"
+import "C"
+
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/flash-decode/flash-decode/core"
 )
@@ -14,6 +18,20 @@ import (
 type Prepared struct {
 	p      core.Problem // the layout; device addresses and Seqlen come with each Run
 	device int
+	// last is the plan the last Run launched at a Seqlen that steps do
+	// not change (negative: the whole cache or the lengths at CacheSeqlens;
+	// a sizing hint with CacheSeqlens), ready for the next Run at it.
+	last atomic.Pointer[ready]
+}
+
+// ready is a Prepared layout's plan at one Seqlen, ready to launch: its
+// device, plan and kernels, and the kernels' parameters but the device
+// addresses, which are all that change between such calls.
+type ready struct {
+	seqlen int
+	d      *device
+	pd     planned
+	layout C.fd_params
 }
 
 // Prepare validates the layout of p (everything but its device addresses,
@@ -73,5 +91,42 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 	if p.Seqlen > p.SeqlenCache {
 		return core.Plan{}, p.ValidateLayout() // the one layout check that depends on a per-call value
 	}
-	return run(&p, a.Workspace, a.WorkspaceBytes, r.device, stream)
+	if p.Seqlen >= 0 && p.CacheSeqlens == 0 {
+		return run(&p, a.Workspace, a.WorkspaceBytes, r.device, stream) // an int length: new each step
+	}
+	w := r.last.Load()
+	if w == nil || w.seqlen != p.Seqlen {
+		var err error
+		if w, err = r.ready(p.Seqlen); err != nil {
+			return core.Plan{}, err
+		}
+		r.last.Store(w)
+	}
+	pl := &w.pd.plan
+	if err := checkWorkspace(&p, pl, a.Workspace, a.WorkspaceBytes); err != nil {
+		return core.Plan{}, err
+	}
+	k := w.layout
+	setAddresses(&k, &p, pl, a.Workspace)
+	if err := w.d.launch(&k, &w.pd, stream); err != nil {
+		return core.Plan{}, err
+	}
+	return *pl, nil
+}
+
+// ready plans r's layout at seqlen as run would (the plan depends on the
+// layout and Seqlen alone) and fills the kernels' parameters but the
+// addresses.
+func (r *Prepared) ready(seqlen int) (*ready, error) {
+	d, err := getDevice("decode", r.device)
+	if err != nil {
+		return nil, err
+	}
+	p := r.p
+	p.Seqlen = seqlen
+	pd, err := d.plan(p.PlanShape())
+	if err != nil {
+		return nil, err
+	}
+	return &ready{seqlen: seqlen, d: d, pd: pd, layout: layoutParams(&p, &pd.plan)}, nil
 }

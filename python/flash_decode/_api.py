@@ -29,6 +29,10 @@ MAX_SEQLEN_Q = 16  # core.MaxSeqlenQ: more query tokens per sequence is prefill
 # _prepare_serving returns.
 _prepared = {}
 _PREPARED_LIMIT = 4096
+# The last layout found in _prepared: (that dict, the key, its entry). A loop
+# over one layout compares its key with this one, as the dict would after
+# hashing it, and skips the hash.
+_last = (None, None, None)
 # Per layout with an int cache_seqlens: workspace bytes by length (the planner
 # sizes the splits by it), at most this many lengths.
 _WORKSPACES_LIMIT = 1024
@@ -40,9 +44,11 @@ _get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def _current_stream(device):
     """The CUstream handle of torch's current stream on device (an index)."""
-    if _get_raw_stream is not None:
-        return _get_raw_stream(device)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+if _get_raw_stream is not None:
+    _current_stream = _get_raw_stream  # noqa: F811  (torch's C function itself: no Python frame a call)
 
 
 # The return type follows return_softmax_lse: out, or (out, lse).
@@ -221,6 +227,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # addresses and launches. Option values go in with their types: as dict
     # keys True == 1 and 2.0 == 2, and every call must refuse what the first
     # call with that value would. An int cache_seqlens counts as "an int".
+    global _last
     try:
         # get_device(): the CUDA ordinal, -1 off the GPU (never in a cached layout).
         sig = (q.shape, q.stride(), q.dtype, q.get_device(),
@@ -233,7 +240,13 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         if serving:
             sig += _serving_sig(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
                                 window_size, softcap, rotary_interleaved, alibi_slopes)
-        entry = _prepared.get(sig)
+        last = _last
+        if last[0] is _prepared and sig == last[1]:
+            entry = last[2]
+        else:
+            entry = _prepared.get(sig)
+            if entry is not None:
+                _last = (_prepared, sig, entry)
     except (AttributeError, TypeError):  # not tensors, or unhashable: the checks will say
         sig = entry = None
     if entry is None:
