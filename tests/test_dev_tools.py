@@ -1,6 +1,6 @@
 """The developer tools in dev/ still run where CI runs (no GPU): the sanitizer
 driver plans every kernel path it is named for, the thread benchmark parses
-its arguments, the A/B driver alternates its builds and summarizes their
+its arguments, the host-cost timer runs every case on the fake device, the A/B driver alternates its builds and summarizes their
 runs, the SASS reader finds a kernel's tile loop and its counts in
 cuobjdump's and ptxas's output, and the streaming probe compiles for sm_90a
 with its wgmma loops unserialized."""
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import has_extension
+from conftest import FAKEDEVICE, has_extension
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -54,6 +54,19 @@ def test_threads_tool_parses_its_arguments():
     child = run("dev/threads.py", "--help")
     assert child.returncode == 0, child.stderr[-2000:]
     assert "--calls" in child.stdout
+
+
+@pytest.mark.skipif(not has_extension(), reason="native extension not built/installed")
+@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+def test_host_cost_times_every_case_on_the_fake_device():
+    env = dict(os.environ, LD_LIBRARY_PATH=str(FAKEDEVICE))
+    env.pop("FLASH_DECODE_FORCE_NATIVE", None)
+    child = subprocess.run([sys.executable, "dev/host_cost.py", "--calls", "20", "--rounds", "1"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert child.returncode == 0, child.stderr[-2000:]
+    names = [line.split("  ")[0] for line in child.stdout.splitlines()]
+    assert names == ["plain", "int cache_seqlens", "lengths + max_seqlen_k", "lse, 32K workspace", "paged append",
+                     "binding Run alone"], child.stdout
 
 
 def load_tool(name):
