@@ -341,6 +341,27 @@ func (s Shape) appendParts() int {
 	return max(1, ceilDiv(items, appendThreads))
 }
 
+// PlanKeyQuantum divides every Variant.KeysPerTile (8192 / a compiled
+// head dim of at most MaxHeadDim): lengths that round up to one multiple
+// of it have the same key tiles in every variant (see Shape.PlanKey).
+const PlanKeyQuantum = 8192 / MaxHeadDim
+
+// PlanKey returns s with Seqlen moved up to the last length that has its
+// key tiles: the appended tokens and Seqlen rounded up to a multiple of
+// PlanKeyQuantum (32) keys, within the cache. MakePlan reads Seqlen only through the key tiles
+// of plannedKeys, so s and s.PlanKey() plan alike, and a plan cache keyed
+// by PlanKey plans an int length that grows a token a step once every 32
+// tokens, not at every step. A Seqlen that is negative, or past what the
+// cache holds, is left as it is.
+func (s Shape) PlanKey() Shape {
+	if s.Seqlen < 0 || s.Seqlen+s.SeqlenNew > s.SeqlenCache {
+		return s
+	}
+	rounded := ceilDiv(s.Seqlen+s.SeqlenNew, PlanKeyQuantum) * PlanKeyQuantum
+	s.Seqlen = min(rounded, s.SeqlenCache) - s.SeqlenNew
+	return s
+}
+
 // plannedKeys is the keys per sequence a plan of s is sized for: Seqlen +
 // SeqlenNew (at most SeqlenCache) if Seqlen >= 0, else SeqlenCache, and at
 // most WindowKeys when that is set.

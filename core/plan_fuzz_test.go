@@ -52,6 +52,9 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if again, err := MakePlan(s, d); err != nil || again != p {
 		fail("a second MakePlan differs")
 	}
+	if again, err := MakePlan(s.PlanKey(), d); err != nil || again != p {
+		fail("the shape's PlanKey plans differently")
+	}
 	if _, err := json.Marshal(p); err != nil || p.String() == "" {
 		fail("the plan does not print")
 	}

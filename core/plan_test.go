@@ -914,3 +914,25 @@ func TestTargetBlocks(t *testing.T) {
 		}
 	}
 }
+
+func TestPlanKey(t *testing.T) {
+	for _, tc := range []struct{ seqlen, seqlenNew, cache, want int }{
+		{-1, 0, 4096, -1},     // the whole cache
+		{0, 0, 4096, 0},       // no key
+		{1, 0, 4096, 32},      // up to a multiple of 32 keys
+		{32, 0, 4096, 32},     // already one
+		{33, 0, 4096, 64},     // the next
+		{30, 3, 4096, 61},     // the appended tokens count: 33 keys -> 64
+		{4090, 0, 4096, 4096}, // within the cache
+		{4090, 3, 4096, 4093}, // within the cache, appended tokens and all
+		{4095, 3, 4096, 4095}, // past what the cache holds: as it is
+		{5000, 0, 4096, 5000}, // past the cache: as it is
+		{70, 0, 100, 96},      // a cache that is not a multiple of 32
+		{97, 0, 100, 100},
+	} {
+		s := Shape{Seqlen: tc.seqlen, SeqlenNew: tc.seqlenNew, SeqlenCache: tc.cache}
+		if got := s.PlanKey().Seqlen; got != tc.want {
+			t.Errorf("Seqlen %d, %d new, cache %d: PlanKey's Seqlen %d, want %d", tc.seqlen, tc.seqlenNew, tc.cache, got, tc.want)
+		}
+	}
+}

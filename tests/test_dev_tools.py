@@ -1,9 +1,10 @@
 """The developer tools in dev/ still run where CI runs (no GPU): the sanitizer
 driver plans every kernel path it is named for, the thread benchmark parses
-its arguments, the host-cost timer runs every case on the fake device, the A/B driver alternates its builds and summarizes their
-runs, the SASS reader finds a kernel's tile loop and its counts in
-cuobjdump's and ptxas's output, and the streaming probe compiles for sm_90a
-with its wgmma loops unserialized."""
+its arguments, the host-cost timer runs every case on the fake device, the
+A/B driver alternates its builds and summarizes their runs, the SASS reader
+finds a kernel's tile loop and its counts in cuobjdump's and ptxas's output,
+and the streaming probe compiles for sm_90a with its wgmma loops
+unserialized."""
 
 import importlib.util
 import json
@@ -65,8 +66,8 @@ def test_host_cost_times_every_case_on_the_fake_device():
                            capture_output=True, text=True, timeout=120, env=env)
     assert child.returncode == 0, child.stderr[-2000:]
     names = [line.split("  ")[0] for line in child.stdout.splitlines()]
-    assert names == ["plain", "int cache_seqlens", "lengths + max_seqlen_k", "lse, 32K workspace", "paged append",
-                     "binding Run alone"], child.stdout
+    assert names == ["plain", "int cache_seqlens", "int cache_seqlens, growing", "lengths + max_seqlen_k",
+                     "lse, 32K workspace", "paged append", "binding Run alone"], child.stdout
 
 
 def load_tool(name):

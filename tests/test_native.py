@@ -498,6 +498,29 @@ def test_int_cache_seqlens_passed_per_call(fake_binding):
         flash_decode.flash_decode(q, k, v, cache_seqlens=True, num_splits=4)
 
 
+def test_int_lengths_share_a_workspace_size_per_block(fake_binding, monkeypatch):
+    # The core plans lengths whose keys round up to one multiple of PlanKeyQuantum
+    # alike (core.Shape.PlanKey): a length growing a token a step asks the core
+    # for its workspace once a block, and each call still runs at its own length.
+    monkeypatch.setattr(fake_binding, "PlanKeyQuantum", lambda: 32, raising=False)
+    monkeypatch.setattr(fake_binding, "Workspace", lambda handle, seqlen: (
+        fake_binding.calls.append(("Workspace", (handle, seqlen))), 8 * -(-seqlen // 32))[1])
+    q, k, v = tensors()
+    lengths = [1, 2, 31, 32, 33, 64, 65, 40, 0, 1000, 999]
+    for n in lengths:
+        flash_decode.flash_decode(q, k, v, cache_seqlens=n)
+    assert [seqlen for _, seqlen in fake_binding.args("Workspace")] == [1, 33, 65, 0, 1000]
+    runs = fake_binding.args("Run")
+    assert [r[1] for r in runs] == lengths
+    assert [r[9] for r in runs] == [8 * -(-n // 32) for n in lengths]
+    # A negative length is refused whatever block it would fall in (the core would
+    # read it as the whole cache); one past the cache is refused by Run's own check.
+    with pytest.raises(ValueError, match=r"^cache_seqlens=-1 must not be negative"):
+        flash_decode.flash_decode(q, k, v, cache_seqlens=-1)
+    with pytest.raises(ValueError, match=r"^cache_seqlens=-40 must not be negative"):
+        flash_decode.flash_decode(q, k, v, cache_seqlens=-40)
+
+
 def test_workspaces_per_length_are_bounded(fake_binding, monkeypatch):
     monkeypatch.setattr(_api, "_WORKSPACES_LIMIT", 3)
     q, k, v = tensors()

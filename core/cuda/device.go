@@ -232,6 +232,7 @@ func (d *device) occupancy(v core.Variant) int {
 // plan returns the cached plan for s (a Problem's PlanShape), making it on
 // first use.
 func (d *device) plan(s core.Shape) (planned, error) {
+	s = s.PlanKey() // one plan for the lengths of each key tile: an int length changes every step
 	d.mu.RLock()
 	p, ok := d.plans[s]
 	d.mu.RUnlock()

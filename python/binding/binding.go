@@ -73,6 +73,14 @@ func window(left, right int) core.Window {
 	return core.Window{Enabled: true, Left: left, Right: right}
 }
 
+// PlanKeyQuantum returns core.PlanKeyQuantum: int lengths whose keys, the
+// appended ones included, round up to one multiple of it plan alike, so
+// the torch layer sizes their workspace once.
+func PlanKeyQuantum() (keys int, err error) {
+	defer recoverError(&err)
+	return core.PlanKeyQuantum, nil
+}
+
 // Version returns the flash-decode version.
 func Version() (version string, err error) {
 	defer recoverError(&err)

@@ -267,9 +267,14 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         if max_seqlen_k is not None:
             _check_bound(max_seqlen_k, cache_seqlens)
         seqlen = cache_seqlens
-        workspace_bytes = workspaces.get(seqlen)
+        if seqlen < 0:  # never looked up: the core reads a negative length as "the whole cache"
+            _check_length("cache_seqlens", seqlen)
+        # Lengths whose keys (the appended ones too) round up to one multiple
+        # of hints[3] keys plan alike (core.Shape.PlanKey): one size for them.
+        block = (seqlen + hints[2] + hints[3] - 1) // hints[3]
+        workspace_bytes = workspaces.get(block)
         if workspace_bytes is None:
-            workspace_bytes = _workspace(workspace_fn, handle, workspaces, seqlen)
+            workspace_bytes = _workspace(workspace_fn, handle, workspaces, seqlen, block)
     elif cache_seqlens is not None:
         seqlens = cache_seqlens.data_ptr()
         if max_seqlen_k is not None:
@@ -363,7 +368,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
     except Exception as err:
         raise _translate(err) from None
     return (_fast(native, "Run"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
-            tuple(q.stride()) == contiguous, native.Workspace, ({}, seqlen_cache, 0))
+            tuple(q.stride()) == contiguous, native.Workspace, ({}, seqlen_cache, 0, native.PlanKeyQuantum()))
 
 
 def _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -396,7 +401,7 @@ def _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     batch, seqlen_q, nheads_q = layout["batch"], layout["seqlen_q"], layout["nheads_q"]
     return (_fast(native, "RunServing"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
             tuple(q.stride()) == _contiguous_strides(q.shape), native.WorkspaceServing,
-            ({}, layout["seqlen_cache"], layout.get("seqlen_new", 0)))
+            ({}, layout["seqlen_cache"], layout.get("seqlen_new", 0), native.PlanKeyQuantum()))
 
 
 def _serving_layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -524,12 +529,12 @@ def _fast(native, name):
 def _hint(max_seqlen_k, hints, workspace_fn, handle):
     """(seqlen, workspace bytes) of a max_seqlen_k value the layout has not
     met yet, kept in hints[0] (a bounded dict; hints = (that dict, the cache's
-    capacity, the appended tokens)). The bound is rounded up to a power of
+    capacity, the appended tokens, core.PlanKeyQuantum)). The bound is rounded up to a power of
     two, so that a bound growing a token a step meets a new plan at each
     doubling only, and capped at the capacity; seqlen is the core's sizing
     hint (core.Shape.Seqlen), which counts the keys before the appended
     ones."""
-    cache, capacity, new = hints
+    cache, capacity, new, _ = hints
     if max_seqlen_k < 0:
         raise ValueError(f"max_seqlen_k must not be negative, got {max_seqlen_k}")
     seqlen = _bound_seqlen(max_seqlen_k, capacity, new)
@@ -546,11 +551,12 @@ def _bound_seqlen(bound, capacity, new):
     return max(0, bucket - new)
 
 
-def _workspace(workspace_fn, handle, workspaces, seqlen):
-    """The workspace bytes for an int cache_seqlens value the layout has not
-    met yet, kept in workspaces (a bounded dict)."""
+def _workspace(workspace_fn, handle, workspaces, seqlen, block):
+    """The workspace bytes for an int cache_seqlens value whose block of
+    lengths the layout has not met yet, kept in workspaces (a bounded dict)
+    under that block."""
     _check_length("cache_seqlens", seqlen)
-    return _remember(workspaces, seqlen, _workspace_bytes(workspace_fn, handle, seqlen))
+    return _remember(workspaces, block, _workspace_bytes(workspace_fn, handle, seqlen))
 
 
 def _workspace_bytes(workspace_fn, handle, seqlen):
