@@ -248,6 +248,36 @@ def test_compiled_call_checks_arguments_at_trace_time(cpu_ops, kwargs, exc, patt
     assert cpu_ops == {"decode": 0, "decode_append": 0}
 
 
+@pytest.mark.parametrize("options", [
+    lambda n: dict(cache_seqlens=n, softmax_scale=n * 0.01),
+    lambda n: dict(num_splits=n),
+    lambda n: dict(max_seqlen_k=n),
+    lambda n: dict(cache_seqlens=n, window_size=(n + 3, 0)),
+    lambda n: dict(cache_seqlens=n, softcap=n * 0.5),
+], ids=["softmax_scale", "num_splits", "max_seqlen_k", "window_size", "softcap"])
+def test_symbolic_options_trace_in_one_graph(cpu_ops, options):
+    """With dynamic=True ints and floats are symbolic while the step is traced:
+    the trace-time checks take them (their values are checked when the op
+    runs), and the step compiles whole."""
+    a = inputs()
+
+    def step(q, k_cache, v_cache, lens, n):
+        kwargs = options(n)
+        kwargs.setdefault("cache_seqlens", lens)
+        return flash_decode.flash_decode(q, k_cache, v_cache, **kwargs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=True)
+    refused = 0  # calls that reached the op, whose CPU kernel here has no window or softcap
+    for n in (10, 11):
+        try:
+            compiled(a["q"], a["k_cache"], a["v_cache"], a["lens"], n)
+        except NotImplementedError as err:
+            assert "the test's CPU kernel does not compute" in str(err)
+            refused += 1
+    assert cpu_ops["decode"] + refused == 2
+
+
 def test_eager_calls_do_not_go_through_the_ops(cpu_ops, fake_binding):
     a = inputs()
     flash_decode.flash_decode(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=a["lens"])

@@ -888,7 +888,11 @@ def _strides(t):
 
 def _finite(name, value):
     """Return value as a float if it is finite: the JSON layout has no
-    infinities or NaNs (the Go core checks finite values)."""
+    infinities or NaNs (the Go core checks finite values). While
+    torch.compile traces, value may be symbolic: it is checked when the op
+    runs."""
+    if _is_compiling():
+        return value
     try:
         value = float(value)
     except OverflowError:  # an int past float64
