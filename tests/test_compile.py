@@ -278,6 +278,69 @@ def test_symbolic_options_trace_in_one_graph(cpu_ops, options):
     assert cpu_ops["decode"] + refused == 2
 
 
+# ---- merge_states under torch.compile: the op flash_decode::merge_states ----
+
+MERGES = []
+
+
+def _merge_states_cpu(outs, lses):
+    """The merge formula in float32 (rows with a live state only), as the op's CPU kernel."""
+    MERGES.append((tuple(outs.shape), tuple(lses.shape)))
+    m = lses.amax(0)
+    w = torch.exp(lses - m)
+    total = w.sum(0)
+    out = (w.unsqueeze(-1) * outs.float()).sum(0) / total.unsqueeze(-1)
+    return out.to(outs.dtype), m + torch.log(total)
+
+
+@pytest.fixture
+def cpu_merge():
+    torch.library.register_kernel("flash_decode::merge_states", "cpu", _merge_states_cpu)
+    _ops.merge_states.set_kernel_enabled("cpu", True)
+    torch._dynamo.reset()
+    MERGES.clear()
+    yield MERGES
+    _ops.merge_states.set_kernel_enabled("cpu", False)
+    torch._dynamo.reset()
+
+
+def test_merge_states_compiles_to_its_op(cpu_merge):
+    g = torch.Generator().manual_seed(3)
+    outs = [torch.randn(2, 4, 64, generator=g).half() for _ in range(3)]
+    lses = [torch.randn(2, 4, generator=g) for _ in range(3)]
+
+    def step(outs, lses, a, b):
+        out, lse = flash_decode.merge_states(outs, lses)
+        return flash_decode.merge_state(out, lse, a, b)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    out, lse = compiled(outs, lses, outs[0] * 2, lses[0] - 1)
+    # A list is stacked into the op; merge_state is the op of two states.
+    assert cpu_merge == [((3, 2, 4, 64), (3, 2, 4)), ((2, 2, 4, 64), (2, 2, 4))]
+    want_out, want_lse = _merge_states_cpu(torch.stack(outs), torch.stack(lses))
+    want_out, want_lse = _merge_states_cpu(torch.stack([want_out, outs[0] * 2]), torch.stack([want_lse, lses[0] - 1]))
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("outs, lses, pattern", [
+    (torch.zeros(3, 4, 64, dtype=torch.int32), torch.zeros(3, 4), "outs must be torch.float16"),
+    (torch.zeros(3, 4, 64), torch.zeros(3, 4, dtype=torch.float16), "lses must be torch.float32"),
+    (torch.zeros(3, 4, 64), torch.zeros(2, 4), "lses must hold num_states=3"),
+    (torch.zeros(3, 4, 6), torch.zeros(3, 4), "headdim=6"),
+], ids=["outs int32", "lses fp16", "counts differ", "headdim 6"])
+def test_compiled_merge_checks_arguments_at_trace_time(cpu_merge, outs, lses, pattern):
+    compiled = torch.compile(flash_decode.merge_states, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=pattern):
+        compiled(outs, lses)
+    assert cpu_merge == []
+
+
+def test_merge_opcheck(cpu_merge):
+    g = torch.Generator().manual_seed(4)
+    torch.library.opcheck(_ops.merge_states, (torch.randn(3, 2, 5, 32, generator=g), torch.randn(3, 2, 5, generator=g)))
+
+
 def test_eager_calls_do_not_go_through_the_ops(cpu_ops, fake_binding):
     a = inputs()
     flash_decode.flash_decode(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=a["lens"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from . import _native
-from ._api import _current_stream, _translate
+from ._api import _current_stream, _is_compiling, _translate
 
 _DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # core.DType
 _MAX_POINTERS = 8   # core.MergePointers: more states are stacked into one tensor
@@ -34,8 +34,9 @@ def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, .
     as one kernel on ``torch.cuda.current_stream()`` of the inputs' device,
     with no host synchronization and no allocation besides the two outputs
     (and a stacked copy of a list that cannot be passed as it is, see
-    below), so it can be captured in a CUDA graph. It is not differentiable,
-    and not a custom op: under torch.compile it is a graph break.
+    below), so it can be captured in a CUDA graph. It is not differentiable.
+    Under torch.compile it is the custom op ``flash_decode::merge_states``
+    of stacked states (a list is stacked first), with no graph break.
 
     FlashInfer's ``merge_states(v, s)`` takes the states in dimension 1
     (``(seq_len, num_states, ...)``); here they are dimension 0: pass
@@ -91,6 +92,8 @@ def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, .
         >>> out.shape, lse.shape
         (torch.Size([8, 1, 32, 128]), torch.Size([8, 1, 32]))
     """
+    if _is_compiling():
+        return _traced(outs, lses, None, None)
     return _merge(outs, lses, None, None)
 
 
@@ -119,14 +122,26 @@ def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
         >>> torch.allclose(lse, torch.logaddexp(lse_a, lse_b), atol=1e-5)
         True
     """
-    return _merge((out_a, out_b), (lse_a, lse_b), ("out_a", "out_b"), ("lse_a", "lse_b"))
+    names = ("out_a", "out_b"), ("lse_a", "lse_b")
+    if _is_compiling():
+        return _traced((out_a, out_b), (lse_a, lse_b), *names)
+    return _merge((out_a, out_b), (lse_a, lse_b), *names)
 
 
-def _merge(outs, lses, out_names, lse_names):
-    """merge_states, with names for the list items in messages (None:
-    outs[i] and lses[i])."""
+def _traced(outs, lses, out_names, lse_names):
+    """merge_states while torch.compile traces: the arguments checked as the
+    eager call checks them (but the devices, and what only addresses tell),
+    a list stacked, then the op flash_decode::merge_states."""
+    o, lse_in = _check(outs, lses, out_names, lse_names)
+    stacked = [x.tensors[0] if x.stacked else torch.stack(x.tensors) for x in (o, lse_in)]
+    return torch.ops.flash_decode.merge_states(*stacked)
+
+
+def _check(outs, lses, out_names, lse_names):
+    """The checks of merge_states that need no device: outs and lses as
+    _States of one count, dtype and head dim the kernel takes."""
     o = _states("outs", outs, out_names, headdim=True)
-    dtype, device, num_states, rows, headdim = o.dtype, o.device, o.count, o.rows, o.headdim
+    dtype, num_states, rows, headdim = o.dtype, o.count, o.rows, o.headdim
     if dtype not in _DTYPE_CODES:
         raise TypeError(f"{o.name} must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
     if headdim % 4 or not 4 <= headdim <= _MAX_HEADDIM:
@@ -135,6 +150,14 @@ def _merge(outs, lses, out_names, lse_names):
     lse_in = _states("lses", lses, lse_names, headdim=False, rows=rows, of=o.name)
     if lse_in.count != num_states:
         raise ValueError(f"lses must hold num_states={num_states} states to match outs, got {lse_in.count}")
+    return o, lse_in
+
+
+def _merge(outs, lses, out_names, lse_names):
+    """merge_states, with names for the list items in messages (None:
+    outs[i] and lses[i])."""
+    o, lse_in = _check(outs, lses, out_names, lse_names)
+    dtype, device, num_states, rows, headdim = o.dtype, o.device, o.count, o.rows, o.headdim
     if device.type != "cuda":
         raise ValueError(f"{o.name} must be on a CUDA device, got {device}")
     if lse_in.device != device:

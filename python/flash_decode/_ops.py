@@ -9,7 +9,9 @@ While torch.compile traces, :func:`flash_decode.flash_decode` calls
 
 Both return ``(out, lse)``, fresh contiguous tensors; their CUDA kernels run
 the eager path, and their fake kernels give the shapes and dtypes the
-compiler traces with. Eager calls never come through here. Every optional
+compiler traces with. Eager calls never come through here. So does
+``flash_decode::merge_states`` for :func:`flash_decode.merge_states` (and
+merge_state) of stacked states. Every optional
 argument of flash_decode maps onto the op schema: tensors as ``Tensor?``, an
 int cache_seqlens as ``seqlen`` (``int?``), window_size as two ints,
 max_seqlen_k as ``int?``.
@@ -50,6 +52,19 @@ def decode_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
         cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=softmax_scale, causal=causal,
         window_size=(window_left, window_right), softcap=softcap, rotary_interleaved=rotary_interleaved,
         alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True, max_seqlen_k=max_seqlen_k)
+
+
+@torch.library.custom_op("flash_decode::merge_states", mutates_args=(), device_types="cuda")
+def merge_states(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
+    """merge_states of stacked states (num_states, *rows, headdim) and their
+    LSEs (num_states, *rows); returns (out, lse)."""
+    from . import _merge  # (it imports this module)
+    return _merge._merge(outs, lses, None, None)
+
+
+@merge_states.register_fake
+def _merge_states_fake(outs, lses):
+    return outs.new_empty(outs.shape[1:]), outs.new_empty(outs.shape[1:-1], dtype=torch.float32)
 
 
 def _results(q):
