@@ -460,3 +460,30 @@ def test_cuda_compiled_step_in_a_cuda_graph():
 def test_cuda_opcheck(append):
     op = torch.ops.flash_decode.decode_append if append else torch.ops.flash_decode.decode
     torch.library.opcheck(op.default, op_args(inputs("cuda"), append))
+
+
+def cascade_step(q, k_prefix, v_prefix, k, v, lens):
+    """Cascade attention: a shared prefix and each sequence's own keys, merged."""
+    o1, l1 = flash_decode.flash_decode(q, k_prefix, v_prefix, return_softmax_lse=True)
+    o2, l2 = flash_decode.flash_decode(q, k, v, cache_seqlens=lens, return_softmax_lse=True)
+    return flash_decode.merge_states([o1, o2], [l1.transpose(1, 2), l2.transpose(1, 2)])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_cuda_cascade_step_compiles_and_matches_eager(backend):
+    torch._dynamo.reset()
+    a = inputs("cuda")
+    prefix = [x[:1].expand(B, -1, -1, -1) for x in (a["k_cache"] * 0.5, a["v_cache"])]
+    args = (a["q"], *prefix, a["k_cache"], a["v_cache"], a["lens"])
+    assert_no_graph_break(cascade_step, *args)
+    compiled = torch.compile(cascade_step, fullgraph=True, backend=backend)
+    for got, want in zip(compiled(*args), cascade_step(*args)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.cuda
+def test_cuda_merge_opcheck():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    outs = torch.randn(3, 2, 5, 64, generator=g, device="cuda", dtype=torch.float16)
+    torch.library.opcheck(_ops.merge_states, (outs, torch.randn(3, 2, 5, generator=g, device="cuda")))
