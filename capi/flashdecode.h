@@ -277,10 +277,13 @@ typedef struct fd_merge_args {
                              pointers, strides multiples of 4 */
     fd_merge_input lses;  /* (num_states, rows...) float32 natural-log LSEs, 4-byte aligned */
     uint64_t out;         /* CUdeviceptr of (rows..., head_dim) in dtype, written; 4-element
-                             aligned, strides multiples of 4; must not overlap the inputs */
+                             aligned, strides multiples of 4; must not overlap the inputs or
+                             lse (byte ranges, first to last element, are compared: an out
+                             interleaved with the states in one buffer is refused) */
     int64_t out_strides[3];
     uint64_t lse;         /* CUdeviceptr of (rows...) float32 receiving the merged LSE, 4-byte
-                             aligned; must not overlap the inputs; 0: not wanted */
+                             aligned; must not overlap the inputs or out (as out);
+                             0: not wanted */
     int64_t lse_strides[3];
 } fd_merge_args;
 

@@ -222,6 +222,24 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 			t.Errorf("%s: Run allocates %v times a call", tc.name, allocs)
 		}
 	}
+	// Sizing hints in turn (max_seqlen_k buckets of interleaved batches): each is
+	// planned once, then kept.
+	hints := []int{-1, 512, 1024, 4096}
+	for _, h := range hints {
+		args.Seqlen = h
+		if _, err := r.Run(&args, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allocs := testing.AllocsPerRun(25, func() {
+		for _, h := range hints {
+			args.Seqlen = h
+			r.Run(&args, 0)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Runs at %d hints in turn allocate %v times a round", len(hints), allocs)
+	}
 }
 
 // TestRunRefusesABadWorkspace: on the fake device, a workspace that is

@@ -18,11 +18,18 @@ import (
 type Prepared struct {
 	p      core.Problem // the layout; device addresses and Seqlen come with each Run
 	device int
-	// last is the plan the last Run launched at a Seqlen that steps do
-	// not change (negative: the whole cache or the lengths at CacheSeqlens;
-	// a sizing hint with CacheSeqlens), ready for the next Run at it.
-	last atomic.Pointer[ready]
+	// readies are the plans the last Runs launched at a Seqlen that steps
+	// do not change (negative: the whole cache or the lengths at
+	// CacheSeqlens; a sizing hint with CacheSeqlens), ready for the next Run
+	// at one of them; a miss replaces them in turn (next).
+	readies [readySlots]atomic.Pointer[ready]
+	next    atomic.Uint32
 }
+
+// readySlots is how many Seqlens a Prepared keeps ready: a layout run at
+// a few sizing hints in turn (max_seqlen_k buckets of interleaved batches,
+// say) plans and allocates only the first time at each.
+const readySlots = 4
 
 // ready is a Prepared layout's plan at one Seqlen, ready to launch: its
 // device, plan and kernels, and the kernels' parameters but the device
@@ -94,13 +101,13 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 	if p.Seqlen >= 0 && p.CacheSeqlens == 0 {
 		return run(&p, a.Workspace, a.WorkspaceBytes, r.device, stream) // an int length: new each step
 	}
-	w := r.last.Load()
-	if w == nil || w.seqlen != p.Seqlen {
+	w := r.readyAt(p.Seqlen)
+	if w == nil {
 		var err error
 		if w, err = r.ready(p.Seqlen); err != nil {
 			return core.Plan{}, err
 		}
-		r.last.Store(w)
+		r.readies[r.next.Add(1)%readySlots].Store(w)
 	}
 	pl := &w.pd.plan
 	if err := checkWorkspace(&p, pl, a.Workspace, a.WorkspaceBytes); err != nil {
@@ -112,6 +119,16 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 		return core.Plan{}, err
 	}
 	return *pl, nil
+}
+
+// readyAt returns the kept plan at seqlen, or nil.
+func (r *Prepared) readyAt(seqlen int) *ready {
+	for i := range r.readies {
+		if w := r.readies[i].Load(); w != nil && w.seqlen == seqlen {
+			return w
+		}
+	}
+	return nil
 }
 
 // ready plans r's layout at seqlen as run would (the plan depends on the
