@@ -152,15 +152,16 @@ func check(call string, r C.CUresult) error {
 }
 
 // params fills the kernels' argument struct from a validated problem and its plan:
-// the layout's fields, then the call's addresses.
+// the layout's fields, then the call's.
 func params(p *core.Problem, pl *core.Plan, workspace uintptr) C.fd_params {
 	k := layoutParams(p, pl)
-	setAddresses(&k, p, pl, workspace)
+	setCall(&k, p, pl, workspace)
 	return k
 }
 
-// layoutParams fills every field but the device addresses: what a Prepared
-// layout run at one Seqlen keeps from call to call (see Prepared.Run).
+// layoutParams fills every field but the device addresses and the length:
+// what a Prepared layout run at the lengths of one plan keeps from call to
+// call (see Prepared.Run).
 func layoutParams(p *core.Problem, pl *core.Plan) C.fd_params {
 	k := plainParams(p, pl)
 	if pl.Variant.Form.Serving() {
@@ -169,9 +170,14 @@ func layoutParams(p *core.Problem, pl *core.Plan) C.fd_params {
 	return k
 }
 
-// setAddresses sets the device addresses of k, and those in the workspace,
-// from p and workspace: the fields layoutParams leaves at 0.
-func setAddresses(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) {
+// setCall sets what layoutParams leaves at 0: the device addresses (those
+// in the workspace too) from p and workspace, and the length (p.Seqlen,
+// the whole cache when negative).
+func setCall(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) {
+	k.seqlen = C.int(p.SeqlenCache)
+	if p.Seqlen >= 0 {
+		k.seqlen = C.int(p.Seqlen)
+	}
 	setPtr(unsafe.Pointer(&k.q), p.Q.Ptr)
 	setPtr(unsafe.Pointer(&k.k), p.K.Ptr)
 	setPtr(unsafe.Pointer(&k.v), p.V.Ptr)
@@ -214,10 +220,6 @@ func plainParams(p *core.Problem, pl *core.Plan) C.fd_params {
 	k.group = C.int(p.HeadsQ / p.HeadsKV)
 	k.head_dim = C.int(p.HeadDim)
 	k.seqlen_cache = C.int(p.SeqlenCache)
-	k.seqlen = C.int(p.SeqlenCache)
-	if p.Seqlen >= 0 {
-		k.seqlen = C.int(p.Seqlen)
-	}
 	k.num_splits = C.int(pl.NumSplits)
 	k.row_tiles = C.int(pl.RowTiles)
 	if p.Causal {

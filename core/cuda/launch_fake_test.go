@@ -106,6 +106,16 @@ func launchCases() []launchCase {
 			p.New, p.Causal = paged().New, true
 			return p
 		}(), "fused"},
+		{"an int length", func() core.Problem {
+			p := plain(4, 32, 8, 4096, 0)
+			p.CacheSeqlens, p.Seqlen = 0, 1000
+			return p
+		}(), "any"},
+		{"an int length and an append", func() core.Problem {
+			p := plain(2, 32, 8, 4096, 0)
+			p.CacheSeqlens, p.Seqlen, p.New = 0, 1000, paged().New
+			return p
+		}(), "fused"},
 	}
 }
 
@@ -130,7 +140,8 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 				"dense":    pl.Combine == pl.Variant.CombineNarrowDense,
 				"append":   pl.Append != "",
 				"fused":    pl.FusedAppend() && pl.Append == "",
-				"balanced": pl.BalanceSplits > 0 && pl.Grid[1] == 1 && pl.CombineGrid > 0}
+				"balanced": pl.BalanceSplits > 0 && pl.Grid[1] == 1 && pl.CombineGrid > 0,
+				"any":      true}
 			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}
@@ -239,6 +250,22 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("Runs at %d hints in turn allocate %v times a round", len(hints), allocs)
+	}
+	// An int length growing a token a step: one plan for each block of 32 lengths.
+	args.CacheSeqlens, args.Seqlen = 0, 993
+	if _, err := r.Run(&args, 0); err != nil {
+		t.Fatal(err)
+	}
+	allocs = testing.AllocsPerRun(10, func() {
+		for n := 993; n <= 1024; n++ {
+			args.Seqlen = n
+			if _, err := r.Run(&args, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Runs at the 32 int lengths of one block allocate %v times a round", allocs)
 	}
 }
 

@@ -73,8 +73,8 @@ func TestFatbinHoldsEveryKernel(t *testing.T) {
 }
 
 // TestLayoutParamsReadNoAddress: a Prepared keeps layoutParams from call to
-// call and sets only the addresses (setAddresses), so layoutParams must not
-// depend on any address, and the two must give params' struct.
+// call and sets only the addresses and the length (setCall), so
+// layoutParams must depend on neither, and the two must give params' struct.
 func TestLayoutParamsReadNoAddress(t *testing.T) {
 	const ws = uintptr(10) << 30
 	for _, tc := range launchCases() {
@@ -87,16 +87,17 @@ func TestLayoutParamsReadNoAddress(t *testing.T) {
 		zero.Q.Ptr, zero.K.Ptr, zero.V.Ptr, zero.Out.Ptr, zero.LSE, zero.CacheSeqlens = 0, 0, 0, 0, 0, 0
 		zero.BlockTable, zero.CacheBatchIdx, zero.CacheLeftpad, zero.AlibiSlopes = 0, 0, 0, 0
 		zero.New.K.Ptr, zero.New.V.Ptr, zero.Rotary.Cos, zero.Rotary.Sin = 0, 0, 0, 0
+		zero.Seqlen = 7
 		k := layoutParams(&zero, &pl)
 		if k != layoutParams(&p, &pl) {
-			t.Errorf("%s: layoutParams reads an address", tc.name)
+			t.Errorf("%s: layoutParams reads an address or the length", tc.name)
 		}
-		setAddresses(&k, &p, &pl, ws)
+		setCall(&k, &p, &pl, ws)
 		if k != params(&p, &pl, ws) {
-			t.Errorf("%s: layoutParams and setAddresses differ from params", tc.name)
+			t.Errorf("%s: layoutParams and setCall differ from params", tc.name)
 		}
 		if k == layoutParams(&p, &pl) {
-			t.Errorf("%s: setAddresses set no address", tc.name)
+			t.Errorf("%s: setCall set no address", tc.name)
 		}
 	}
 }

@@ -18,24 +18,24 @@ import (
 type Prepared struct {
 	p      core.Problem // the layout; device addresses and Seqlen come with each Run
 	device int
-	// readies are the plans the last Runs launched at a Seqlen that steps
-	// do not change (negative: the whole cache or the lengths at
-	// CacheSeqlens; a sizing hint with CacheSeqlens), ready for the next Run
-	// at one of them; a miss replaces them in turn (next).
+	// readies are the plans the last Runs launched, by the Seqlen of their
+	// plan key (core.Shape.PlanKey: the whole cache, a sizing hint, or a
+	// block of 32 int lengths), ready for the next Run at one of them; a
+	// miss replaces them in turn (next).
 	readies [readySlots]atomic.Pointer[ready]
 	next    atomic.Uint32
 }
 
-// readySlots is how many Seqlens a Prepared keeps ready: a layout run at
+// readySlots is how many plan keys a Prepared keeps ready: a layout run at
 // a few sizing hints in turn (max_seqlen_k buckets of interleaved batches,
 // say) plans and allocates only the first time at each.
 const readySlots = 4
 
-// ready is a Prepared layout's plan at one Seqlen, ready to launch: its
+// ready is a Prepared layout's plan at one plan key, ready to launch: its
 // device, plan and kernels, and the kernels' parameters but the device
-// addresses, which are all that change between such calls.
+// addresses and the length, which are all that change between such calls.
 type ready struct {
-	seqlen int
+	seqlen int // the plan key's
 	d      *device
 	pd     planned
 	layout C.fd_params
@@ -98,13 +98,12 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 	if p.Seqlen > p.SeqlenCache {
 		return core.Plan{}, p.ValidateLayout() // the one layout check that depends on a per-call value
 	}
-	if p.Seqlen >= 0 && p.CacheSeqlens == 0 {
-		return run(&p, a.Workspace, a.WorkspaceBytes, r.device, stream) // an int length: new each step
-	}
-	w := r.readyAt(p.Seqlen)
+	key := p.Shape // PlanKey reads Seqlen, the appended tokens and the capacity
+	key.SeqlenNew = p.New.Seqlen
+	w := r.readyAt(key.PlanKey().Seqlen)
 	if w == nil {
 		var err error
-		if w, err = r.ready(p.Seqlen); err != nil {
+		if w, err = r.ready(key.PlanKey().Seqlen); err != nil {
 			return core.Plan{}, err
 		}
 		r.readies[r.next.Add(1)%readySlots].Store(w)
@@ -114,7 +113,7 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 		return core.Plan{}, err
 	}
 	k := w.layout
-	setAddresses(&k, &p, pl, a.Workspace)
+	setCall(&k, &p, pl, a.Workspace)
 	if err := w.d.launch(&k, &w.pd, stream); err != nil {
 		return core.Plan{}, err
 	}
@@ -131,9 +130,9 @@ func (r *Prepared) readyAt(seqlen int) *ready {
 	return nil
 }
 
-// ready plans r's layout at seqlen as run would (the plan depends on the
-// layout and Seqlen alone) and fills the kernels' parameters but the
-// addresses.
+// ready plans r's layout at seqlen, a plan key's, as run would (a Seqlen
+// plans as its key does) and fills the kernels' parameters but the
+// addresses and the length.
 func (r *Prepared) ready(seqlen int) (*ready, error) {
 	d, err := getDevice("decode", r.device)
 	if err != nil {
