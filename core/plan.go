@@ -39,8 +39,9 @@ type Plan struct {
 	CombineRows    int    `json:"combine_rows"`
 	// The workspace holds o_partial, float32 [NumSplits][rows][HeadDim]
 	// at offset 0, and lse_partial, float32 [NumSplits][rows] at
-	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ and
-	// HeadDim the problem's own (not the variant's padded) head dim; both
+	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ -
+	// CombineRow0 (the rows the combine merges, in order) and HeadDim the
+	// problem's own (not the variant's padded) head dim; both
 	// only when a combine runs. With a rotary embedding (Shape.RotaryQ) it
 	// also holds the rotated q, QRotBytes of (Batch, SeqlenQ, HeadsQ,
 	// HeadDim) contiguous in the dtype, at QRotOffset (256-byte aligned,
@@ -258,7 +259,8 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		SMs:         sms,
 		BlocksPerSM: blocksPerSM,
 	}
-	partials := 0 // splits whose partials the workspace holds: the combine's
+	partials := 0       // splits whose partials the workspace holds: the combine's
+	partialRows := rows // rows a split's partials hold: from CombineRow0 on
 	switch {
 	case balanced > 0:
 		// The combine equal lengths take (its fold steps through more
@@ -274,7 +276,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		p.WholeItems = whole
 		p.Grid = [3]int{whole + (blocks-whole)*splits, 1, 1}
 		p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
-		partials = splits
+		partials, partialRows = splits, rows-p.CombineRow0
 		p.setCombine(v, rows-p.CombineRow0, s.HeadDim)
 	case merging(splits) == mergeCluster:
 		p.Cluster = splits
@@ -292,7 +294,7 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 	if s.RotaryQ {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
 	}
-	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows, s.HeadDim, p.QRotBytes)
+	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, partialRows, s.HeadDim, p.QRotBytes)
 	if s.SeqlenNew > 0 && !v.Form.FusedAppend() {
 		p.Append, p.AppendThreads = v.Append, appendThreads
 		p.AppendGrid = [3]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch, s.appendParts()}

@@ -109,11 +109,11 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		fail("the combine's first row is outside the rows")
 	}
 	end := 0 // the end of the partials
-	if combines {
-		if p.LSEPartialOffset%256 != 0 || p.LSEPartialOffset < p.NumSplits*rows*s.HeadDim*4 {
+	if combines { // the partials of the rows the combine merges
+		if p.LSEPartialOffset%256 != 0 || p.LSEPartialOffset < p.NumSplits*(rows-p.CombineRow0)*s.HeadDim*4 {
 			fail("lse_partial overlaps o_partial or is misaligned")
 		}
-		end = p.LSEPartialOffset + p.NumSplits*rows*4
+		end = p.LSEPartialOffset + p.NumSplits*(rows-p.CombineRow0)*4
 	}
 	if s.RotaryQ {
 		if p.QRotBytes != rows*s.HeadDim*s.DType.Size() || p.QRotOffset%256 != 0 || p.QRotOffset < end {

@@ -679,7 +679,8 @@ func TestPlanTailSplit(t *testing.T) {
 				p.CombineGrid != tt.combine || p.CombineRow0 != tt.row0 || p.Cluster != 1 || !p.EarlyDependents() {
 				t.Errorf("%v: want %d whole, %d splits, grid %d, combine %d from row %d", p, tt.whole, tt.splits, tt.grid, tt.combine, tt.row0)
 			}
-			rows := tt.s.Batch * tt.s.HeadsQ * tt.s.SeqlenQ
+			// The partials of the split rows only, from tt.row0 on.
+			rows := tt.s.Batch*tt.s.HeadsQ*tt.s.SeqlenQ - tt.row0
 			if off, _, total := workspaceLayout(tt.splits, rows, tt.s.HeadDim, 0); p.LSEPartialOffset != off || p.WorkspaceBytes != total {
 				t.Errorf("%v: workspace %d (lse at %d), want %d (%d)", p, p.WorkspaceBytes, p.LSEPartialOffset, total, off)
 			}

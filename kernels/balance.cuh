@@ -46,9 +46,9 @@ __device__ __forceinline__ int fd_balance_len(const fd_balance_args &a, int b) {
 }
 
 // The key tiles of a sequence of len keys: with the appended tokens,
-// clamped to the cache.
+// clamped to the cache (len first, so that the sum cannot wrap).
 __device__ __forceinline__ int fd_balance_tiles(const fd_balance_args &a, int len) {
-    len = min(max(len + a.seqlen_new, 0), a.seqlen_cache);
+    len = min(max(min(len, a.seqlen_cache - a.seqlen_new) + a.seqlen_new, 0), a.seqlen_cache);
     return (len + a.tile_keys - 1) / a.tile_keys;
 }
 

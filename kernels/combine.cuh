@@ -62,11 +62,12 @@
 // Folds splits first, first + step, ... (below count) of one output row into
 // a warp's state st and its lane's columns acc (zeroed here; fd_fold_states),
 // 8 at a time in one round trip to L2. lse_s and o_row are the row's split 0
-// (split s at lse_s[s * rows_total] and o_row + s * rows_total * head_dim).
+// (split s at lse_s[s * partial_rows] and o_row + s * partial_rows * head_dim,
+// partial_rows being the workspace's rows: those from combine_row0 on).
 // An empty split (-inf) weighs 0; its o_s is 0.
 template <int SLICES>
 __device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLICES], const fd_params &p,
-                                                const float *lse_s, const float *o_row, int rows_total,
+                                                const float *lse_s, const float *o_row, int partial_rows,
                                                 int first, int step, int count) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -74,8 +75,8 @@ __device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLIC
     fd_fold_states<FD_COMBINE_UNROLL, SLICES, false, float4>(
         st, acc, first, count, step,
         [&](int s, bool live, float4 (&x)[SLICES]) {
-            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
-            const float *src = o_row + (long long)s * rows_total * p.head_dim;
+            const float m = live ? lse_s[(long long)s * partial_rows] * CUDART_L2E_F : -CUDART_INF_F;
+            const float *src = o_row + (long long)s * partial_rows * p.head_dim;
 #pragma unroll
             for (int i = 0; i < SLICES; ++i) {
                 const int d = lane * 4 + 128 * i;
@@ -101,13 +102,13 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
     __shared__ float4 sum[WARPS - 1][kSlices * 32];
     __shared__ fd_state part[WARPS - 1];
-    const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;  // the workspace's rows
     const int row = p.combine_row0 + blockIdx.x;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + row;  // split s at lse_s[s * rows_total]
-    const float *o_row = p.o_partial + (long long)row * p.head_dim;  // split s at + s * rows_total * head_dim
+    const float *lse_s = p.lse_partial + (row - p.combine_row0);  // split s at lse_s[s * partial_rows]
+    const float *o_row = p.o_partial + (long long)(row - p.combine_row0) * p.head_dim;  // split s at + s * partial_rows * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;  // balanced: the row's own (balance.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
@@ -118,7 +119,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     // so 8 * WARPS splits cost a single round trip to L2.
     fd_state st = fd_state_empty();
     float4 acc[kSlices];
-    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, warp, WARPS, count);
+    fd_combine_fold(st, acc, p, lse_s, o_row, partial_rows, warp, WARPS, count);
 
     FD_TRACE(2);  // dev/trace/trace.cu: this warp's loads have landed and are merged
 
@@ -163,12 +164,12 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 template <typename T, int WARPS, bool BALANCED>
 __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
-    const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;  // the workspace's rows
     const int row = p.combine_row0 + blockIdx.x * WARPS + threadIdx.x / 32;  // a warp's row
-    const bool live_row = row < rows_total;
+    const bool live_row = row - p.combine_row0 < partial_rows;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + row;
-    const float *o_row = p.o_partial + (long long)row * p.head_dim;
+    const float *lse_s = p.lse_partial + (row - p.combine_row0);
+    const float *o_row = p.o_partial + (long long)(row - p.combine_row0) * p.head_dim;
     fd_touch_params(out, lse_s, o_row, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
@@ -178,7 +179,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
 
     fd_state st = fd_state_empty();
     float4 acc[kSlices];
-    fd_combine_fold(st, acc, p, lse_s, o_row, rows_total, 0, 1, count);
+    fd_combine_fold(st, acc, p, lse_s, o_row, partial_rows, 0, 1, count);
     FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
     FD_TRACE(3);  // (no warps to meet)
     const int lane = threadIdx.x % 32;
@@ -214,15 +215,15 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     __shared__ float4 sum[WARPS - 1][kLanes];
     __shared__ fd_state part[WARPS - 1];
     const int groups = (p.head_dim + FD_COMBINE_COLS - 1) / FD_COMBINE_COLS;
-    const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;  // the workspace's rows
     const int row = p.combine_row0 + blockIdx.x / groups;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int d = blockIdx.x % groups * FD_COMBINE_COLS + lane % kLanes * 4;  // this lane's 4 columns
     const bool live_col = d < p.head_dim;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + row;
-    const float *o_col = p.o_partial + (long long)row * p.head_dim + d;
+    const float *lse_s = p.lse_partial + (row - p.combine_row0);
+    const float *o_col = p.o_partial + (long long)(row - p.combine_row0) * p.head_dim + d;
     fd_touch_params(out, lse_s, o_col, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
@@ -234,9 +235,9 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     fd_fold_states<FD_COMBINE_UNROLL, 1, false, float4>(
         st, acc, warp * kSubs + lane / kLanes, count, WARPS * kSubs,
         [&](int s, bool live, float4 (&x)[1]) {
-            const float m = live ? lse_s[(long long)s * rows_total] * CUDART_L2E_F : -CUDART_INF_F;
+            const float m = live ? lse_s[(long long)s * partial_rows] * CUDART_L2E_F : -CUDART_INF_F;
             x[0] = live && live_col
-                       ? *reinterpret_cast<const float4 *>(o_col + (long long)s * rows_total * p.head_dim)
+                       ? *reinterpret_cast<const float4 *>(o_col + (long long)s * partial_rows * p.head_dim)
                        : make_float4(0.f, 0.f, 0.f, 0.f);
             return m;
         },

@@ -24,9 +24,9 @@ typedef struct fd_params {
 
     // Workspace for num_splits > 1 (NULL when num_splits == 1: stage 1 then
     // writes out/lse itself and no combine runs). Rows are ordered
-    // (batch, head_q, query), the same order as lse.
-    float *o_partial;       // [num_splits][batch * heads_q * seqlen_q][head_dim], normalized per split
-    float *lse_partial;     // [num_splits][batch * heads_q * seqlen_q], -inf for a split that saw no key
+    // (batch, head_q, query), the same order as lse, from combine_row0 on.
+    float *o_partial;       // [num_splits][batch * heads_q * seqlen_q - combine_row0][head_dim], normalized per split
+    float *lse_partial;     // [num_splits][batch * heads_q * seqlen_q - combine_row0], -inf for a split that saw no key
 
     // Strides in elements.
     long long q_batch_stride, q_seq_stride, q_head_stride;
@@ -52,7 +52,8 @@ typedef struct fd_params {
     // 1-D grid whose first whole_items blocks each take one whole item (a
     // batch, K/V head, row tile, in that order) and whose later blocks take
     // the items after those in num_splits splits each; the combine then
-    // merges only their rows, from row combine_row0 on.
+    // merges only their rows, from row combine_row0 on, and the workspace
+    // holds only theirs (a split's partial of row r at r - combine_row0).
     int whole_items;
     int combine_row0;       // first output row (batch, head, query order) the combine merges
     // > 0: balanced splits (balance.cuh, core.Plan.BalanceSplits): the split

@@ -272,7 +272,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // the cache.
     const int base = balanced ? balanced_len : p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
     int len = base;
-    if constexpr (kCache) len += p.seqlen_new;  // the appended tokens are keys too
+    // The appended tokens are keys too (added to a length clamped first, so
+    // that a cache_seqlens near INT_MAX cannot wrap).
+    if constexpr (kCache) len = min(len, p.seqlen_cache - p.seqlen_new) + p.seqlen_new;
     len = min(max(len, 0), p.seqlen_cache);
     // Serving: keys before lo (the left padding) are never visible, and the
     // block starts at the tile of the first key any of its rows sees.
@@ -655,7 +657,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // LSE, so that the items are loads and multiply-adds. The two ways are
     // two copies of the loop (kByRow), so that the test is not made in
     // every item.
-    const int rows_total = p.batch * p.heads_q * p.seqlen_q;
+    // The workspace holds the rows the combine merges, from combine_row0 on
+    // (params.h), split by split.
+    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;
     float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
     float *park_lse = park_o + ROWS * D;      // [ROWS]
     const bool push = C::kPushMerge && clustered;
@@ -736,7 +740,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 fd_store4(out, acc);
                 if (d == 0 && p.lse != nullptr) p.lse[out_row] = lse;
             } else {
-                const long long prow = (long long)split * rows_total + out_row;
+                const long long prow = (long long)split * partial_rows + (out_row - p.combine_row0);
                 *reinterpret_cast<float4 *>(p.o_partial + prow * p.head_dim + d) = acc;
                 if (d == 0) p.lse_partial[prow] = lse;
             }
