@@ -56,7 +56,7 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
     fd_store4(out, acc);
     if (d == 0 && p.lse != nullptr)
         p.lse[(b * p.heads_q + head) * p.seqlen_q + qi] =
-            st.d > 0.f ? (off + log2f(st.d)) * CUDART_LN2_F : -CUDART_INF_F;
+            st.d == 0.f ? -CUDART_INF_F : (off + log2f(st.d)) * CUDART_LN2_F;  // NaN stays NaN (state.cuh)
 }
 
 // The pull form, for variants without kPushMerge: each block has parked its

@@ -56,12 +56,14 @@ __device__ __forceinline__ float fd_state_add(fd_state &s, float lse2) {
 }
 
 // The factor that normalizes the state's output: 1 / d, or 0 when empty (no
-// visible key: output 0).
-__device__ __forceinline__ float fd_state_norm(fd_state s) { return s.d > 0.f ? 1.f / s.d : 0.f; }
+// visible key: output 0). A NaN sum (a NaN or +inf score or LSE went in)
+// stays NaN, so that it is never taken for an empty state downstream.
+__device__ __forceinline__ float fd_state_norm(fd_state s) { return s.d == 0.f ? 0.f : 1.f / s.d; }
 
-// Base-2 log-sum-exp of the state's scores; -inf when empty.
+// Base-2 log-sum-exp of the state's scores; -inf when empty, NaN when a NaN
+// or +inf went in.
 __device__ __forceinline__ float fd_state_lse2(fd_state s) {
-    return s.d > 0.f ? s.m + log2f(s.d) : -CUDART_INF_F;
+    return s.d == 0.f ? -CUDART_INF_F : s.m + log2f(s.d);
 }
 
 // The outputs that go with states, 4 columns (a float4) at a time.

@@ -337,6 +337,23 @@ def test_empty_cache(cache_seqlens):
     run_and_check(q, k, v, cache_seqlens=cache_seqlens, causal=True)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4, 40])
+def test_a_nan_key_gives_nan_as_sdpa_does(num_splits):
+    # A NaN key inside a sequence's length makes its group's rows NaN (out and lse),
+    # whether the splits merge in one block, a cluster or the combine: a split that
+    # saw it is not taken for an empty one (lse -inf) and left out. The other K/V
+    # head and the other sequence are untouched.
+    q, k, v = make(2, 1, 8, 2, 128, 4096)
+    k[0, 1000, 1] = float("nan")
+    out, lse = flash_decode.flash_decode(q, k, v, num_splits=num_splits, return_softmax_lse=True)
+    assert torch.isnan(out[0, :, 4:].float()).all() and torch.isnan(lse[0, 4:]).all()
+    k[0, 1000, 1] = 0.0
+    want, want_lse = flash_decode.flash_decode(q, k, v, num_splits=num_splits, return_softmax_lse=True)
+    torch.testing.assert_close(out[0, :, :4], want[0, :, :4], rtol=0, atol=0)
+    torch.testing.assert_close(out[1], want[1], rtol=0, atol=0)
+    torch.testing.assert_close(lse[1], want_lse[1], rtol=0, atol=0)
+
+
 def test_small_softmax_scale():
     # 1e-30 is a normal float32: honoured, not taken for the default (1e-50 is refused).
     q, k, v = make(2, 1, 8, 2, 128, 200)

@@ -291,6 +291,23 @@ def test_empty_states_weigh_nothing(dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_nan_or_inf_lse_gives_nan_not_an_empty_state(bad):
+    # An LSE of -inf means "empty, weighs nothing": a NaN or +inf LSE must give NaN
+    # (as core.MergeStatesReference does), never -inf, which a later merge would drop.
+    outs = torch.randn(3, 4, 2, 64, device="cuda", dtype=torch.float16)
+    lses = torch.randn(3, 4, 2, device="cuda")
+    lses[1, 2, 1] = bad
+    out, lse = flash_decode.merge_states(outs, lses)
+    assert torch.isnan(lse[2, 1]) and torch.isnan(out[2, 1].float()).all()
+    lses[1, 2, 1] = 0.0
+    want_out, want_lse = merge_reference(outs, lses)
+    keep = torch.ones(4, 2, dtype=torch.bool, device="cuda")
+    keep[2, 1] = False
+    check(out[keep], lse[keep], want_out[keep], want_lse[keep], torch.float16)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("headdim", [4, 8, 60, 100, 128, 192, 256])
 def test_headdims(dtype, headdim):
