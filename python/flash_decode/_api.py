@@ -777,12 +777,10 @@ def _check_bool(name, value):
 def _check_int(name, value):
     """Return value as an int; TypeError for bools, floats and non-numbers,
     ValueError past int64 (what the Go core takes)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    # No try/except: torch.compile's tracer of torch 2.11 passes on operator.index's own error.
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = operator.index(value)
     if not -_INT64 <= value < _INT64:
         raise ValueError(f"{name}={value} is out of range (a 64-bit int)")
     return value
