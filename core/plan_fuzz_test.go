@@ -108,7 +108,7 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	case p.WholeItems == 0 && p.CombineRow0 != 0, p.CombineRow0 < 0 || p.CombineRow0 >= max(rows, 1):
 		fail("the combine's first row is outside the rows")
 	}
-	end := 0 // the end of the partials
+	end := 0      // the end of the partials
 	if combines { // the partials of the rows the combine merges
 		if p.LSEPartialOffset%256 != 0 || p.LSEPartialOffset < p.NumSplits*(rows-p.CombineRow0)*s.HeadDim*4 {
 			fail("lse_partial overlaps o_partial or is misaligned")
