@@ -51,7 +51,8 @@ typedef enum fd_status {
     FD_OK = 0,
     FD_ERR_INVALID = 1,     /* an argument can never be right (negative size, NULL pointer,
                                a device ordinal with no GPU, ...) */
-    FD_ERR_UNSUPPORTED = 2, /* well-formed, but no kernel for it (e.g. a dtype or head_dim) */
+    FD_ERR_UNSUPPORTED = 2, /* well-formed, but no kernel for it (a dtype or head_dim, a GPU
+                               older than sm_80, a build without kernels) */
     FD_ERR_CUDA = 3,        /* the driver failed: a launch error, out of resources, ... */
     FD_ERR_BUFFER = 4,      /* a caller buffer is too small (fd_plan_json) */
     FD_ERR_INTERNAL = 5,    /* a bug in flash-decode; please report fd_last_error() */

@@ -229,6 +229,22 @@ def test_plan_of_a_bound_with_new_tokens_is_the_plan_launched(tmp_path):
     assert plans[0] == plans[1] != plans[2]  # 200 keys are planned as 256; 40000 as the cache's 32768
 
 
+@needs_extension
+@needs_fake_device
+def test_a_gpu_older_than_sm80_is_refused_as_unsupported():
+    # The fake device posing as sm_70: the kernels' oldest code is sm_80, and the message says so
+    # instead of the module loader's driver error.
+    child = run_python(
+        "import flash_decode\n"
+        "try:\n"
+        "    flash_decode.plan(1, 1, 32, 8, 128, 1024, device=0)\n"
+        "except NotImplementedError as err:\n"
+        "    print(err)\n",
+        LD_LIBRARY_PATH=str(FAKEDEVICE), FLASH_DECODE_FORCE_NATIVE=None, FAKECUDA_CC_MAJOR="7")
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "CUDA device 0 is sm_70; the kernels need sm_80 or newer" in child.stdout, child.stdout
+
+
 @needs_fakecuda
 def test_fake_driver_without_device():
     child = run_python(

@@ -121,13 +121,18 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
 	}
+	if major < 8 { // the fatbin's oldest code is sm_80: say so rather than fail in the loader
+		minor, _ := dev.Attribute(cu.ComputeCapabilityMinor)
+		return nil, &core.Error{Op: op, Arg: "device", Err: core.ErrUnsupported,
+			Msg: fmt.Sprintf("CUDA device %d is sm_%d%d; the kernels need sm_80 or newer", ordinal, major, minor)}
+	}
 	image, err := kernelImage()
 	if err != nil {
-		return nil, err
+		return nil, &core.Error{Op: op, Msg: err.Error(), Err: core.ErrUnsupported}
 	}
 	mod, err := loadModule(image)
 	if err != nil {
-		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d (needs sm_80 or newer): %w", ordinal, err)
+		return nil, fmt.Errorf("flashdecode: loading the kernels on device %d: %w", ordinal, err)
 	}
 	defer func() {
 		if err != nil {

@@ -18,9 +18,9 @@ import (
 //go:embed fatbin
 var fatbinFS embed.FS
 
-// errNoFatbin is what opening a device reports when the kernels were not
-// built into this binary.
-var errNoFatbin = errors.New("flashdecode: this build holds no CUDA kernels: run `go generate ./core/cuda` (needs nvcc) and rebuild")
+// errNoFatbin says that the kernels were not built into this binary; opening
+// a device reports it as core.ErrUnsupported.
+var errNoFatbin = errors.New("this build holds no CUDA kernels: run `go generate ./core/cuda` (needs nvcc) and rebuild")
 
 // kernelImage returns the embedded fatbin, or errNoFatbin.
 func kernelImage() (string, error) {

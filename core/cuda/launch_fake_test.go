@@ -327,3 +327,17 @@ func preparedSplitCall(t *testing.T, n int) (core.Problem, *Prepared, core.Plan)
 	}
 	return p, r, pl
 }
+
+// TestOpenRefusesAGPUOlderThanSm80: on the fake device posing as sm_70,
+// opening it reports core.ErrUnsupported and names the architecture, instead
+// of failing in the module loader with a driver error.
+func TestOpenRefusesAGPUOlderThanSm80(t *testing.T) {
+	if !fakeDevice() {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1")
+	}
+	t.Setenv("FAKECUDA_CC_MAJOR", "7")
+	_, err := openDevice("decode", 0)
+	if !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "sm_70; the kernels need sm_80 or newer") {
+		t.Fatalf("opening an sm_70 device: %v, want core.ErrUnsupported naming sm_70", err)
+	}
+}

@@ -102,7 +102,8 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned lo
     return 0;
 }""",
 }
-# With fake_device (tests only, never the wheel's copy): one device, an sm_90 part of 132 SMs,
+# With fake_device (tests only, never the wheel's copy): one device, an sm_90 part of 132 SMs
+# (FAKECUDA_CC_MAJOR, read at each query, sets another major version),
 # whose kernels do nothing. Enough driver for core/cuda to open it, load the module, plan and
 # launch: each launch is appended as a line to the file FAKECUDA_LAUNCH_LOG names (kernel
 # name, grid, block, shared bytes, cluster x, programmatic serialization), for tests of what
@@ -130,7 +131,11 @@ int cuDeviceGetAttribute(int *v, int attr, int dev) {
     if (!v || dev != 0) return 101;
     switch (attr) {
     case 16: *v = 132; break;             /* MULTIPROCESSOR_COUNT */
-    case 75: *v = 9; break;               /* COMPUTE_CAPABILITY_MAJOR */
+    case 75: {                            /* COMPUTE_CAPABILITY_MAJOR: FAKECUDA_CC_MAJOR, else 9 */
+        const char *m = getenv("FAKECUDA_CC_MAJOR");
+        *v = m ? atoi(m) : 9;
+        break;
+    }
     case 76: *v = 0; break;               /* COMPUTE_CAPABILITY_MINOR */
     case 1: *v = 1024; break;             /* MAX_THREADS_PER_BLOCK */
     case 10: *v = 32; break;              /* WARP_SIZE */
