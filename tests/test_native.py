@@ -245,6 +245,13 @@ def test_a_gpu_older_than_sm80_is_refused_as_unsupported():
     assert "CUDA device 0 is sm_70; the kernels need sm_80 or newer" in child.stdout, child.stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a GPU here")
+def test_plan_for_the_current_device_without_a_gpu_names_device_minus_one():
+    with pytest.raises(RuntimeError, match="torch sees none; device=-1 plans for a default H200-like device"):
+        flash_decode.plan(1, 1, 32, 8, 128, 1024)
+    assert flash_decode.plan(1, 1, 32, 8, 128, 1024, device=-1)["num_splits"] >= 1
+
+
 @needs_fakecuda
 def test_fake_driver_without_device():
     child = run_python(

@@ -595,8 +595,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         dtype: torch.float16 or torch.bfloat16.
         num_splits: as in :func:`flash_decode` (0: the planner chooses).
         device: a CUDA device (index, ``"cuda:1"`` or torch.device); None is
-            the current one; -1 plans for a default H200-like device (132 SMs)
-            without asking a GPU.
+            the current one (RuntimeError where torch sees no GPU); -1 plans
+            for a default H200-like device (132 SMs) without asking a GPU.
         seqlen: the valid length the planner assumes (an int cache_seqlens);
             None plans for the whole cache. With ``lengths`` it is the bound
             a call passes as max_seqlen_k, which is planned as there: rounded
@@ -748,6 +748,9 @@ def _translate(err):
 def _device_index(device):
     """plan()'s device as an index (-1: the default H200-like device)."""
     if device is None:
+        if not torch.cuda.is_available():  # torch's own error would not name the way out
+            raise RuntimeError("plan(device=None) plans for the current CUDA device, and torch sees none; "
+                               "device=-1 plans for a default H200-like device (132 SMs) without a GPU")
         return torch.cuda.current_device()
     if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
         raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}")
