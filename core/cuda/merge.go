@@ -51,9 +51,6 @@ func MergeStates(p *core.MergeProblem, device int, stream uintptr) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if device < 0 || device >= maxDevices {
-		return &core.Error{Op: "merge_states", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d", device), Err: core.ErrInvalid}
-	}
 	d, err := getDevice("merge_states", device)
 	if err != nil {
 		return err

@@ -100,10 +100,11 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 	}
 	key := p.Shape // PlanKey reads Seqlen, the appended tokens and the capacity
 	key.SeqlenNew = p.New.Seqlen
-	w := r.readyAt(key.PlanKey().Seqlen)
+	seqlen := key.PlanKey().Seqlen
+	w := r.readyAt(seqlen)
 	if w == nil {
 		var err error
-		if w, err = r.ready(key.PlanKey().Seqlen); err != nil {
+		if w, err = r.ready(seqlen); err != nil {
 			return core.Plan{}, err
 		}
 		r.readies[r.next.Add(1)%readySlots].Store(w)
