@@ -45,11 +45,20 @@ __device__ __forceinline__ int fd_balance_len(const fd_balance_args &a, int b) {
     return a.lens != nullptr ? a.lens[b] : a.seqlen;
 }
 
-// The key tiles of a sequence of len keys: with the appended tokens,
-// clamped to the cache (len first, so that the sum cannot wrap).
+// The keys a sequence attends when cache_seqlens gives it len: len plus
+// the seqlen_new appended tokens, clamped to [0, seqlen_cache] (len first,
+// so that a len near INT_MAX cannot wrap the sum). Stage 1 and the
+// balancing rule both count keys this way; kernels that never append pass
+// APPEND = false and skip the sum.
+template <bool APPEND = true>
+__device__ __forceinline__ int fd_attended_keys(int len, int seqlen_new, int seqlen_cache) {
+    if constexpr (APPEND) len = min(len, seqlen_cache - seqlen_new) + seqlen_new;
+    return min(max(len, 0), seqlen_cache);
+}
+
+// The key tiles of a sequence of len keys before the appended tokens.
 __device__ __forceinline__ int fd_balance_tiles(const fd_balance_args &a, int len) {
-    len = min(max(min(len, a.seqlen_cache - a.seqlen_new) + a.seqlen_new, 0), a.seqlen_cache);
-    return (len + a.tile_keys - 1) / a.tile_keys;
+    return (fd_attended_keys(len, a.seqlen_new, a.seqlen_cache) + a.tile_keys - 1) / a.tile_keys;
 }
 
 // A sequence's split count c_b for its tiles and the batch's total: its

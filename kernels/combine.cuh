@@ -48,6 +48,7 @@
 
 #include "balance.cuh"
 #include "params.h"
+#include "partials.cuh"
 #include "ptx.cuh"
 #include "state.cuh"
 
@@ -102,13 +103,13 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
     __shared__ float4 sum[WARPS - 1][kSlices * 32];
     __shared__ fd_state part[WARPS - 1];
-    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;  // the workspace's rows
+    const int partial_rows = fd_partial_rows(p);  // the workspace's rows (partials.cuh)
     const int row = p.combine_row0 + blockIdx.x;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + (row - p.combine_row0);  // split s at lse_s[s * partial_rows]
-    const float *o_row = p.o_partial + (long long)(row - p.combine_row0) * p.head_dim;  // split s at + s * partial_rows * head_dim
+    const float *lse_s = p.lse_partial + fd_partial_row(p, row);  // split s at lse_s[s * partial_rows]
+    const float *o_row = p.o_partial + (long long)fd_partial_row(p, row) * p.head_dim;  // split s at + s * partial_rows * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;  // balanced: the row's own (balance.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
@@ -164,12 +165,12 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
 template <typename T, int WARPS, bool BALANCED>
 __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     constexpr int kSlices = 2;  // 2 x 128 columns (float4 per lane) cover head dims up to 256
-    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;  // the workspace's rows
+    const int partial_rows = fd_partial_rows(p);  // the workspace's rows (partials.cuh)
     const int row = p.combine_row0 + blockIdx.x * WARPS + threadIdx.x / 32;  // a warp's row
-    const bool live_row = row - p.combine_row0 < partial_rows;
+    const bool live_row = fd_partial_row(p, row) < partial_rows;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + (row - p.combine_row0);
-    const float *o_row = p.o_partial + (long long)(row - p.combine_row0) * p.head_dim;
+    const float *lse_s = p.lse_partial + fd_partial_row(p, row);
+    const float *o_row = p.o_partial + (long long)fd_partial_row(p, row) * p.head_dim;
     fd_touch_params(out, lse_s, o_row, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
@@ -215,15 +216,15 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     __shared__ float4 sum[WARPS - 1][kLanes];
     __shared__ fd_state part[WARPS - 1];
     const int groups = (p.head_dim + FD_COMBINE_COLS - 1) / FD_COMBINE_COLS;
-    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;  // the workspace's rows
+    const int partial_rows = fd_partial_rows(p);  // the workspace's rows (partials.cuh)
     const int row = p.combine_row0 + blockIdx.x / groups;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int d = blockIdx.x % groups * FD_COMBINE_COLS + lane % kLanes * 4;  // this lane's 4 columns
     const bool live_col = d < p.head_dim;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + (row - p.combine_row0);
-    const float *o_col = p.o_partial + (long long)(row - p.combine_row0) * p.head_dim + d;
+    const float *lse_s = p.lse_partial + fd_partial_row(p, row);
+    const float *o_col = p.o_partial + (long long)fd_partial_row(p, row) * p.head_dim + d;
     fd_touch_params(out, lse_s, o_col, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();

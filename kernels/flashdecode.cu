@@ -33,6 +33,10 @@
 //   merge_states.cuh     fd_merge_states_<dtype>: the combine on its own, for
 //                        caller-computed states (merge_states in Python;
 //                        its own argument struct, merge_params.h)
+//   partials.cuh         where a split's partials lie in the workspace (the
+//                        rows stage 1 writes and the combine reads)
+//   balance.cuh          a sequence's attended keys, and balanced splits
+//                        worked out on the device from the lengths
 //   state.cuh            the online-softmax state and merge all of them share
 //   ptx.cuh              cp.async / ldmatrix / mma / cluster wrappers and the
 //                        dtype pieces

@@ -85,6 +85,7 @@
 #include "balance.cuh"
 #include "cluster_merge.cuh"
 #include "params.h"
+#include "partials.cuh"
 #include "ptx.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
@@ -271,11 +272,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // (token key - base), while block (split 0, row tile 0) writes them into
     // the cache.
     const int base = balanced ? balanced_len : p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
-    int len = base;
-    // The appended tokens are keys too (added to a length clamped first, so
-    // that a cache_seqlens near INT_MAX cannot wrap).
-    if constexpr (kCache) len = min(len, p.seqlen_cache - p.seqlen_new) + p.seqlen_new;
-    len = min(max(len, 0), p.seqlen_cache);
+    // The appended tokens are keys too (balance.cuh); the plain forms append none.
+    const int len = fd_attended_keys<kCache>(base, p.seqlen_new, p.seqlen_cache);
     // Serving: keys before lo (the left padding) are never visible, and the
     // block starts at the tile of the first key any of its rows sees.
     int lo = 0, first_tile = 0;
@@ -657,9 +655,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // LSE, so that the items are loads and multiply-adds. The two ways are
     // two copies of the loop (kByRow), so that the test is not made in
     // every item.
-    // The workspace holds the rows the combine merges, from combine_row0 on
-    // (params.h), split by split.
-    const int partial_rows = p.batch * p.heads_q * p.seqlen_q - p.combine_row0;
+    // The workspace holds the rows the combine merges, split by split (partials.cuh).
+    const int partial_rows = fd_partial_rows(p);
     float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
     float *park_lse = park_o + ROWS * D;      // [ROWS]
     const bool push = C::kPushMerge && clustered;
@@ -740,7 +737,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 fd_store4(out, acc);
                 if (d == 0 && p.lse != nullptr) p.lse[out_row] = lse;
             } else {
-                const long long prow = (long long)split * partial_rows + (out_row - p.combine_row0);
+                const long long prow = (long long)split * partial_rows + fd_partial_row(p, out_row);
                 *reinterpret_cast<float4 *>(p.o_partial + prow * p.head_dim + d) = acc;
                 if (d == 0) p.lse_partial[prow] = lse;
             }
