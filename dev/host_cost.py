@@ -35,13 +35,15 @@ def cases():
     kn, vn = torch.randn(1, 1, 8, 128, dtype=f16), torch.randn(1, 1, 8, 128, dtype=f16)
     # A decode loop's int length, a token a step, each length once (past the calls timed).
     q1, k1, v1 = (torch.empty(1, n, h, 64, dtype=f16) for n, h in ((1, 8), (1 << 20, 1), (1 << 20, 1)))
-    growing = itertools.count(1)
+    growing, bounds = itertools.count(1), itertools.count(0)
     fd = _api.flash_decode
     return {
         "plain": lambda: fd(q, k, v),
         "int cache_seqlens": lambda: fd(q, k, v, cache_seqlens=200),
         "int cache_seqlens, growing": lambda: fd(q1, k1, v1, cache_seqlens=next(growing)),
         "lengths + max_seqlen_k": lambda: fd(q, k, v, cache_seqlens=lens, max_seqlen_k=256),
+        # A bound that grows a token a step (the batch's longest length), each value once.
+        "lengths + growing bound": lambda: fd(q, kl, vl, cache_seqlens=lens, max_seqlen_k=next(bounds) % 32768 + 1),
         "lse, 32K workspace": lambda: fd(q, kl, vl, return_softmax_lse=True),
         "paged append": lambda: fd(q, kp, vp, kn, vn, cache_seqlens=lens, block_table=table, causal=True),
     }

@@ -556,18 +556,19 @@ def test_workspaces_per_length_are_bounded(fake_binding, monkeypatch):
 
 def test_max_seqlen_k_plans_for_its_power_of_two(fake_binding):
     # Run's seqlen is the core's sizing hint: the bound rounded up to a power of
-    # two, capped at the capacity (1000); the workspace is asked once per bound.
+    # two, capped at the capacity (1000); the workspace is asked once per power
+    # of two (5, 7 and 8 share 8), and for 0 every time.
     q, k, v = tensors()
     lens = torch.tensor([5, 3], dtype=torch.int32)
-    bounds = [5, 7, 8, 5, 9, 0, 1, 5000, 1000]
+    bounds = [5, 7, 8, 5, 9, 0, 1, 5000, 1000, 0, 1]
     for bound in bounds:
         flash_decode.flash_decode(q, k, v, cache_seqlens=lens, max_seqlen_k=bound)
     flash_decode.flash_decode(q, k, v, cache_seqlens=lens)
     runs = fake_binding.args("Run")
-    assert [r[1] for r in runs] == [8, 8, 8, 8, 16, 0, 1, 1000, 1000, -1]
+    assert [r[1] for r in runs] == [8, 8, 8, 8, 16, 0, 1, 1000, 1000, 0, 1, -1]
     assert [r[7] for r in runs] == [lens.data_ptr()] * len(runs)  # the lengths still come from the tensor
-    assert [r[9] for r in runs] == [64, 64, 64, 64, 128, 0, 8, 8000, 8000, 1000]  # FakeBinding: 8 a key
-    assert [w[1] for w in fake_binding.args("Workspace")] == [-1, 8, 8, 8, 16, 0, 1, 1000, 1000]
+    assert [r[9] for r in runs] == [64, 64, 64, 64, 128, 0, 8, 8000, 8000, 0, 8, 1000]  # FakeBinding: 8 a key
+    assert [w[1] for w in fake_binding.args("Workspace")] == [-1, 8, 16, 0, 1, 1000, 1000, 0]
     assert len(fake_binding.args("Prepare")) == 1  # the bound is not part of the layout
 
 

@@ -280,7 +280,10 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         if max_seqlen_k is not None:
             if type(max_seqlen_k) is not int:  # every call: as dict keys True == 1
                 _check_bound(max_seqlen_k, cache_seqlens)
-            hinted = hints[0].get(max_seqlen_k)
+            # Bounds plan by their power of two (_bound_seqlen), so they are kept
+            # by its exponent: a bound growing a token a step asks the core
+            # once a doubling. 0 and a negative bound go to _hint each call.
+            hinted = hints[0].get((max_seqlen_k - 1).bit_length()) if max_seqlen_k > 0 else None
             if hinted is None:
                 hinted = _hint(max_seqlen_k, hints, workspace_fn, handle)
             seqlen, workspace_bytes = hinted
@@ -527,18 +530,20 @@ def _fast(native, name):
 
 
 def _hint(max_seqlen_k, hints, workspace_fn, handle):
-    """(seqlen, workspace bytes) of a max_seqlen_k value the layout has not
-    met yet, kept in hints[0] (a bounded dict; hints = (that dict, the cache's
-    capacity, the appended tokens, core.PlanKeyQuantum)). The bound is rounded up to a power of
-    two, so that a bound growing a token a step meets a new plan at each
-    doubling only, and capped at the capacity; seqlen is the core's sizing
-    hint (core.Shape.Seqlen), which counts the keys before the appended
-    ones."""
+    """(seqlen, workspace bytes) of a max_seqlen_k value whose power of two
+    the layout has not met yet. hints = (a bounded dict, the cache's
+    capacity, the appended tokens, core.PlanKeyQuantum). The bound is
+    rounded up to a power of two 2**e, so that a bound growing a token a
+    step meets a new plan at each doubling only, and capped at the
+    capacity; seqlen is the core's sizing hint (core.Shape.Seqlen), which
+    counts the keys before the appended ones. A positive bound's pair is
+    kept in the dict under e, where flash_decode looks it up."""
     cache, capacity, new, _ = hints
     if max_seqlen_k < 0:
         raise ValueError(f"max_seqlen_k must not be negative, got {max_seqlen_k}")
     seqlen = _bound_seqlen(max_seqlen_k, capacity, new)
-    return _remember(cache, max_seqlen_k, (seqlen, _workspace_bytes(workspace_fn, handle, seqlen)))
+    hinted = seqlen, _workspace_bytes(workspace_fn, handle, seqlen)
+    return _remember(cache, (max_seqlen_k - 1).bit_length(), hinted) if max_seqlen_k > 0 else hinted
 
 
 def _bound_seqlen(bound, capacity, new):
