@@ -437,7 +437,8 @@ func checkVariant(s Shape, v Variant) error {
 	return nil
 }
 
-// workspaceLayout is the one place that lays out the workspace: for
+// workspaceLayout is the one place that lays out the workspace (the
+// kernels address the partials through kernels/partials.cuh): for
 // splits > 1 (merged by the combine), o_partial (float32
 // [splits][rows][headDim]) at 0 and lse_partial (float32 [splits][rows])
 // at lseOffset, the first 256-byte boundary after it; then qRotBytes of
