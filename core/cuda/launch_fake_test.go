@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/flash-decode/flash-decode/core"
@@ -16,9 +18,9 @@ import (
 // fakeDevice reports whether the driver is the stand-in with a fake device
 // (python/build_backend/make_libcuda.py --fake-device): one sm_90 device of
 // 132 SMs whose kernels do nothing and whose launches are logged to the file
-// FAKECUDA_LAUNCH_LOG names. CI runs TestLaunchesFollowThePlan alone on it
-// (go test -run): the other tests compute and check results, which the fake
-// device cannot (those built on gpu() skip there).
+// FAKECUDA_LAUNCH_LOG names. CI runs only the tests of this file on it (go
+// test -run, as .ci/run names them): the other tests compute and check
+// results, which the fake device cannot (those built on gpu() skip there).
 func fakeDevice() bool { return os.Getenv("FLASH_DECODE_FAKE_DEVICE") == "1" }
 
 // at is a contiguous (batch, seq, heads, dim) tensor at a made-up device
@@ -266,6 +268,58 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("Runs at the 32 int lengths of one block allocate %v times a round", allocs)
+	}
+}
+
+// TestRunFromManyGoroutines: on the fake device, one Prepared run from
+// many goroutines at once, as Python threads share a layout's handle, each
+// at its own int lengths, so that the kept plans and the device's plan cache
+// change under the calls: every Run returns the plan PlanFor gives its
+// length. CI runs it under the race detector too.
+func TestRunFromManyGoroutines(t *testing.T) {
+	if !fakeDevice() {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1")
+	}
+	if log, ok := os.LookupEnv("FAKECUDA_LAUNCH_LOG"); ok { // launches from many threads: no log
+		os.Unsetenv("FAKECUDA_LAUNCH_LOG")
+		defer os.Setenv("FAKECUDA_LAUNCH_LOG", log)
+	}
+	const gib, goroutines, calls = uintptr(1) << 30, 8, 200
+	p, _, _ := preparedSplitCall(t, 32768)
+	p.NumSplits = 0 // the planner's own count, which follows the length
+	r, err := Prepare(&p, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Workspace: 10 * gib, WorkspaceBytes: 64 << 20}
+			for i := range calls {
+				n := 1 + (g*4099+i*577)%32768 // lengths spread over the cache, a different order each goroutine
+				args.Seqlen = n
+				got, err := r.Run(&args, 0)
+				if err != nil {
+					errs <- fmt.Errorf("goroutine %d, length %d: %v", g, n, err)
+					return
+				}
+				s := p.PlanShape()
+				s.Seqlen = n
+				want, err := PlanFor(s, 0)
+				if err != nil || !reflect.DeepEqual(got, want) {
+					errs <- fmt.Errorf("goroutine %d, length %d: Run planned %v, PlanFor %v (%v)", g, n, got, want, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
 
