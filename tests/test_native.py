@@ -572,6 +572,18 @@ def test_max_seqlen_k_plans_for_its_power_of_two(fake_binding):
     assert len(fake_binding.args("Prepare")) == 1  # the bound is not part of the layout
 
 
+def test_bounds_with_one_key_plan_alike():
+    # flash_decode keeps a max_seqlen_k's plan under _bound_key(bound): that is
+    # only right while every bound with one key gets one length from _bound_seqlen.
+    for capacity in (1, 7, 1000, 4096, 5000):
+        for new in (0, 1, 3):
+            planned = {}
+            for bound in range(1, 3 * capacity + 2):
+                seqlen = _api._bound_seqlen(bound, capacity, new)
+                assert planned.setdefault(_api._bound_key(bound), seqlen) == seqlen, (capacity, new, bound)
+            assert len(planned) == (3 * capacity).bit_length() + 1  # a key a power of two up to 3 * capacity + 1
+
+
 @pytest.mark.parametrize("cache_seqlens, bound, exc, pattern", [
     ("tensor", True, TypeError, r"^max_seqlen_k must be an int, got bool"),
     ("tensor", 8.0, TypeError, r"^max_seqlen_k must be an int, got float"),

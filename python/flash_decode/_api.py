@@ -281,8 +281,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             if type(max_seqlen_k) is not int:  # every call: as dict keys True == 1
                 _check_bound(max_seqlen_k, cache_seqlens)
             # Bounds plan by their power of two (_bound_seqlen), so they are kept
-            # by its exponent: a bound growing a token a step asks the core
-            # once a doubling. 0 and a negative bound go to _hint each call.
+            # by its exponent (_bound_key, inlined): a bound growing a token a
+            # step asks the core once a doubling. 0 and a negative bound go to
+            # _hint each call.
             hinted = hints[0].get((max_seqlen_k - 1).bit_length()) if max_seqlen_k > 0 else None
             if hinted is None:
                 hinted = _hint(max_seqlen_k, hints, workspace_fn, handle)
@@ -537,13 +538,20 @@ def _hint(max_seqlen_k, hints, workspace_fn, handle):
     step meets a new plan at each doubling only, and capped at the
     capacity; seqlen is the core's sizing hint (core.Shape.Seqlen), which
     counts the keys before the appended ones. A positive bound's pair is
-    kept in the dict under e, where flash_decode looks it up."""
+    kept in the dict under e (_bound_key), where flash_decode looks it up."""
     cache, capacity, new, _ = hints
     if max_seqlen_k < 0:
         raise ValueError(f"max_seqlen_k must not be negative, got {max_seqlen_k}")
     seqlen = _bound_seqlen(max_seqlen_k, capacity, new)
     hinted = seqlen, _workspace_bytes(workspace_fn, handle, seqlen)
-    return _remember(cache, (max_seqlen_k - 1).bit_length(), hinted) if max_seqlen_k > 0 else hinted
+    return _remember(cache, _bound_key(max_seqlen_k), hinted) if max_seqlen_k > 0 else hinted
+
+
+def _bound_key(bound):
+    """The exponent e of the power of two 2**e a positive bound rounds up
+    to: every bound with the same key plans alike (_bound_seqlen), so a
+    layout keeps one plan a key."""
+    return (bound - 1).bit_length()
 
 
 def _bound_seqlen(bound, capacity, new):
