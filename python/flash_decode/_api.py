@@ -549,8 +549,8 @@ def _hint(max_seqlen_k, hints, workspace_fn, handle):
 
 def _bound_key(bound):
     """The exponent e of the power of two 2**e a positive bound rounds up
-    to: every bound with the same key plans alike (_bound_seqlen), so a
-    layout keeps one plan a key."""
+    to (_bound_seqlen's rounding): every bound with the same key plans
+    alike, so a layout keeps one plan a key."""
     return (bound - 1).bit_length()
 
 
@@ -560,7 +560,7 @@ def _bound_seqlen(bound, capacity, new):
     to a power of two and capped at the cache's capacity, less the new
     tokens. flash_decode's max_seqlen_k and plan's seqlen with lengths both
     go through it, so that plan shows what the call runs."""
-    bucket = min(capacity, 1 << (bound - 1).bit_length() if bound > 0 else 0)
+    bucket = min(capacity, 1 << _bound_key(bound) if bound > 0 else 0)
     return max(0, bucket - new)
 
 
