@@ -1,40 +1,51 @@
-"""Host time of eager flash_decode calls, without a GPU: the project's own part.
+"""Host time of eager flash_decode calls: the project's own part, or on a GPU every part.
 
     LD_LIBRARY_PATH=_build/ci/fakedevice python3 dev/host_cost.py [--calls 20000] [--rounds 7] [CASE ...]
+    python3 dev/host_cost.py --gpu [--calls 200] [--rounds 50] [CASE ...]
 
-Runs on make_libcuda.py's fake-device driver (`--fake-device`: one sm_90
-device whose launches cost nothing), with CPU tensors standing in for CUDA
-ones: the device check and the stream getter are replaced, the rest is the
-real call (the layout key, the Go core's checks, plan and launch path
-through the gopy extension). Prints, per case, the median and the fastest of
---rounds rounds of --calls calls, in microseconds, and the binding's Run
-alone. What it leaves out is torch's CUDA allocator and the driver's launch
-(2.5-3.4 us each on an H200 host): BENCHMARKS.md's eager figure has those.
+Without --gpu it runs on make_libcuda.py's fake-device driver (`--fake-device`:
+one sm_90 device whose launches cost nothing), with CPU tensors standing in
+for CUDA ones: the device check and the stream getter are replaced, the rest
+is the real call (the layout key, the Go core's checks, plan and launch path
+through the gopy extension). That leaves out torch's CUDA allocator and the
+driver's launch, which --gpu adds: the same calls on the GPU, and the eager
+SDPA call BENCHMARKS.md compares with. Either way the parts of the plain call
+(b=1, 32/8 heads, d128, 256 keys: BENCHMARKS.md's eager call) are also timed
+alone: the call with `out` given, the allocation that skips, the binding's
+Run (the Go core's path and the launch) of the call's plan and of one split
+(a launch with no cluster), and on a GPU torch's stream getter. A round's
+calls are timed on the host; on a GPU it is synchronized after the timer
+stops, and rounds of a few hundred calls never fill the launch queue, so the
+figures are host time however long the kernels take. Prints, per case, the
+median and the fastest of --rounds rounds, in microseconds a call.
 """
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 import flash_decode  # noqa: F401  (the package under test, installed)
 from flash_decode import _api, _native
 
 
-def cases():
-    """name -> a call, each with its own tensors."""
+def cases(device):
+    """name -> a call, each with its own tensors on device."""
     f16 = torch.float16
-    q = torch.randn(1, 1, 32, 128, dtype=f16)
-    k, v = torch.randn(1, 256, 8, 128, dtype=f16), torch.randn(1, 256, 8, 128, dtype=f16)
-    kl, vl = torch.randn(1, 32768, 8, 128, dtype=f16), torch.randn(1, 32768, 8, 128, dtype=f16)
-    lens = torch.tensor([200], dtype=torch.int32)
-    kp, vp = torch.randn(64, 16, 8, 128, dtype=f16), torch.randn(64, 16, 8, 128, dtype=f16)
-    table = torch.arange(16, dtype=torch.int32).reshape(1, 16)
-    kn, vn = torch.randn(1, 1, 8, 128, dtype=f16), torch.randn(1, 1, 8, 128, dtype=f16)
+    randn, empty = (functools.partial(f, dtype=f16, device=device) for f in (torch.randn, torch.empty))
+    q = randn(1, 1, 32, 128)
+    k, v = randn(1, 256, 8, 128), randn(1, 256, 8, 128)
+    kl, vl = randn(1, 32768, 8, 128), randn(1, 32768, 8, 128)
+    lens = torch.tensor([200], dtype=torch.int32, device=device)
+    kp, vp = randn(64, 16, 8, 128), randn(64, 16, 8, 128)
+    table = torch.arange(16, dtype=torch.int32, device=device).reshape(1, 16)
+    kn, vn = randn(1, 1, 8, 128), randn(1, 1, 8, 128)
     # A decode loop's int length, a token a step, each length once (past the calls timed).
-    q1, k1, v1 = (torch.empty(1, n, h, 64, dtype=f16) for n, h in ((1, 8), (1 << 20, 1), (1 << 20, 1)))
+    q1, k1, v1 = (empty(1, n, h, 64) for n, h in ((1, 8), (1 << 20, 1), (1 << 20, 1)))
     growing, bounds = itertools.count(1), itertools.count(0)
     fd = _api.flash_decode
     return {
@@ -46,41 +57,62 @@ def cases():
         "lengths + growing bound": lambda: fd(q, kl, vl, cache_seqlens=lens, max_seqlen_k=next(bounds) % 32768 + 1),
         "lse, 32K workspace": lambda: fd(q, kl, vl, return_softmax_lse=True),
         "paged append": lambda: fd(q, kp, vp, kn, vn, cache_seqlens=lens, block_table=table, causal=True),
-    }
+    } | parts(q, k, v, device)
 
 
-def timed(call, calls, rounds):
-    """(median, fastest) microseconds a call over rounds of calls."""
-    for _ in range(calls // 10):
+def parts(q, k, v, device):
+    """The plain call's parts, each alone (see the module's doc)."""
+    fd, out, stream = _api.flash_decode, torch.empty_like(q), _api._current_stream
+    b, qs, ks = _native.binding(), q.stride(), k.stride()
+    run = _api._fast(b, "Run")
+    table = {"plain, out given": lambda: fd(q, k, v, out=out),
+             "torch.empty_like(q)": lambda: torch.empty_like(q)}
+    for name, splits in (("binding Run alone", 0), ("binding Run, one split", 1)):
+        h = b.Prepare(1, 1, 1, 32, 8, 128, 256, *qs, *ks, *ks, *qs, 0.0, True, False, splits, 0, False)
+        table[name] = lambda h=h: run(h, -1, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                      0, 0, 0, 0, stream(0))
+    if device != "cpu":
+        table["current stream"] = lambda: stream(0)
+        # SDPA's (b, h, s, d), contiguous, as the benchmark's eager call gives it.
+        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        table["torch SDPA"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    return table
+
+
+def timed(call, calls, rounds, sync):
+    """(median, fastest) microseconds a call over rounds of calls, with
+    sync() after each round, outside the timer."""
+    for _ in range(max(calls // 10, 1)):
         call()
+    sync()
     per_call = []
     for _ in range(rounds):
         t = time.perf_counter()
         for _ in range(calls):
             call()
         per_call.append((time.perf_counter() - t) / calls * 1e6)
+        sync()
     return statistics.median(per_call), min(per_call)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--calls", type=int, default=20000)
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--gpu", action="store_true", help="time on the CUDA GPU instead of the fake-device driver")
+    p.add_argument("--calls", type=int, help="calls a round (default: 20000; 200 with --gpu)")
+    p.add_argument("--rounds", type=int, help="rounds (default: 7; 50 with --gpu)")
     p.add_argument("case", nargs="*", help="cases to time (default: all)")
     args = p.parse_args(argv)
-    _api._check_devices = lambda q, **others: 0  # CPU tensors on the fake device 0
-    _api._current_stream = abs  # a C builtin where torch's stream getter would be
-    table = cases()
+    calls, rounds = args.calls or (200 if args.gpu else 20000), args.rounds or (50 if args.gpu else 7)
+    if args.gpu:
+        device, sync = "cuda", torch.cuda.synchronize
+    else:
+        device, sync = "cpu", lambda: None
+        _api._check_devices = lambda q, **others: 0  # CPU tensors on the fake device 0
+        _api._current_stream = abs  # a C builtin where torch's stream getter would be
+    table = cases(device)
     for name in args.case or table:
-        med, best = timed(table[name], args.calls, args.rounds)
-        print(f"{name:24s} {med:6.2f} us (fastest {best:.2f})")
-    # The binding's Run alone, as the plain case makes it (a layout of 256 keys, no LSE).
-    b, g = _native.binding(), 1 << 30
-    q, kv = (4096, 4096, 128, 1), (256 * 1024, 1024, 128, 1)
-    h = b.Prepare(1, 1, 1, 32, 8, 128, 256, *q, *kv, *kv, *q, 0.0, True, False, 0, 0, False)
-    run = _api._fast(b, "Run")
-    med, best = timed(lambda: run(h, -1, g, 64 * g, 128 * g, 2 * g, 0, 0, 0, 0, 0), args.calls, args.rounds)
-    print(f"{'binding Run alone':24s} {med:6.2f} us (fastest {best:.2f})")
+        med, best = timed(table[name], calls, rounds, sync)
+        print(f"{name:26s} {med:6.2f} us (fastest {best:.2f})")
 
 
 if __name__ == "__main__":

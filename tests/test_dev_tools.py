@@ -1,10 +1,10 @@
 """The developer tools in dev/ still run where CI runs (no GPU): the sanitizer
 driver plans every kernel path it is named for, the thread benchmark parses
-its arguments, the host-cost timer runs every case on the fake device, the
-A/B driver alternates its builds and summarizes their runs, the SASS reader
-finds a kernel's tile loop and its counts in cuobjdump's and ptxas's output,
-and the streaming probe compiles for sm_90a with its wgmma loops
-unserialized."""
+its arguments, the host-cost timer runs every case on the fake device (and
+on a GPU, where there is one), the A/B driver alternates its builds and
+summarizes their runs, the SASS reader finds a kernel's tile loop and its
+counts in cuobjdump's and ptxas's output, and the streaming probe compiles
+for sm_90a with its wgmma loops unserialized."""
 
 import importlib.util
 import json
@@ -67,8 +67,19 @@ def test_host_cost_times_every_case_on_the_fake_device():
     assert child.returncode == 0, child.stderr[-2000:]
     names = [line.split("  ")[0] for line in child.stdout.splitlines()]
     assert names == ["plain", "int cache_seqlens", "int cache_seqlens, growing", "lengths + max_seqlen_k",
-                     "lengths + growing bound", "lse, 32K workspace", "paged append", "binding Run alone"], child.stdout
+                     "lengths + growing bound", "lse, 32K workspace", "paged append", "plain, out given",
+                     "torch.empty_like(q)", "binding Run alone", "binding Run, one split"], child.stdout
 
+
+
+@pytest.mark.cuda
+def test_host_cost_times_the_parts_on_the_gpu():
+    child = subprocess.run([sys.executable, "dev/host_cost.py", "--gpu", "--calls", "20", "--rounds", "1"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    times = {line.split("  ")[0]: float(line.split()[-4]) for line in child.stdout.splitlines()}
+    assert list(times)[-4:] == ["binding Run alone", "binding Run, one split", "current stream", "torch SDPA"]
+    assert all(us > 0 for us in times.values()), child.stdout
 
 def load_tool(name):
     spec = importlib.util.spec_from_file_location(f"dev_{name}", ROOT / "dev" / f"{name}.py")
