@@ -71,7 +71,6 @@ def test_host_cost_times_every_case_on_the_fake_device():
                      "torch.empty_like(q)", "binding Run alone", "binding Run, one split"], child.stdout
 
 
-
 @pytest.mark.cuda
 def test_host_cost_times_the_parts_on_the_gpu():
     child = subprocess.run([sys.executable, "dev/host_cost.py", "--gpu", "--calls", "20", "--rounds", "1"],
@@ -80,6 +79,7 @@ def test_host_cost_times_the_parts_on_the_gpu():
     times = {line.split("  ")[0]: float(line.split()[-4]) for line in child.stdout.splitlines()}
     assert list(times)[-4:] == ["binding Run alone", "binding Run, one split", "current stream", "torch SDPA"]
     assert all(us > 0 for us in times.values()), child.stdout
+
 
 def load_tool(name):
     spec = importlib.util.spec_from_file_location(f"dev_{name}", ROOT / "dev" / f"{name}.py")
