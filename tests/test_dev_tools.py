@@ -3,13 +3,15 @@ driver plans every kernel path it is named for, the thread benchmark parses
 its arguments, the host-cost timer runs every case on the fake device (and
 on a GPU, where there is one), the A/B driver alternates its builds and
 summarizes their runs, the SASS reader finds a kernel's tile loop and its
-counts in cuobjdump's and ptxas's output, and the streaming probe compiles
-for sm_90a with its wgmma loops unserialized."""
+counts in cuobjdump's and ptxas's output, the streaming probe compiles
+for sm_90a with its wgmma loops unserialized, and the launch probe's kernel
+assembles and its launches run on the fake device."""
 
 import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -320,3 +322,28 @@ def test_stream_probe_compiles_with_its_wgmma_loops_unserialized(tmp_path):
     assert child.returncode == 0, log[-3000:]
     assert "stream_wgx" in log and "stream_prod" in log  # the kernels were compiled
     assert "C7515" not in log and "C7519" not in log, [line for line in log.splitlines() if "C75" in line][:5]
+
+
+@pytest.mark.skipif(find_nvcc() is None or shutil.which("gcc") is None, reason="no nvcc (CUDA_HOME) or no gcc")
+@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+def test_launch_probe_assembles_and_launches_on_the_fake_device(tmp_path):
+    home = pathlib.Path(find_nvcc()).parent.parent
+    exe = tmp_path / "launch"
+    child = subprocess.run(["gcc", "-O2", "-std=c11", "-Wall", "-Werror", f"-I{home / 'include'}", "-Ikernels",
+                            "-o", str(exe), "dev/launch/launch.c", f"-L{FAKEDEVICE}", "-lcuda"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-3000:]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(FAKEDEVICE))
+    ptx = subprocess.run([str(exe), "ptx"], capture_output=True, text=True, timeout=60, env=env)
+    assert ptx.returncode == 0 and ".entry fd_launch_probe" in ptx.stdout, ptx.stderr
+    (tmp_path / "probe.ptx").write_text(ptx.stdout)
+    child = subprocess.run([str(home / "bin" / "ptxas"), "-arch=sm_90", "-o", str(tmp_path / "probe.cubin"),
+                            str(tmp_path / "probe.ptx")], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-3000:]
+    # The fake device launches through cuLaunchKernelEx only, and has no streams of its own or
+    # graphs: those cells say n/a, the Ex forms' on the legacy stream hold times.
+    child = subprocess.run([str(exe), "20", "3"], capture_output=True, text=True, timeout=60, env=env)
+    assert child.returncode == 0, child.stderr[-2000:]
+    rows = [line.split(" | ") for line in child.stdout.splitlines() if line.startswith("| Ex")]
+    assert len(rows) == 6, child.stdout
+    assert all(re.fullmatch(r"\d+\.\d\d / \d+\.\d\d", row[1]) for row in rows), child.stdout
