@@ -315,3 +315,24 @@ func TestSpansOrder(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCheckPointers measures the per-call address checks that every
+// Run makes, for a plain problem and one with every serving feature.
+func BenchmarkCheckPointers(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		p    Problem
+	}{{"plain", validProblem()}, {"all serving features", allProblem()}} {
+		b.Run(bc.name, func(b *testing.B) {
+			p := bc.p
+			if err := p.CheckPointers(); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if err := p.CheckPointers(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

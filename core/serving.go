@@ -354,9 +354,9 @@ func (p *Problem) checkServingPointers(op string) error {
 			return invalid(op, x.name, fmt.Sprintf("address %#x given without %s", addr, x.with))
 		case on[i] && addr == 0:
 			return invalid(op, x.name, "null device pointer")
-		case addr%x.align != 0 && x.align == 16:
+		case addr&(x.align-1) != 0 && x.align == 16:
 			return unsupported(op, x.name, fmt.Sprintf("address %#x is not 16-byte aligned; the kernels load 8 elements at a time (a fresh tensor, such as a .clone(), is aligned)", addr))
-		case addr%x.align != 0:
+		case addr&(x.align-1) != 0:
 			return invalid(op, x.name, fmt.Sprintf("address %#x is not %d-byte aligned", addr, x.align))
 		}
 	}
@@ -367,7 +367,8 @@ func (p *Problem) checkServingPointers(op string) error {
 }
 
 // servingPointers names checkServingPointers' arrays in its order: the
-// argument, what turns it on, its alignment (a table, not rebuilt per call).
+// argument, what turns it on, its alignment (a power of two; a table, not
+// rebuilt per call).
 var servingPointers = [...]struct {
 	name, with string
 	align      uintptr
