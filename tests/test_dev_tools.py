@@ -345,5 +345,5 @@ def test_launch_probe_assembles_and_launches_on_the_fake_device(tmp_path):
     child = subprocess.run([str(exe), "20", "3"], capture_output=True, text=True, timeout=60, env=env)
     assert child.returncode == 0, child.stderr[-2000:]
     rows = [line.split(" | ") for line in child.stdout.splitlines() if line.startswith("| Ex")]
-    assert len(rows) == 6, child.stdout
+    assert len(rows) == 7, child.stdout
     assert all(re.fullmatch(r"\d+\.\d\d / \d+\.\d\d", row[1]) for row in rows), child.stdout

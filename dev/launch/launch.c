@@ -20,7 +20,7 @@
 //           small case in BENCHMARKS.md's graph-timed table
 //
 // Forms: cuLaunchKernel; cuLaunchKernelEx with no attribute, with PDL, with
-// clusters, with both. The grids and shared memory are those of the plans of
+// clusters, with both, and with both for a kernel of an 8-byte parameter. The grids and shared memory are those of the plans of
 // BENCHMARKS.md's eager call (b=1, 32/8 heads, d128, 256 keys: 4 splits in
 // clusters of 4) and of b=1 at 1024 keys (8 splits in clusters of 8).
 //
@@ -39,7 +39,8 @@
 #include "params.h"
 
 // The kernel, as PTX for the driver to compile: its one parameter has
-// fd_params' size and alignment.
+// fd_params' size and alignment; fd_launch_probe8's is 8 bytes, to show what
+// the parameter's size costs.
 static const char *kPTX =
     ".version 7.8\n"
     ".target sm_90\n"
@@ -48,27 +49,34 @@ static const char *kPTX =
     "{\n"
     "    griddepcontrol.wait;\n"
     "    ret;\n"
+    "}\n"
+    ".visible .entry fd_launch_probe8(.param .u64 p)\n"
+    "{\n"
+    "    griddepcontrol.wait;\n"
+    "    ret;\n"
     "}\n";
 
 enum { kThreads = 128, kSmem = 122880 };  // stage 1's at head dim 128, 16 rows
 
-// One way to launch: the driver entry point, the attributes, the grid.
+// One way to launch: the driver entry point, the attributes, the grid, the kernel.
 typedef struct {
     const char *name;
     int ex;            // cuLaunchKernelEx, else cuLaunchKernel
     int pdl;           // programmatic stream serialization
     unsigned cluster;  // blocks a cluster along x; 1: none
     unsigned gx, gy;
+    int small;         // fd_launch_probe8 (an 8-byte parameter), else fd_launch_probe
 } form;
 
 static const form kForms[] = {
-    {"cuLaunchKernel, 4x8", 0, 0, 1, 4, 8},
-    {"Ex, 4x8", 1, 0, 1, 4, 8},
-    {"Ex, PDL, 4x8", 1, 1, 1, 4, 8},
-    {"Ex, clusters of 4, 4x8", 1, 0, 4, 4, 8},
-    {"Ex, PDL, clusters of 4, 4x8 (eager call's)", 1, 1, 4, 4, 8},
-    {"Ex, PDL, 8x8", 1, 1, 1, 8, 8},
-    {"Ex, PDL, clusters of 8, 8x8 (b=1 1K's)", 1, 1, 8, 8, 8},
+    {"cuLaunchKernel, 4x8", 0, 0, 1, 4, 8, 0},
+    {"Ex, 4x8", 1, 0, 1, 4, 8, 0},
+    {"Ex, PDL, 4x8", 1, 1, 1, 4, 8, 0},
+    {"Ex, clusters of 4, 4x8", 1, 0, 4, 4, 8, 0},
+    {"Ex, PDL, clusters of 4, 4x8 (eager call's)", 1, 1, 4, 4, 8, 0},
+    {"Ex, PDL, clusters of 4, 4x8, 8-byte parameter", 1, 1, 4, 4, 8, 1},
+    {"Ex, PDL, 8x8", 1, 1, 1, 8, 8, 0},
+    {"Ex, PDL, clusters of 8, 8x8 (b=1 1K's)", 1, 1, 8, 8, 8, 0},
 };
 
 static void die(const char *what, CUresult r) {
@@ -194,7 +202,7 @@ static const char *err_name(CUresult r) {
 }
 
 int main(int argc, char **argv) {
-    char ptx[512];
+    char ptx[1024];
     snprintf(ptx, sizeof ptx, kPTX, sizeof(fd_params));
     if (argc > 1 && strcmp(argv[1], "ptx") == 0) {
         fputs(ptx, stdout);
@@ -214,11 +222,14 @@ int main(int argc, char **argv) {
     if ((r = cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) die("cuCtxSetCurrent", r);
 
     CUmodule mod;
-    CUfunction f;
+    CUfunction fs[2];  // by form.small
     if ((r = cuModuleLoadData(&mod, ptx)) != CUDA_SUCCESS) die("cuModuleLoadData", r);
-    if ((r = cuModuleGetFunction(&f, mod, "fd_launch_probe")) != CUDA_SUCCESS) die("cuModuleGetFunction", r);
-    if ((r = cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kSmem)) != CUDA_SUCCESS)
-        die("cuFuncSetAttribute", r);
+    for (int i = 0; i < 2; i++) {
+        if ((r = cuModuleGetFunction(&fs[i], mod, i ? "fd_launch_probe8" : "fd_launch_probe")) != CUDA_SUCCESS)
+            die("cuModuleGetFunction", r);
+        if ((r = cuFuncSetAttribute(fs[i], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kSmem)) != CUDA_SUCCESS)
+            die("cuFuncSetAttribute", r);
+    }
     CUstream own = NULL;
     CUresult own_err = cuStreamCreate(&own, CU_STREAM_NON_BLOCKING);  // its columns say n/a if it failed
 
@@ -228,6 +239,7 @@ int main(int argc, char **argv) {
     printf("| --- | --: | --: | --: |\n");
     for (size_t i = 0; i < sizeof kForms / sizeof kForms[0]; i++) {
         const form *fm = &kForms[i];
+        CUfunction f = fs[fm->small];
         char cell[3][64];
         double med = 0, best = 0;
         CUstream streams[2] = {NULL, own};
