@@ -19,10 +19,11 @@
 //           graph and replayed between events, median replay; the floor of a
 //           small case in BENCHMARKS.md's graph-timed table
 //
-// Forms: cuLaunchKernel; cuLaunchKernelEx with no attribute, with PDL, with
-// clusters, with both, and with both for a kernel of an 8-byte parameter. The grids and shared memory are those of the plans of
-// BENCHMARKS.md's eager call (b=1, 32/8 heads, d128, 256 keys: 4 splits in
-// clusters of 4) and of b=1 at 1024 keys (8 splits in clusters of 8).
+// Forms: cuLaunchKernelEx with no attribute, with PDL, with clusters, with
+// both, and with both for a kernel of an 8-byte parameter; cuLaunchKernel.
+// The grids and shared memory are those of the plans of BENCHMARKS.md's
+// eager call (b=1, 32/8 heads, d128, 256 keys: 4 splits in clusters of 4)
+// and of b=1 at 1024 keys (8 splits in clusters of 8).
 //
 //   gcc -O2 -std=c11 -I/usr/local/cuda/include -Ikernels -o launch dev/launch/launch.c
 //       -L/usr/local/cuda/lib64/stubs -lcuda    (one line)
