@@ -9,9 +9,10 @@ for CUDA ones: the device check and the stream getter are replaced, the rest
 is the real call (the layout key, the Go core's checks, plan and launch path
 through the gopy extension). That leaves out torch's CUDA allocator and the
 driver's launch, which --gpu adds: the same calls on the GPU, and the eager
-SDPA call BENCHMARKS.md compares with. Either way the parts of the plain call
-(b=1, 32/8 heads, d128, 256 keys: BENCHMARKS.md's eager call) are also timed
-alone: the call with `out` given, the allocation that skips, the binding's
+SDPA call BENCHMARKS.md compares with. The plain call (b=1, 32/8 heads, d128,
+256 keys) runs on (b, s, h, d) tensors, and on SDPA's (b, h, s, d) ones passed
+as views, which is BENCHMARKS.md's eager call. Either way its parts are also
+timed alone: the call with `out` given, the allocation that skips, the binding's
 Run (the Go core's path and the launch) of the call's plan and of one split
 (a launch with no cluster), and on a GPU torch's stream getter. A round's
 calls are timed on the host; on a GPU it is synchronized after the timer
@@ -47,9 +48,12 @@ def cases(device):
     # A decode loop's int length, a token a step, each length once (past the calls timed).
     q1, k1, v1 = (empty(1, n, h, 64) for n, h in ((1, 8), (1 << 20, 1), (1 << 20, 1)))
     growing, bounds = itertools.count(1), itertools.count(0)
+    # BENCHMARKS.md's eager call: SDPA's (b, h, s, d) tensors, passed as (b, s, h, d) views.
+    qt, kt, vt = (randn(1, h, n, 128).transpose(1, 2) for h, n in ((32, 1), (8, 256), (8, 256)))
     fd = _api.flash_decode
     return {
         "plain": lambda: fd(q, k, v),
+        "plain, (b, h, s, d) views": lambda: fd(qt, kt, vt),
         "int cache_seqlens": lambda: fd(q, k, v, cache_seqlens=200),
         "int cache_seqlens, growing": lambda: fd(q1, k1, v1, cache_seqlens=next(growing)),
         "lengths + max_seqlen_k": lambda: fd(q, k, v, cache_seqlens=lens, max_seqlen_k=256),

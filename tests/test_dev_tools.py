@@ -68,8 +68,9 @@ def test_host_cost_times_every_case_on_the_fake_device():
                            capture_output=True, text=True, timeout=120, env=env)
     assert child.returncode == 0, child.stderr[-2000:]
     names = [line.split("  ")[0] for line in child.stdout.splitlines()]
-    assert names == ["plain", "int cache_seqlens", "int cache_seqlens, growing", "lengths + max_seqlen_k",
-                     "lengths + growing bound", "lse, 32K workspace", "paged append", "plain, out given",
+    assert names == ["plain", "plain, (b, h, s, d) views", "int cache_seqlens", "int cache_seqlens, growing",
+                     "lengths + max_seqlen_k", "lengths + growing bound", "lse, 32K workspace", "paged append",
+                     "plain, out given",
                      "torch.empty_like(q)", "binding Run alone", "binding Run, one split"], child.stdout
 
 
