@@ -503,6 +503,20 @@ def test_layout_prepared_once_workspace_from_binding(fake_binding):
         assert out_ptr and lse_ptr and ws and ws_bytes == 1000
 
 
+@pytest.mark.parametrize("q_bhsd", [(2, 8, 1, 64), (2, 8, 3, 64)], ids=["contiguous but a size-1 stride", "strided"])
+def test_out_is_one_dense_block_with_the_registered_strides(fake_binding, q_bhsd):
+    # SDPA's (b, h, s, d) q passed as a view: with one query token it is
+    # contiguous but for the stride of its dimension of size 1.
+    q = torch.zeros(q_bhsd, dtype=torch.float16).transpose(1, 2)
+    _, k, v = tensors(seqlen_q=q.shape[1])
+    for _ in range(2):  # the first call registers the layout, the second takes the hot path
+        out = flash_decode.flash_decode(q, k, v)
+        assert out.shape == q.shape and out.is_contiguous()
+        assert out.untyped_storage().nbytes() == out.numel() * out.element_size()
+    registered = fake_binding.args("Prepare")[0][19:23]  # out's strides
+    assert all(s == r for n, s, r in zip(out.shape, out.stride(), registered) if n > 1), (out.stride(), registered)
+
+
 def test_int_cache_seqlens_passed_per_call(fake_binding):
     q, k, v = tensors()
     lengths = [700, 701, 700, 0, 1000, 701]

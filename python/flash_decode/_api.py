@@ -291,9 +291,10 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     elif max_seqlen_k is not None:
         _check_bound(max_seqlen_k, cache_seqlens)
     if out is None:
-        # A plain empty_like keeps q's strides, which are the contiguous ones
-        # the layout was registered with when q_contiguous; it is 0.2 us
-        # cheaper than asking for a memory format.
+        # A plain empty_like keeps q's strides when q is contiguous: the ones
+        # the layout was registered with, but maybe on a dimension of size 1,
+        # whose stride never moves an address. It is 0.2 us cheaper than
+        # asking for a memory format.
         out = torch.empty_like(q) if q_contiguous else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = None
     if return_softmax_lse:
@@ -343,8 +344,9 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
     """Check what only Python can, register the layout with the Go core
     (which checks the rest), and return what the hot path needs: (run,
     handle, workspace bytes, workspaces by length for an int cache_seqlens
-    (else None), device index, lse shape, whether q's strides are the
-    contiguous ones, the native function that sizes a workspace)."""
+    (else None), device index, lse shape, whether q is contiguous (its
+    strides are, but on dimensions of size 1), the native function that
+    sizes a workspace)."""
     batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache = _check_shapes(q, k_cache, v_cache)
     _check_cache_seqlens(cache_seqlens, batch)
     scale = _check_scale(softmax_scale)
@@ -373,7 +375,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
     except Exception as err:
         raise _translate(err) from None
     return (_fast(native, "Run"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
-            tuple(q.stride()) == contiguous, native.Workspace, ({}, seqlen_cache, 0, native.PlanKeyQuantum()))
+            q.is_contiguous(), native.Workspace, ({}, seqlen_cache, 0, native.PlanKeyQuantum()))
 
 
 def _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -405,7 +407,7 @@ def _prepare_serving(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         raise _translate(err) from None
     batch, seqlen_q, nheads_q = layout["batch"], layout["seqlen_q"], layout["nheads_q"]
     return (_fast(native, "RunServing"), handle, workspace_bytes, workspaces, device, (batch, nheads_q, seqlen_q),
-            tuple(q.stride()) == _contiguous_strides(q.shape), native.WorkspaceServing,
+            q.is_contiguous(), native.WorkspaceServing,
             ({}, layout["seqlen_cache"], layout.get("seqlen_new", 0), native.PlanKeyQuantum()))
 
 
