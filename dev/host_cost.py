@@ -49,7 +49,8 @@ def cases(device):
     q1, k1, v1 = (empty(1, n, h, 64) for n, h in ((1, 8), (1 << 20, 1), (1 << 20, 1)))
     growing, bounds = itertools.count(1), itertools.count(0)
     # BENCHMARKS.md's eager call: SDPA's (b, h, s, d) tensors, passed as (b, s, h, d) views.
-    qt, kt, vt = (randn(1, h, n, 128).transpose(1, 2) for h, n in ((32, 1), (8, 256), (8, 256)))
+    sdpa = [randn(1, h, n, 128) for h, n in ((32, 1), (8, 256), (8, 256))]
+    qt, kt, vt = (t.transpose(1, 2) for t in sdpa)
     fd = _api.flash_decode
     return {
         "plain": lambda: fd(q, k, v),
@@ -61,11 +62,12 @@ def cases(device):
         "lengths + growing bound": lambda: fd(q, kl, vl, cache_seqlens=lens, max_seqlen_k=next(bounds) % 32768 + 1),
         "lse, 32K workspace": lambda: fd(q, kl, vl, return_softmax_lse=True),
         "paged append": lambda: fd(q, kp, vp, kn, vn, cache_seqlens=lens, block_table=table, causal=True),
-    } | parts(q, k, v, device)
+    } | parts(q, k, v, sdpa, device)
 
 
-def parts(q, k, v, device):
-    """The plain call's parts, each alone (see the module's doc)."""
+def parts(q, k, v, sdpa, device):
+    """The plain call's parts, each alone (see the module's doc); on a GPU,
+    eager SDPA on sdpa, its (b, h, s, d) q, k and v."""
     fd, out, stream = _api.flash_decode, torch.empty_like(q), _api._current_stream
     b, qs, ks = _native.binding(), q.stride(), k.stride()
     run = _api._fast(b, "Run")
@@ -77,9 +79,7 @@ def parts(q, k, v, device):
                                       0, 0, 0, 0, stream(0))
     if device != "cpu":
         table["current stream"] = lambda: stream(0)
-        # SDPA's (b, h, s, d), contiguous, as the benchmark's eager call gives it.
-        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        table["torch SDPA"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        table["torch SDPA"] = lambda: F.scaled_dot_product_attention(*sdpa, enable_gqa=True)
     return table
 
 
