@@ -70,8 +70,8 @@ def test_host_cost_times_every_case_on_the_fake_device():
     names = [line.split("  ")[0] for line in child.stdout.splitlines()]
     assert names == ["plain", "plain, (b, h, s, d) views", "int cache_seqlens", "int cache_seqlens, growing",
                      "lengths + max_seqlen_k", "lengths + growing bound", "lse, 32K workspace", "paged append",
-                     "plain, out given",
-                     "torch.empty_like(q)", "binding Run alone", "binding Run, one split"], child.stdout
+                     "plain, out given", "torch.empty_like(q)", "binding Run alone",
+                     "binding Run, one split"], child.stdout
 
 
 @pytest.mark.cuda
