@@ -360,8 +360,7 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, num_spli
 
     native = _native.binding()
     # out=None gets a contiguous tensor of q's shape: its strides are known now.
-    contiguous = _contiguous_strides(q.shape)
-    out_strides = out.stride() if out is not None else contiguous
+    out_strides = out.stride() if out is not None else _contiguous_strides(q.shape)
     workspace_bytes, workspaces = 0, None
     try:
         handle = native.Prepare(_DTYPE_CODES[q.dtype], batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache,
