@@ -206,7 +206,11 @@ def test_new_out_is_contiguous(q_kind):
         assert q.is_contiguous() and q.stride() != (32 * 128, 32 * 128, 128, 1)
     for _ in range(2):  # the second call takes the cached layout
         out = flash_decode.flash_decode(q, k, v)
-        assert out.stride() == (32 * 128, 32 * 128, 128, 1)
+        # One dense block with the contiguous strides; a dimension of size 1
+        # may keep q's own stride (as torch.empty_like keeps it): it never
+        # moves an address.
+        assert out.is_contiguous()
+        assert [s for n, s in zip(out.shape, out.stride()) if n > 1] == [32 * 128, 128, 1]
         assert_matches_reference(out, None, q, k, v)
 
 
