@@ -3,22 +3,22 @@
 //
 // It compiles the library's own stage-1 and combine code with the FD_TRACE
 // hooks of split_kv.cuh defined, launches them exactly as the Go core does
-// (programmatic dependent launch, the same grids, clusters where asked) in a
-// CUDA graph of 20 calls over rotating layers, as the benchmark does, and
-// records %globaltimer per block: entering, released from the PDL wait (the
-// kernel's own: its work before the wait, the L2 prefetch included, runs
-// before it as in the library), its first tiles' copies begun and issued,
-// first tile landed, loop done, rows written, exit. It prints, per scenario,
-// the event time per call and the medians over calls of those moments,
-// counted from the end of the previous call, and (from %smid) how many SMs
-// held one, two or more stage-1 blocks with those blocks' loop time and
-// end, and how far apart the blocks end (the spread of their ends, and of
-// its means by SM and by block, whose bytes are the same every call), and
-// the slot time (the shares of all stage-1 slots over the call that blocks
-// spent before their first tile, in their loop and after it), next to a
-// plain streaming read of the same bytes. fp16, head dim 128, (batch, heads,
-// seq, dim) layout, zero data. BENCHMARKS.md ("What bounds each regime")
-// shows what it found.
+// (programmatic dependent launch, the same grids, clusters or balanced splits
+// where asked) in a CUDA graph of 20 calls over rotating layers, as the
+// benchmark does, and records %globaltimer per block: entering, released from
+// the PDL wait (the kernel's own: its work before the wait, the L2 prefetch
+// included, runs before it as in the library), its first tiles' copies begun
+// and issued, first tile landed, loop done, rows written, exit. It prints,
+// per scenario, the event time per call and the medians over calls of those
+// moments, counted from the end of the previous call, and (from %smid) how
+// many SMs held one, two or more stage-1 blocks with those blocks' loop time
+// and end, and how far apart the blocks end (the spread of their ends, and of
+// its means by SM and by block, whose bytes are the same every call), and the
+// slot time (the shares of all stage-1 slots over the call that blocks spent
+// before their first tile, in their loop and after it), next to a plain
+// streaming read of the same bytes. fp16, head dim 128, (batch, heads, seq,
+// dim) layout, zero data. BENCHMARKS.md ("What bounds each regime") shows
+// what it found.
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -o trace dev/trace/trace.cu && ./trace [name part]
 //
@@ -86,8 +86,9 @@ __global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
 // and WARPS rows a block (fd_combine_rows), or with COLS a block a row's
 // group of 32 columns (fd_combine_cols), with the library's launch bounds
 // (kernels/flashdecode.cu: one block an SM for the 4-warp ones, so that
-// their loads stay in flight; 0 is no minimum).
-template <int WARPS, bool ROWS = false, bool COLS = false>
+// their loads stay in flight; 0 is no minimum); with BAL the balanced twin
+// (fd_combine_*_bal: each row's split count from the lengths).
+template <int WARPS, bool ROWS = false, bool COLS = false, bool BAL = false>
 __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_combine(const fd_params p, u64 *ts) {
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
@@ -95,11 +96,11 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_co
     fd_pdl_wait();
     const u64 t1 = gtime();
     if constexpr (ROWS)
-        fd_combine_rows<half, WARPS, false>(p);
+        fd_combine_rows<half, WARPS, BAL>(p);
     else if constexpr (COLS)
-        fd_combine_cols<half, WARPS, false>(p);
+        fd_combine_cols<half, WARPS, BAL>(p);
     else
-        fd_combine<half, WARPS, false>(p);
+        fd_combine<half, WARPS, BAL>(p);
     __syncthreads();
     stamp(ts, t0, t1);
 }
@@ -199,8 +200,17 @@ struct Scenario {
     // grid, the rest split (core.Plan.WholeItems); 0: the 3-D grid.
     int whole = 0;
     // Rows a combine block merges: 1 (fd_combine, the splits spread over
-    // its warps) or 4 (fd_combine_rows, a warp a row; at most 8 splits).
+    // its warps) or 4 or 16 (fd_combine_rows, a warp a row; at most 8 splits).
     int combine_rows = 1;
+    // Balanced splits (core.Plan.BalanceSplits, kernels/balance.cuh): > 0 is
+    // the count equal lengths take, splits then the most a sequence takes
+    // (the plan's NumSplits); a 1-D grid of items * (balance + 1) blocks,
+    // and the combine's balanced twin. Its blocks past the batch's splits
+    // exit at once, and the statistics below leave them out.
+    int balance = 0;
+    // Whether cache_seqlens is a device tensor (L each) rather than the
+    // int seqlen: always with balance, as the library plans only then.
+    bool lens_tensor = false;
     // Where the layers sit: 0 one cudaMalloc each; 1 back to back in one
     // allocation (as torch's caching allocator carves them from a cached
     // segment); 2 one cudaMalloc each, after 6.4 GB were allocated and
@@ -256,17 +266,27 @@ static void run(const Scenario &sc) {
     CK(cudaMemset(q, 0, (size_t)rows * d * 2));
     CK(cudaMalloc(&out, (size_t)rows * d * 2));
     const bool combine = !sc.read && sc.splits > 1 && sc.cluster == 1;
+    int *lens = nullptr;  // cache_seqlens: L for every sequence
+    if (sc.lens_tensor || sc.balance > 0) {
+        CK(cudaMalloc(&lens, sc.batch * 4));
+        std::vector<int> h(sc.batch, sc.L);
+        CK(cudaMemcpy(lens, h.data(), sc.batch * 4, cudaMemcpyHostToDevice));
+    }
     if (combine) CK(cudaMalloc(&ws, (size_t)sc.splits * rows * (d + 1) * 4));
     float *partial;
     CK(cudaMalloc(&partial, 1 << 20));
 
     const int items = hkv * sc.batch;
     const int g1 = sc.read ? sc.read_blocks
+                 : sc.balance > 0 ? items * (sc.balance + 1)
                  : sc.whole > 0 ? sc.whole + (items - sc.whole) * sc.splits
                                 : sc.splits * items;
     const int row0 = sc.whole * (hq / hkv) * sc.sq;  // the combine's first row
-    // Above 32 splits, as the planner: a block a row's group of 32 columns.
-    const int groups = sc.combine_rows == 1 && sc.splits > 32 ? (d + FD_COMBINE_COLS - 1) / FD_COMBINE_COLS : 1;
+    // Above 32 splits, as the planner: a block a row's group of 32 columns
+    // (balanced: the combine equal lengths take, core.Plan.setCombine).
+    const int combine_splits = sc.balance > 0 ? sc.balance : sc.splits;
+    const int groups =
+        sc.combine_rows == 1 && combine_splits > 32 ? (d + FD_COMBINE_COLS - 1) / FD_COMBINE_COLS : 1;
     const int g2 = combine ? (rows - row0 + sc.combine_rows - 1) / sc.combine_rows * groups : 0;
     u64 *ts;
     const size_t per_call = (size_t)(g1 + g2) * NS;
@@ -346,6 +366,11 @@ static void run(const Scenario &sc) {
         p.early_dependents = early_dependents;
         p.combine_early_dependents = combine_early_dependents;
         p.prefetch_tiles = prefetch_tiles;
+        if (lens) p.cache_seqlens = lens;
+        if (sc.balance > 0) {
+            p.balance_splits = sc.balance;
+            p.balance_tile_keys = 64;
+        }
         p.scale = 0.088f;
         p.scale_log2 = 0.088f * 1.4427f;
         p.window_left = p.window_right = -1;
@@ -361,14 +386,21 @@ static void run(const Scenario &sc) {
         }
         if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
         launch(sc.serving ? tr_split<true> : tr_split<false>,
-               sc.whole > 0 ? dim3(g1) : dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl, sc.cluster, p, t);
+               sc.whole > 0 || sc.balance > 0 ? dim3(g1) : dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl,
+               sc.cluster, p, t);
         if (combine) {
-            if (sc.combine_rows == 4)
-                launch(tr_combine<4, true>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
+            // The library's combine for the plan, or its balanced twin.
+            const bool bal = sc.balance > 0;
+            void (*fn)(const fd_params, u64 *) = bal ? tr_combine<4, false, false, true> : tr_combine<4>;
+            int threads = 128;
+            if (sc.combine_rows == 16) {
+                fn = bal ? tr_combine<16, true, false, true> : tr_combine<16, true>;
+                threads = 512;
+            } else if (sc.combine_rows == 4)
+                fn = bal ? tr_combine<4, true, false, true> : tr_combine<4, true>;
             else if (groups > 1)
-                launch(tr_combine<4, false, true>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
-            else
-                launch(tr_combine<4>, dim3(g2), 128, 0, s, sc.pdl, 1, p, t + NS * g1);
+                fn = bal ? tr_combine<4, false, true, true> : tr_combine<4, false, true>;
+            launch(fn, dim3(g2), threads, 0, s, sc.pdl, 1, p, t + NS * g1);
         }
     };
     for (int i = 0; i < 3; ++i) call(i);
@@ -409,6 +441,9 @@ static void run(const Scenario &sc) {
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tr_split<false>, 128, smem));
     const double slots = (double)num_sms * std::max(per_sm, 1);
     u64 prev_end = 0;
+    // A stage-1 block that streamed: its first tile landed (stamp 2). A
+    // balanced grid's blocks past the batch's splits exit without one.
+    auto streamed = [&](const u64 *x) { return sc.read || x[2] != 0; };
     for (int i = 0; i < kCalls; ++i) {
         const u64 *c = h.data() + per_call * i;
         u64 e_min = ~0ull, go_min = ~0ull, go_max = 0, end_max = 0, enter_max = 0;
@@ -419,24 +454,27 @@ static void run(const Scenario &sc) {
             go_min = std::min(go_min, c[NS * b + 1]);
             go_max = std::max(go_max, c[NS * b + 1]);
             end_max = std::max(end_max, c[NS * b + 5]);
-            ends.push_back((double)c[NS * b + 5]);
+            if (streamed(c + NS * b)) ends.push_back((double)c[NS * b + 5]);
         }
         std::sort(ends.begin(), ends.end());
         if (i >= 2)
             for (int b = 0; b < g1; ++b) {
+                if (!streamed(c + NS * b)) continue;
                 const double e = ((double)c[NS * b + 5] - (double)go_min) / 1e3;
                 by_sm[(unsigned)c[NS * b + 6]].add(e);
                 by_block[b].add(e);
                 all_ends.add(e);
             }
         if (!sc.read && i >= 2) {
-            std::map<unsigned, int> on_sm;  // stage-1 blocks of this call per SM
-            for (int b = 0; b < g1; ++b) on_sm[(unsigned)c[NS * b + 6]]++;
+            std::map<unsigned, int> on_sm;  // stage-1 blocks of this call per SM (that streamed)
+            for (int b = 0; b < g1; ++b)
+                if (streamed(c + NS * b)) on_sm[(unsigned)c[NS * b + 6]]++;
             std::map<int, int> sms;  // SMs by how many blocks they held
             for (auto &e : on_sm) sms[e.second]++;
             for (auto &e : sms) sm_count[e.first].add(e.second);
             for (int b = 0; b < g1; ++b) {
                 const u64 *x = c + NS * b;
+                if (!streamed(x)) continue;
                 ph_copies0.add((double)x[7] - x[1]);
                 ph_copies.add((double)x[8] - x[1]);
                 ph_tile.add((double)x[2] - x[1]);
@@ -455,7 +493,7 @@ static void run(const Scenario &sc) {
             center_min = std::min(center_min, x[0]);
             cgo_min = std::min(cgo_min, x[1]);
             cend_max = std::max(cend_max, x[5]);
-            if (i >= 2) {
+            if (i >= 2 && x[2] != 0) {  // a balanced twin's block of one-split rows merges nothing
                 cph_load.add((double)x[2] - x[1]);
                 cph_sync.add((double)x[3] - x[2]);
                 cph_tail.add((double)x[5] - x[3]);
@@ -481,6 +519,7 @@ static void run(const Scenario &sc) {
                 double st = 0, lp = 0, fi = 0;
                 for (int b = 0; b < g1; ++b) {
                     const u64 *x = c + NS * b;
+                    if (!streamed(x)) continue;
                     st += (double)x[2] - x[0];
                     lp += (double)x[3] - x[2];
                     fi += (double)x[5] - x[3];
@@ -548,6 +587,7 @@ static void run(const Scenario &sc) {
     if (ws) CK(cudaFree(ws));
     CK(cudaFree(partial));
     CK(cudaFree(idx));
+    if (lens) CK(cudaFree(lens));
     CK(cudaFree(ts));
     CK(cudaStreamDestroy(s));
 }
@@ -677,6 +717,26 @@ int main(int argc, char **argv) {
     att("b=46 4K, 1 split", 46, 4096, 1, 1);
     att("b=64 4K, 1 split", 64, 4096, 1, 1);
     att("b=32 16K, 1 split", 32, 16384, 1, 1);
+    // Balanced splits on equal lengths against the plan's own count, both
+    // reading the lengths from a tensor: what balancing costs where it
+    // changes nothing (BENCHMARKS.md, "Ragged batches"), with the plans
+    // flash_decode.plan(..., lengths=True) gives. b=32 at 2K keys: one split
+    // each, balanced at most 17 and a combine of 16-row blocks after it;
+    // b=8 at 32K: 2 splits, at most 17, the narrow combine; MQA b=4 at 32K:
+    // 32 splits, at most 128, the 4-warp combine.
+    struct Bal {
+        const char *name;
+        int b, L, n, most, hq, hkv, rows;
+    };
+    for (const Bal &c : {Bal{"b=32 2K", 32, 2048, 1, 17, 32, 8, 16}, Bal{"b=8 32K", 8, 32768, 2, 17, 32, 8, 4},
+                         Bal{"MQA b=4 32K", 4, 32768, 32, 128, 8, 1, 1}})
+        for (bool bal : {false, true}) {
+            att("", c.b, c.L, bal ? c.most : c.n, 1, true, c.hq, c.hkv);
+            v.back().lens_tensor = true;
+            v.back().balance = bal ? c.n : 0;
+            v.back().combine_rows = c.rows;
+            v.back().name = std::string("lengths tensor, ") + c.name + (bal ? ", balanced" : ", the plan's own count");
+        }
     // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
     const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
                            "carved from 2.2 GB"};
