@@ -113,6 +113,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;  // balanced: the row's own (balance.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
+    FD_TRACE(1);
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
     if (BALANCED && count < 2) return;  // a row of one split: stage 1 wrote it
 
@@ -174,6 +175,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     fd_touch_params(out, lse_s, o_row, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
+    FD_TRACE(1);
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
     if (!live_row) return;
     if (BALANCED && count < 2) return;
@@ -228,6 +230,7 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     fd_touch_params(out, lse_s, o_col, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
+    FD_TRACE(1);
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
     if (BALANCED && count < 2) return;
 

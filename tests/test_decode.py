@@ -249,6 +249,25 @@ def test_balanced_splits_from_one_split():
     run_and_check(q, k, v, cache_seqlens=lengths(*lens))
 
 
+# Lengths a kernel writes just before the call must give the new lengths'
+# answer: a balanced stage 1 (and its combine) may run part of its work
+# while the kernel before it does, and the split counts must still come
+# from the lengths that kernel wrote; at a batch within one block's threads
+# and one beyond.
+@pytest.mark.parametrize("batch, nheads_q, nheads_kv, seqlen_cache", [(8, 32, 8, 32768), (160, 8, 1, 2048)])
+def test_balanced_splits_lengths_written_just_before(batch, nheads_q, nheads_kv, seqlen_cache):
+    q, k, v = make(batch, 1, nheads_q, nheads_kv, 128, seqlen_cache)
+    plan = flash_decode.plan(batch, 1, nheads_q, nheads_kv, 128, seqlen_cache, seqlen=seqlen_cache, lengths=True)
+    assert "balance_splits" in plan
+    cache_seqlens = lengths(*[seqlen_cache] * batch)
+    flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens)  # the first lengths, read by a call
+    for step, first in enumerate([(seqlen_cache, 1), (0, seqlen_cache), (5, 700)]):
+        new = lengths(*[first[i % 2] if i < 2 else (37 * (i + step)) % (seqlen_cache + 1) for i in range(batch)])
+        torch.add(new, 0, out=cache_seqlens)  # a kernel on the stream, right before the call
+        out = flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens)
+        assert_matches_reference(out, None, q, k, v, cache_seqlens=new)
+
+
 def test_balanced_splits_graph_replay():
     # The split counts follow the lengths a replay finds, not the captured ones.
     q, k, v = make(4, 1, 32, 8, 128, 16384)

@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_co
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
     __syncthreads();
-    fd_pdl_wait();
-    const u64 t1 = gtime();
+    // The combine's own work before its PDL wait (the balanced twin's split
+    // counts) runs before it, as in the library; it stamps its release (1).
     if constexpr (ROWS)
         fd_combine_rows<half, WARPS, BAL>(p);
     else if constexpr (COLS)
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 && !ROWS ? 1 : 0) tr_co
     else
         fd_combine<half, WARPS, BAL>(p);
     __syncthreads();
-    stamp(ts, t0, t1);
+    stamp(ts, t0, -1);
 }
 
 // A plain streaming read: block i sums `per_block` bytes from x + i * per_block
@@ -208,6 +208,14 @@ struct Scenario {
     // and the combine's balanced twin. Its blocks past the batch's splits
     // exit at once, and the statistics below leave them out.
     int balance = 0;
+    // Which combine follows: -1 as the plan (the balanced twin where
+    // balance > 0), 0 the plain one (count: the split count equal lengths
+    // take), 1 the balanced twin (balanced at that count). Equal lengths
+    // give both the same splits, so that a stage 1 can be timed with either.
+    int twin = -1;
+    // Balanced: a grid of items * balance blocks, without the blocks past
+    // the splits equal lengths take (right for equal lengths only).
+    bool exact_grid = false;
     // Whether cache_seqlens is a device tensor (L each) rather than the
     // int seqlen: always with balance, as the library plans only then.
     bool lens_tensor = false;
@@ -278,7 +286,7 @@ static void run(const Scenario &sc) {
 
     const int items = hkv * sc.batch;
     const int g1 = sc.read ? sc.read_blocks
-                 : sc.balance > 0 ? items * (sc.balance + 1)
+                 : sc.balance > 0 ? items * (sc.balance + (sc.exact_grid ? 0 : 1))
                  : sc.whole > 0 ? sc.whole + (items - sc.whole) * sc.splits
                                 : sc.splits * items;
     const int row0 = sc.whole * (hq / hkv) * sc.sq;  // the combine's first row
@@ -390,7 +398,13 @@ static void run(const Scenario &sc) {
                sc.cluster, p, t);
         if (combine) {
             // The library's combine for the plan, or its balanced twin.
-            const bool bal = sc.balance > 0;
+            const bool bal = sc.twin < 0 ? sc.balance > 0 : sc.twin == 1;
+            fd_params pc = p;  // the combine's arguments (twin: as a balanced plan's)
+            if (sc.twin == 0) pc.num_splits = combine_splits;
+            if (sc.twin == 1 && sc.balance == 0) {
+                pc.balance_splits = sc.splits;
+                pc.balance_tile_keys = 64;
+            }
             void (*fn)(const fd_params, u64 *) = bal ? tr_combine<4, false, false, true> : tr_combine<4>;
             int threads = 128;
             if (sc.combine_rows == 16) {
@@ -400,7 +414,7 @@ static void run(const Scenario &sc) {
                 fn = bal ? tr_combine<4, true, false, true> : tr_combine<4, true>;
             else if (groups > 1)
                 fn = bal ? tr_combine<4, false, true, true> : tr_combine<4, false, true>;
-            launch(fn, dim3(g2), threads, 0, s, sc.pdl, 1, p, t + NS * g1);
+            launch(fn, dim3(g2), threads, 0, s, sc.pdl, 1, pc, t + NS * g1);
         }
     };
     for (int i = 0; i < 3; ++i) call(i);
@@ -736,6 +750,23 @@ int main(int argc, char **argv) {
             v.back().balance = bal ? c.n : 0;
             v.back().combine_rows = c.rows;
             v.back().name = std::string("lengths tensor, ") + c.name + (bal ? ", balanced" : ", the plan's own count");
+            // And with the other combine: which of the two stages costs; and
+            // balanced without the blocks that find no split.
+            if (c.n > 1) {
+                v.push_back(v.back());
+                v.back().twin = bal ? 0 : 1;
+                v.back().name += bal ? ", the plain combine" : ", the balanced combine";
+            }
+            if (bal) {
+                for (int twin : {c.n > 1 ? 0 : -1, -1}) {
+                    v.push_back(v.back());
+                    v.back().twin = twin;
+                    v.back().exact_grid = true;
+                    v.back().name = std::string("lengths tensor, ") + c.name + ", balanced, no idle blocks" +
+                                    (twin == 0 ? ", the plain combine" : "");
+                }
+                if (c.n == 1) v.pop_back();
+            }
         }
     // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
     const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
