@@ -262,7 +262,7 @@ def test_balanced_splits_lengths_written_just_before(batch, nheads_q, nheads_kv,
     cache_seqlens = lengths(*[seqlen_cache] * batch)
     flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens)  # the first lengths, read by a call
     for step, first in enumerate([(seqlen_cache, 1), (0, seqlen_cache), (5, 700)]):
-        new = lengths(*[first[i % 2] if i < 2 else (37 * (i + step)) % (seqlen_cache + 1) for i in range(batch)])
+        new = lengths(*[first[i] if i < 2 else (37 * (i + step)) % (seqlen_cache + 1) for i in range(batch)])
         torch.add(new, 0, out=cache_seqlens)  # a kernel on the stream, right before the call
         out = flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens)
         assert_matches_reference(out, None, q, k, v, cache_seqlens=new)

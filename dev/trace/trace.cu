@@ -757,16 +757,14 @@ int main(int argc, char **argv) {
                 v.back().twin = bal ? 0 : 1;
                 v.back().name += bal ? ", the plain combine" : ", the balanced combine";
             }
-            if (bal) {
-                for (int twin : {c.n > 1 ? 0 : -1, -1}) {
+            if (bal)
+                for (int twin : c.n > 1 ? std::vector<int>{0, -1} : std::vector<int>{-1}) {
                     v.push_back(v.back());
                     v.back().twin = twin;
                     v.back().exact_grid = true;
                     v.back().name = std::string("lengths tensor, ") + c.name + ", balanced, no idle blocks" +
                                     (twin == 0 ? ", the plain combine" : "");
                 }
-                if (c.n == 1) v.pop_back();
-            }
         }
     // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
     const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
