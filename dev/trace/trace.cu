@@ -20,9 +20,13 @@
 // dim) layout, zero data. BENCHMARKS.md ("What bounds each regime") shows
 // what it found.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace dev/trace/trace.cu && ./trace [name part]
+//     nvcc -O3 -std=c++17 -arch=sm_90a -o trace dev/trace/trace.cu && ./trace [name part | =name]
+//
+// TRACE_DUMP=file appends every block's stamps to file, for analysis
+// beyond the medians printed.
 //
 // The globaltimer ticks in 0.256 us steps on the H200.
+#include <climits>
 #include <cstdint>
 
 #include "../common.cuh"
@@ -69,17 +73,32 @@ __device__ __forceinline__ void stamp(u64 *ts, u64 t0, long long t1) {
 }
 
 // Stage 1, plain or (kServing: a cache_batch_idx, or pages) the serving variant.
+// Blocks at or past exit_from exit before the library's code runs (a
+// balanced grid's blocks that would find no split, on equal lengths).
 template <bool kServing>
-__global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts) {
+__global__ void __launch_bounds__(128, 2) tr_split(const fd_params p, u64 *ts, int exit_from) {
     const u64 t0 = gtime();
     if (threadIdx.x == 0) fd_trace_ts = ts;
     __syncthreads();
+    if (flat_block() >= exit_from) {
+        stamp(ts, t0, (long long)t0);
+        return;
+    }
     // The kernel's own work before its PDL wait (argument loads, the L2
     // prefetch) runs before it, as in the library; it stamps its release (1).
     if constexpr (kServing) fd_split_kv_serving<half, 128, 16, fd_form_serving>(p);
     else fd_split_kv<half, 128, 16>(p);
     __syncthreads();
     stamp(ts, t0, -1);
+}
+
+// A balanced grid's spare blocks as a launch of their own after stage 1
+// (on equal lengths they find no split): as many blocks, of stage 1's size,
+// that let the combine in and wait for stage 1, so that the combine after
+// them still waits for all of stage 1.
+__global__ void __launch_bounds__(128, 2) tr_spare() {
+    fd_pdl_launch_dependents();
+    fd_pdl_wait();
 }
 
 // The combine: WARPS warps a row (fd_combine), or with ROWS a warp a row
@@ -216,6 +235,12 @@ struct Scenario {
     // Balanced: a grid of items * balance blocks, without the blocks past
     // the splits equal lengths take (right for equal lengths only).
     bool exact_grid = false;
+    // Balanced: the blocks past the splits equal lengths take exit before
+    // the library's code (without its scan of the lengths).
+    bool idle_exit = false;
+    // Balanced, with exact_grid: the spare blocks (items of them) as a
+    // launch of their own between stage 1 and the combine (tr_spare).
+    bool spare_kernel = false;
     // Whether cache_seqlens is a device tensor (L each) rather than the
     // int seqlen: always with balance, as the library plans only then.
     bool lens_tensor = false;
@@ -306,6 +331,7 @@ static void run(const Scenario &sc) {
         CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 122880));
         CK(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
+    CK(cudaFuncSetAttribute(tr_spare, cudaFuncAttributeMaxDynamicSharedMemorySize, 122880));
     // The serving kernel's indices: cache rows 0..batch-1, or pages 0..L/16-1.
     int *idx;
     const int n_idx = std::max(sc.batch, sc.L / 16);
@@ -395,7 +421,8 @@ static void run(const Scenario &sc) {
         if (sc.memset_bytes > 0) CK(cudaMemsetAsync(counters, 0, sc.memset_bytes, s));
         launch(sc.serving ? tr_split<true> : tr_split<false>,
                sc.whole > 0 || sc.balance > 0 ? dim3(g1) : dim3(sc.splits, hkv, sc.batch), 128, smem, s, sc.pdl,
-               sc.cluster, p, t);
+               sc.cluster, p, t, sc.idle_exit ? items * sc.balance : INT_MAX);
+        if (sc.spare_kernel) launch(tr_spare, dim3(items), 128, smem, s, sc.pdl, 1);
         if (combine) {
             // The library's combine for the plan, or its balanced twin.
             const bool bal = sc.twin < 0 ? sc.balance > 0 : sc.twin == 1;
@@ -430,6 +457,26 @@ static void run(const Scenario &sc) {
     for (float ms : time_graph(exec, s, 9)) per.add(ms * 1e3 / kCalls);
     std::vector<u64> h(per_call * kCalls);
     CK(cudaMemcpy(h.data(), ts, h.size() * 8, cudaMemcpyDeviceToHost));
+    // TRACE_DUMP=file appends every block's stamps (ns from its call's
+    // first stage-1 release; 0 where not stamped) and SM, a tab-separated row each:
+    // scenario, call, s1 or comb, block, enter, go, copies begin, issued, tile0, loop done, written, exit, SM.
+    if (const char *path = getenv("TRACE_DUMP")) {
+        FILE *f = fopen(path, "a");
+        for (int i = 0; i < kCalls && f; ++i) {
+            const u64 *c = h.data() + per_call * i;
+            u64 go = ~0ull;
+            for (int b = 0; b < g1; ++b)
+                if (c[NS * b + 1]) go = std::min(go, c[NS * b + 1]);
+            for (int b = 0; b < g1 + g2; ++b) {
+                const u64 *x = c + NS * b;
+                fprintf(f, "%s\t%d\t%s\t%d", sc.name.c_str(), i, b < g1 ? "s1" : "comb", b < g1 ? b : b - g1);
+                for (int k : {0, 1, 7, 8, 2, 3, 4, 5})
+                    fprintf(f, "\t%lld", x[k] ? (long long)(x[k] - go) : 0LL);
+                fprintf(f, "\t%llu\n", x[6]);
+            }
+        }
+        if (f) fclose(f);
+    }
 
     // Per call (skip the first 2): all times relative to the previous call's end.
     Stats gap_enter, first_go, s1_lastgo, s1_end_p10, s1_end_p50, s1_end_max, c_go, c_end, period,
@@ -444,8 +491,12 @@ static void run(const Scenario &sc) {
     // SM and by block index (its bytes), over calls: the spread of the group
     // means against the whole spread says whether an SM or an address range is slow.
     std::map<unsigned, Stats> by_sm;
-    std::map<int, Stats> by_block;
+    std::map<int, Stats> by_block, by_block_t0;
     Stats all_ends;
+    // The ends of blocks on an SM that also held a block past the balanced
+    // splits (which exits without streaming), or one of the combine's
+    // (resident, waiting, through stage 1), against the others'.
+    Stats end_beside_idle, end_alone, end_beside_combine, end_no_combine;
     // Slot time: over each call's period (previous call's end to its end),
     // the share of the stage-1 slots (SMs x blocks per SM) its blocks spent
     // from entering to their first tile, streaming (the loop), and from the
@@ -477,8 +528,23 @@ static void run(const Scenario &sc) {
                 const double e = ((double)c[NS * b + 5] - (double)go_min) / 1e3;
                 by_sm[(unsigned)c[NS * b + 6]].add(e);
                 by_block[b].add(e);
+                by_block_t0[b].add(((double)c[NS * b + 2] - (double)go_min) / 1e3);
                 all_ends.add(e);
             }
+        if (!sc.read && i >= 2) {
+            std::map<unsigned, int> idle_on;  // blocks that did not stream, per SM
+            for (int b = 0; b < g1; ++b)
+                if (!streamed(c + NS * b)) idle_on[(unsigned)c[NS * b + 6]]++;
+            std::map<unsigned, int> combine_on;  // the combine's blocks per SM
+            for (int b = 0; b < g2; ++b) combine_on[(unsigned)c[NS * (g1 + b) + 6]]++;
+            for (int b = 0; b < g1; ++b) {
+                if (!streamed(c + NS * b)) continue;
+                const unsigned sm = (unsigned)c[NS * b + 6];
+                const double e = ((double)c[NS * b + 5] - (double)go_min) / 1e3;
+                (idle_on.count(sm) ? end_beside_idle : end_alone).add(e);
+                (combine_on.count(sm) ? end_beside_combine : end_no_combine).add(e);
+            }
+        }
         if (!sc.read && i >= 2) {
             std::map<unsigned, int> on_sm;  // stage-1 blocks of this call per SM (that streamed)
             for (int b = 0; b < g1; ++b)
@@ -584,6 +650,52 @@ static void run(const Scenario &sc) {
                mu, std::sqrt(std::max(0.0, mu2 / all_ends.v.size() - mu * mu)), sd_means(by_sm), by_sm.size(),
                sd_means(by_block));
     }
+    if (!sc.read) {
+        auto mean = [](const Stats &x) {
+            double m = 0;
+            for (double y : x.v) m += y;
+            return x.v.empty() ? 0.0 : m / x.v.size();
+        };
+        // By block index, in 16 groups of the blocks that streamed: mean
+        // first tile and end from the first go (which blocks start and end late).
+        if (sc.lens_tensor && !by_block.empty()) {
+            std::vector<int> idx;
+            for (auto &e : by_block) idx.push_back(e.first);
+            const int groups = std::min<int>(16, idx.size());
+            printf("\n    by block index (first..last, mean tile0/end):");
+            for (int g = 0; g < groups; ++g) {
+                const size_t lo = idx.size() * g / groups, hi = idx.size() * (g + 1) / groups;
+                double t0 = 0, e = 0;
+                for (size_t k = lo; k < hi; ++k) t0 += mean(by_block_t0[idx[k]]), e += mean(by_block[idx[k]]);
+                printf(" %d..%d %.2f/%.2f;", idx[lo], idx[hi - 1], t0 / (hi - lo), e / (hi - lo));
+            }
+            // The blocks' mean ends against their mean first tiles: ends by quartile of first tile.
+            std::vector<std::pair<double, double>> te;
+            for (int b : idx) te.push_back({mean(by_block_t0[b]), mean(by_block[b])});
+            std::sort(te.begin(), te.end());
+            printf("\n    by quartile of first tile (mean tile0/end):");
+            for (int qt = 0; qt < 4; ++qt) {
+                const size_t lo = te.size() * qt / 4, hi = te.size() * (qt + 1) / 4;
+                double a = 0, z = 0;
+                for (size_t k = lo; k < hi; ++k) a += te[k].first, z += te[k].second;
+                if (hi > lo) printf(" %.2f/%.2f;", a / (hi - lo), z / (hi - lo));
+            }
+        }
+        if (!end_beside_combine.v.empty()) {
+            std::map<int, int> spread;  // SMs by the combine blocks they held, last call
+            const u64 *c = h.data() + per_call * (kCalls - 1);
+            std::map<unsigned, int> on;
+            for (int b = 0; b < g2; ++b) on[(unsigned)c[NS * (g1 + b) + 6]]++;
+            for (auto &e : on) spread[e.second]++;
+            printf("\n    ends beside a combine block: mean %.2f (%zu) against %.2f (%zu); last call's combine blocks per SM:",
+                   mean(end_beside_combine), end_beside_combine.v.size(), mean(end_no_combine),
+                   end_no_combine.v.size());
+            for (auto &e : spread) printf(" %d SMs held %d;", e.second, e.first);
+        }
+        if (!end_beside_idle.v.empty())
+            printf("\n    ends beside a block past the splits: mean %.2f (%zu) against %.2f (%zu) elsewhere",
+                   mean(end_beside_idle), end_beside_idle.v.size(), mean(end_alone), end_alone.v.size());
+    }
     if (g2)
         printf("\n    combine per block (median): go->loads merged %5.2f, ->warps met %5.2f, ->exit %5.2f",
                cph_load.med() / 1e3, cph_sync.med() / 1e3, cph_tail.med() / 1e3);
@@ -606,7 +718,8 @@ static void run(const Scenario &sc) {
     CK(cudaStreamDestroy(s));
 }
 
-// With an argument, runs only the scenarios whose name contains it.
+// With an argument, runs only the scenarios whose name contains it (or, after
+// a leading '=', is it).
 int main(int argc, char **argv) {
     std::vector<Scenario> v;
     auto att = [&](const char *n, int b, int L, int splits, int cluster, bool pdl = true, int hq = 32, int hkv = 8) {
@@ -737,7 +850,10 @@ int main(int argc, char **argv) {
     // flash_decode.plan(..., lengths=True) gives. b=32 at 2K keys: one split
     // each, balanced at most 17 and a combine of 16-row blocks after it;
     // b=8 at 32K: 2 splits, at most 17, the narrow combine; MQA b=4 at 32K:
-    // 32 splits, at most 128, the 4-warp combine.
+    // 32 splits, at most 128, the 4-warp combine. Balanced also without the
+    // blocks past the splits equal lengths take (no idle blocks), with them
+    // as a launch of their own after stage 1, and with them exiting before
+    // the library's code: which of their presence, placement or work costs.
     struct Bal {
         const char *name;
         int b, L, n, most, hq, hkv, rows;
@@ -765,6 +881,18 @@ int main(int argc, char **argv) {
                     v.back().name = std::string("lengths tensor, ") + c.name + ", balanced, no idle blocks" +
                                     (twin == 0 ? ", the plain combine" : "");
                 }
+            if (bal) {
+                v.push_back(v.back());
+                v.back().twin = -1;
+                v.back().exact_grid = true;
+                v.back().spare_kernel = true;
+                v.back().name = std::string("lengths tensor, ") + c.name + ", balanced, spare blocks launched after";
+                v.push_back(v.back());
+                v.back().spare_kernel = false;
+                v.back().exact_grid = false;
+                v.back().idle_exit = true;
+                v.back().name = std::string("lengths tensor, ") + c.name + ", balanced, idle blocks exit at once";
+            }
         }
     // The b=32 1K full-matrix effect (BENCHMARKS, "where the cache sits").
     const char *where[] = {"own allocations", "carved back to back", "own, after 6.4 GB freed",
@@ -804,6 +932,7 @@ int main(int argc, char **argv) {
             v.back().interleave = rr;
         }
     for (auto &s : v)
-        if (argc < 2 || s.name.find(argv[1]) != std::string::npos) run(s);
+        if (argc < 2 || (argv[1][0] == '=' ? s.name == argv[1] + 1 : s.name.find(argv[1]) != std::string::npos))
+            run(s);
     return 0;
 }
