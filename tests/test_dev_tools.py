@@ -3,7 +3,8 @@ driver plans every kernel path it is named for, the thread benchmark parses
 its arguments, the host-cost timer runs every case on the fake device (and
 on a GPU, where there is one), the A/B driver alternates its builds and
 summarizes their runs, the SASS reader finds a kernel's tile loop and its
-counts in cuobjdump's and ptxas's output, the streaming probe compiles
+counts in cuobjdump's and ptxas's output, the trace's dump reader splits
+each call's blocks at its median end, the streaming probe compiles
 for sm_90a with its wgmma loops unserialized, and the launch probe's kernel
 assembles and its launches run on the fake device."""
 
@@ -104,6 +105,33 @@ def bench_result(us, serving_us=None, splits=2):
     lengths = [dict(lengths="32768,1024", b=2, hq=32, hkv=8, d=128, num_splits=8, us=us, unbalanced_us=3 * us,
                     even_us=us - 1, even_unbalanced_us=us - 2)]
     return dict(meta=dict(serving=serving if serving_us else [], lengths=lengths), rows=[row], summary=[])
+
+
+def test_trace_dump_reader_splits_each_call_at_its_median_end(tmp_path):
+    # dev/trace's TRACE_DUMP rows: scenario, call, kind, block, 8 stamps (ns from the call's
+    # first release), SM. Blocks 0-1 stream 10 us, 2-3 20 us; block 4 found no split (no first
+    # tile); the combine's row is not stage 1's.
+    rows = []
+    for call in range(3):
+        for block, (loop, sm) in enumerate([(10_000, 0), (10_000, 1), (20_000, 3), (20_000, 2), (0, 4)]):
+            tile0 = 2_000 if loop else 0
+            stamps = [-1_000, 0, 500, 800, tile0, tile0 + loop, tile0 + loop + 1_000, tile0 + loop + 1_200]
+            rows.append("\t".join(map(str, ["s", call, "s1", block, *stamps, sm])))
+        rows.append("\t".join(map(str, ["s", call, "comb", 0, *[0] * 8, 4])))
+    dump = tmp_path / "d.tsv"
+    dump.write_text("\n".join(rows) + "\n")
+    spec = importlib.util.spec_from_file_location("dev_trace_dump", ROOT / "dev" / "trace" / "dump.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    calls = tool.read(str(dump))["s"]
+    assert sorted(calls) == [0, 1, 2] and len(calls[2]) == 5
+    halves = tool.halves(calls)
+    assert halves["loop"] == (20.0, 10.0) and halves["first tile"] == (2.0, 2.0)
+    assert halves["end"] == (pytest.approx(23.2), pytest.approx(13.2))
+    assert tool.maps(calls[2], 3_000) == ("ffSS", "ffSS.")
+    child = run("dev/trace/dump.py", str(dump), "--maps", "1")
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "by block ffSS" in child.stdout and "by SM    ffSS." in child.stdout
 
 
 def test_ab_tool_alternates_and_summarizes_each_build_against_the_first(tmp_path):

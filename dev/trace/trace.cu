@@ -23,7 +23,7 @@
 //     nvcc -O3 -std=c++17 -arch=sm_90a -o trace dev/trace/trace.cu && ./trace [name part | =name]
 //
 // TRACE_DUMP=file appends every block's stamps to file, for analysis
-// beyond the medians printed.
+// beyond the medians printed (dev/trace/dump.py reads it).
 //
 // The globaltimer ticks in 0.256 us steps on the H200.
 #include <climits>
