@@ -31,14 +31,17 @@
 
 #include "../common.cuh"
 
-// One timestamp per block and hook, into the per-call buffer the wrapper
-// kernels below set.
+// One timestamp per block and hook (by thread 0), into the per-call buffer
+// the wrapper kernels below set; and for hook 8 (stage 1's first tiles'
+// copies issued) one per warp too, by its lane 0, in slots 10 to 13: a
+// block's warps may issue their copies far apart.
 __shared__ unsigned long long *fd_trace_ts;
-#define FD_TRACE(i)                                                                             \
-    do {                                                                                        \
-        if (threadIdx.x == 0)                                                                   \
-            fd_trace_ts[10 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) + \
-                        (i)] = gtime();                                                         \
+#define FD_TRACE(i)                                                                              \
+    do {                                                                                         \
+        const int fd_trace_at_ = 16 * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)); \
+        if (threadIdx.x == 0) fd_trace_ts[fd_trace_at_ + (i)] = gtime();                         \
+        if ((i) == 8 && threadIdx.x % 32 == 0 && threadIdx.x < 128)                              \
+            fd_trace_ts[fd_trace_at_ + 10 + threadIdx.x / 32] = gtime();                         \
     } while (0)
 #include "../../kernels/flashdecode.cu"
 
@@ -57,11 +60,12 @@ typedef unsigned long long u64;
 __device__ __forceinline__ int flat_block() {
     return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 }
-// 10 stamps per block: 0 enter, 1 after griddepcontrol.wait, 2 first tile
+// 16 stamps per block: 0 enter, 1 after griddepcontrol.wait, 2 first tile
 // landed, 3 loop done, 4 rows written (parked, in a cluster), 5 exit, 6 smid,
-// 7 the first tiles' copies begin, 8 they are issued; for a combine block:
-// 2 warp 0's loads merged, 3 the warps met. t1 < 0: stamp 1 is the kernel's own.
-#define NS 10
+// 7 the first tiles' copies begin, 8 they are issued (thread 0), 10-13 they
+// are issued (warps 0-3); for a combine block: 2 warp 0's loads merged, 3 the
+// warps met. t1 < 0: stamp 1 is the kernel's own.
+#define NS 16
 __device__ __forceinline__ void stamp(u64 *ts, u64 t0, long long t1) {
     if (threadIdx.x == 0) {
         u64 *s = ts + NS * flat_block();
@@ -459,7 +463,8 @@ static void run(const Scenario &sc) {
     CK(cudaMemcpy(h.data(), ts, h.size() * 8, cudaMemcpyDeviceToHost));
     // TRACE_DUMP=file appends every block's stamps (ns from its call's
     // first stage-1 release; 0 where not stamped) and SM, a tab-separated row each:
-    // scenario, call, s1 or comb, block, enter, go, copies begin, issued, tile0, loop done, written, exit, SM.
+    // scenario, call, s1 or comb, block, enter, go, copies begin, issued, tile0, loop done, written, exit, SM,
+    // and the first tiles' copies issued by warps 0-3.
     if (const char *path = getenv("TRACE_DUMP")) {
         FILE *f = fopen(path, "a");
         for (int i = 0; i < kCalls && f; ++i) {
@@ -472,7 +477,9 @@ static void run(const Scenario &sc) {
                 fprintf(f, "%s\t%d\t%s\t%d", sc.name.c_str(), i, b < g1 ? "s1" : "comb", b < g1 ? b : b - g1);
                 for (int k : {0, 1, 7, 8, 2, 3, 4, 5})
                     fprintf(f, "\t%lld", x[k] ? (long long)(x[k] - go) : 0LL);
-                fprintf(f, "\t%llu\n", x[6]);
+                fprintf(f, "\t%llu", x[6]);
+                for (int k = 10; k < 14; ++k) fprintf(f, "\t%lld", x[k] ? (long long)(x[k] - go) : 0LL);
+                fprintf(f, "\n");
             }
         }
         if (f) fclose(f);
@@ -480,7 +487,7 @@ static void run(const Scenario &sc) {
 
     // Per call (skip the first 2): all times relative to the previous call's end.
     Stats gap_enter, first_go, s1_lastgo, s1_end_p10, s1_end_p50, s1_end_max, c_go, c_end, period,
-        enter_spread, c_first_enter, ph_copies0, ph_copies, ph_tile, ph_loop, ph_write, ph_tail, cph_load, cph_sync,
+        enter_spread, c_first_enter, ph_copies0, ph_copies, ph_warp_first, ph_warp_last, ph_tile, ph_loop, ph_write, ph_tail, cph_load, cph_sync,
         cph_tail;
     // By the number of stage-1 blocks an SM held in a call: how many SMs
     // held that many, and their blocks' loop time and end (from the
@@ -557,6 +564,10 @@ static void run(const Scenario &sc) {
                 if (!streamed(x)) continue;
                 ph_copies0.add((double)x[7] - x[1]);
                 ph_copies.add((double)x[8] - x[1]);
+                u64 w_first = ~0ull, w_last = 0;
+                for (int w = 10; w < 14; ++w)
+                    if (x[w]) w_first = std::min(w_first, x[w]), w_last = std::max(w_last, x[w]);
+                if (w_last) ph_warp_first.add((double)w_first - x[1]), ph_warp_last.add((double)w_last - x[1]);
                 ph_tile.add((double)x[2] - x[1]);
                 ph_loop.add((double)x[3] - x[2]);
                 ph_write.add((double)x[4] - x[3]);
@@ -620,9 +631,10 @@ static void run(const Scenario &sc) {
         printf(" | comb enter %6.2f go %6.2f end %6.2f", c_first_enter.med() / 1e3, c_go.med() / 1e3,
                c_end.med() / 1e3);
     if (!sc.read) {
-        printf("\n    per block (median), from go: copies begin %5.2f, issued %5.2f, tile0 %5.2f; loop %6.2f, "
-               "rows written %5.2f, ->exit %5.2f",
-               ph_copies0.med() / 1e3, ph_copies.med() / 1e3, ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
+        printf("\n    per block (median), from go: copies begin %5.2f, issued %5.2f (its warps %5.2f..%5.2f), "
+               "tile0 %5.2f; loop %6.2f, rows written %5.2f, ->exit %5.2f",
+               ph_copies0.med() / 1e3, ph_copies.med() / 1e3, ph_warp_first.med() / 1e3, ph_warp_last.med() / 1e3,
+               ph_tile.med() / 1e3, ph_loop.med() / 1e3, ph_write.med() / 1e3, ph_tail.med() / 1e3);
         printf("\n    slot time (%g slots): enter->tile0 %4.1f%%, loop %4.1f%%, loop end->exit %4.1f%%, idle %4.1f%%",
                slots, 100 * slot_start.med(), 100 * slot_loop.med(), 100 * slot_finish.med(),
                100 * (1 - slot_start.med() - slot_loop.med() - slot_finish.med()));
