@@ -203,6 +203,11 @@ struct Stats {
         std::sort(w.begin(), w.end());
         return w[w.size() / 2];
     }
+    double mean() const {
+        double m = 0;
+        for (double x : v) m += x;
+        return v.empty() ? 0 : m / v.size();
+    }
 };
 
 static const int kCalls = 20;
@@ -539,29 +544,20 @@ static void run(const Scenario &sc) {
                 all_ends.add(e);
             }
         if (!sc.read && i >= 2) {
-            std::map<unsigned, int> idle_on;  // blocks that did not stream, per SM
-            for (int b = 0; b < g1; ++b)
-                if (!streamed(c + NS * b)) idle_on[(unsigned)c[NS * b + 6]]++;
-            std::map<unsigned, int> combine_on;  // the combine's blocks per SM
+            // Stage-1 blocks of this call per SM that streamed, and that did not; the combine's.
+            std::map<unsigned, int> on_sm, idle_on, combine_on;
+            for (int b = 0; b < g1; ++b) (streamed(c + NS * b) ? on_sm : idle_on)[(unsigned)c[NS * b + 6]]++;
             for (int b = 0; b < g2; ++b) combine_on[(unsigned)c[NS * (g1 + b) + 6]]++;
-            for (int b = 0; b < g1; ++b) {
-                if (!streamed(c + NS * b)) continue;
-                const unsigned sm = (unsigned)c[NS * b + 6];
-                const double e = ((double)c[NS * b + 5] - (double)go_min) / 1e3;
-                (idle_on.count(sm) ? end_beside_idle : end_alone).add(e);
-                (combine_on.count(sm) ? end_beside_combine : end_no_combine).add(e);
-            }
-        }
-        if (!sc.read && i >= 2) {
-            std::map<unsigned, int> on_sm;  // stage-1 blocks of this call per SM (that streamed)
-            for (int b = 0; b < g1; ++b)
-                if (streamed(c + NS * b)) on_sm[(unsigned)c[NS * b + 6]]++;
             std::map<int, int> sms;  // SMs by how many blocks they held
             for (auto &e : on_sm) sms[e.second]++;
             for (auto &e : sms) sm_count[e.first].add(e.second);
             for (int b = 0; b < g1; ++b) {
                 const u64 *x = c + NS * b;
                 if (!streamed(x)) continue;
+                const unsigned sm = (unsigned)x[6];
+                const double e = ((double)x[5] - (double)go_min) / 1e3;
+                (idle_on.count(sm) ? end_beside_idle : end_alone).add(e);
+                (combine_on.count(sm) ? end_beside_combine : end_no_combine).add(e);
                 ph_copies0.add((double)x[7] - x[1]);
                 ph_copies.add((double)x[8] - x[1]);
                 u64 w_first = ~0ull, w_last = 0;
@@ -647,9 +643,7 @@ static void run(const Scenario &sc) {
         auto sd_means = [](auto &groups) {
             double n = 0, m = 0, m2 = 0;
             for (auto &e : groups) {
-                double mu = 0;
-                for (double x : e.second.v) mu += x;
-                mu /= e.second.v.size();
+                const double mu = e.second.mean();
                 n += 1, m += mu, m2 += mu * mu;
             }
             m /= n;
@@ -663,11 +657,6 @@ static void run(const Scenario &sc) {
                sd_means(by_block));
     }
     if (!sc.read) {
-        auto mean = [](const Stats &x) {
-            double m = 0;
-            for (double y : x.v) m += y;
-            return x.v.empty() ? 0.0 : m / x.v.size();
-        };
         // By block index, in 16 groups of the blocks that streamed: mean
         // first tile and end from the first go (which blocks start and end late).
         if (sc.lens_tensor && !by_block.empty()) {
@@ -678,12 +667,12 @@ static void run(const Scenario &sc) {
             for (int g = 0; g < groups; ++g) {
                 const size_t lo = idx.size() * g / groups, hi = idx.size() * (g + 1) / groups;
                 double t0 = 0, e = 0;
-                for (size_t k = lo; k < hi; ++k) t0 += mean(by_block_t0[idx[k]]), e += mean(by_block[idx[k]]);
+                for (size_t k = lo; k < hi; ++k) t0 += by_block_t0[idx[k]].mean(), e += by_block[idx[k]].mean();
                 printf(" %d..%d %.2f/%.2f;", idx[lo], idx[hi - 1], t0 / (hi - lo), e / (hi - lo));
             }
             // The blocks' mean ends against their mean first tiles: ends by quartile of first tile.
             std::vector<std::pair<double, double>> te;
-            for (int b : idx) te.push_back({mean(by_block_t0[b]), mean(by_block[b])});
+            for (int b : idx) te.push_back({by_block_t0[b].mean(), by_block[b].mean()});
             std::sort(te.begin(), te.end());
             printf("\n    by quartile of first tile (mean tile0/end):");
             for (int qt = 0; qt < 4; ++qt) {
@@ -700,13 +689,13 @@ static void run(const Scenario &sc) {
             for (int b = 0; b < g2; ++b) on[(unsigned)c[NS * (g1 + b) + 6]]++;
             for (auto &e : on) spread[e.second]++;
             printf("\n    ends beside a combine block: mean %.2f (%zu) against %.2f (%zu); last call's combine blocks per SM:",
-                   mean(end_beside_combine), end_beside_combine.v.size(), mean(end_no_combine),
+                   end_beside_combine.mean(), end_beside_combine.v.size(), end_no_combine.mean(),
                    end_no_combine.v.size());
             for (auto &e : spread) printf(" %d SMs held %d;", e.second, e.first);
         }
         if (!end_beside_idle.v.empty())
             printf("\n    ends beside a block past the splits: mean %.2f (%zu) against %.2f (%zu) elsewhere",
-                   mean(end_beside_idle), end_beside_idle.v.size(), mean(end_alone), end_alone.v.size());
+                   end_beside_idle.mean(), end_beside_idle.v.size(), end_alone.mean(), end_alone.v.size());
     }
     if (g2)
         printf("\n    combine per block (median): go->loads merged %5.2f, ->warps met %5.2f, ->exit %5.2f",
@@ -885,7 +874,7 @@ int main(int argc, char **argv) {
                 v.back().twin = bal ? 0 : 1;
                 v.back().name += bal ? ", the plain combine" : ", the balanced combine";
             }
-            if (bal)
+            if (bal) {
                 for (int twin : c.n > 1 ? std::vector<int>{0, -1} : std::vector<int>{-1}) {
                     v.push_back(v.back());
                     v.back().twin = twin;
@@ -893,7 +882,6 @@ int main(int argc, char **argv) {
                     v.back().name = std::string("lengths tensor, ") + c.name + ", balanced, no idle blocks" +
                                     (twin == 0 ? ", the plain combine" : "");
                 }
-            if (bal) {
                 v.push_back(v.back());
                 v.back().twin = -1;
                 v.back().exact_grid = true;
