@@ -64,7 +64,7 @@ def parse_args(argv=None):
                         "(two or more)")
     p.add_argument("--passes", type=int, default=3, help="runs of each build (default 3)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("ab-runs"), help="folder for runs and summary")
-    p.add_argument("--summarize", type=pathlib.Path, metavar="DIR", help="only summarize the runs already in DIR")
+    p.add_argument("--summarize", type=pathlib.Path, metavar="DIR", help="only summarize the runs already in DIR (against the build that run was given first)")
     args = p.parse_args(argv)
     args.bench_args = bench_args
     if args.summarize is None:
@@ -207,8 +207,12 @@ def format_summary(summary, names):
 
 def write_summary(folder, names=None):
     """Summarize folder's runs (of the named builds, the first one the baseline; default:
-    every build, in the first pass's order) into summary.json and summary.txt, and print it."""
+    every build, in the order the run that made them was given them, builds.json, else by
+    name) into summary.json and summary.txt, and print it."""
     runs = load_runs(folder)
+    given = folder / "builds.json"
+    if names is None and given.is_file():
+        names = json.loads(given.read_text())
     names = [n for n in (names or runs) if n in runs]
     summary = summarize({n: runs[n] for n in names})
     (folder / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -229,6 +233,7 @@ def main(argv=None):
             shutil.rmtree(d)
     sites = {name: site_of(name, path, out) for name, path in args.build}
     names = [name for name, _ in args.build]
+    (out / "builds.json").write_text(json.dumps(names))  # --summarize's baseline: the first given
     for i, name in order(names, args.passes):
         run_dir = (out / f"{i}_{name}").resolve()
         env = dict(os.environ, PYTHONPATH=str(sites[name]))

@@ -190,6 +190,11 @@ row = dict(dtype="fp16", b=1, hq=32, hkv=8, d=128, L=32768, sq=1, ours_us=US, nu
     summary = json.loads((out / "summary.json").read_text())
     assert summary[0]["builds"]["new"]["median"] == 9.0 and summary[0]["change"]["new"] == -0.25
     assert "-25.0%" in child.stdout
+    # Summarized again later, the baseline is still the build given first, not the first by name.
+    (out / "summary.json").unlink()
+    child = run("dev/ab.py", "--summarize", str(out))
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert json.loads((out / "summary.json").read_text())[0]["change"] == {"new": -0.25}
 
 
 def test_ab_tool_builds_a_git_revision_into_a_wheel(tmp_path, monkeypatch):
