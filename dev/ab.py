@@ -64,7 +64,8 @@ def parse_args(argv=None):
                         "(two or more)")
     p.add_argument("--passes", type=int, default=3, help="runs of each build (default 3)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("ab-runs"), help="folder for runs and summary")
-    p.add_argument("--summarize", type=pathlib.Path, metavar="DIR", help="only summarize the runs already in DIR (against the build that run was given first)")
+    p.add_argument("--summarize", type=pathlib.Path, metavar="DIR",
+                   help="only summarize the runs already in DIR (against the build that run was given first)")
     args = p.parse_args(argv)
     args.bench_args = bench_args
     if args.summarize is None:

@@ -120,9 +120,7 @@ def test_trace_dump_reader_splits_each_call_at_its_median_end(tmp_path):
         rows.append("\t".join(map(str, ["s", call, "comb", 0, *[0] * 8, 4])))
     dump = tmp_path / "d.tsv"
     dump.write_text("\n".join(rows) + "\n")
-    spec = importlib.util.spec_from_file_location("dev_trace_dump", ROOT / "dev" / "trace" / "dump.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("trace/dump")
     calls = tool.read(str(dump))["s"]
     assert sorted(calls) == [0, 1, 2] and len(calls[2]) == 5
     halves = tool.halves(calls)
