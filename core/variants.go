@@ -242,11 +242,11 @@ func combineSplitsPerStep(threads, cols int) int {
 // where they still fit two blocks per SM in registers. Every form has the
 // same dtypes, head dims and rows, with the same launch facts.
 //
-//	kernel                       threads  keys/tile  smem   registers (sm_90)
-//	fd_split_kv_*_d64_r16          256       128     98304  116
-//	fd_split_kv_*_d128_r16         128        64     98304  175
+//	kernel                       threads  keys/tile  smem   registers (sm_90, fp16)
+//	fd_split_kv_*_d64_r16          256       128     98304  121
+//	fd_split_kv_*_d128_r16         128        64     98304  179
 //	fd_split_kv_*_d128_r32         128        64     98304  255
-//	fd_split_kv_*_d256_r16         128        32     98304  178
+//	fd_split_kv_*_d256_r16         128        32     98304  186
 var variants = []Variant{
 	splitKV(Float16, 64, 16),
 	splitKV(Float16, 128, 16),
