@@ -902,7 +902,7 @@ func TestTargetBlocks(t *testing.T) {
 	for _, tt := range []struct {
 		threads, blocksPerSM, want int
 	}{
-		{256, 2, 1}, // d64: 8 warps
+		{256, 2, 1}, // 8 warps
 		{128, 2, 1}, // d128: 4 warps
 		{64, 2, 2},  // 2 warps: two blocks fill 4 warps
 		{64, 1, 1},  // but never more than fit

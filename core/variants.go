@@ -168,6 +168,16 @@ func splitKVDimSplit(headDim int) int {
 	return 1
 }
 
+// splitKVKeyGroups is how many groups of 16 keys of a tile each warp
+// owns (fd_split_kv_config::kKeyGroups): two at head dim 64, whose 128-key
+// tiles then take 4 warps, not 8.
+func splitKVKeyGroups(headDim int) int {
+	if headDim == 64 {
+		return 2
+	}
+	return 1
+}
+
 // dtypeNames are the dtypes' names in the kernels' names.
 var dtypeNames = map[DType]string{Float16: "f16", BFloat16: "bf16"}
 
@@ -175,7 +185,7 @@ var dtypeNames = map[DType]string{Float16: "f16", BFloat16: "bf16"}
 func splitKV(dt DType, headDim, rows int) Variant {
 	name := dtypeNames[dt]
 	keys := 8192 / headDim
-	threads := 32 * keys / 16 * splitKVDimSplit(headDim)
+	threads := 32 * keys / 16 / splitKVKeyGroups(headDim) * splitKVDimSplit(headDim)
 	clusterShared := splitKVSharedBytes
 	if threads >= 32*targetWarpsPerSM {
 		clusterShared = oneBlockPerSMBytes
@@ -243,7 +253,7 @@ func combineSplitsPerStep(threads, cols int) int {
 // same dtypes, head dims and rows, with the same launch facts.
 //
 //	kernel                       threads  keys/tile  smem   registers (sm_90, fp16)
-//	fd_split_kv_*_d64_r16          256       128     98304  121
+//	fd_split_kv_*_d64_r16          128       128     98304  139
 //	fd_split_kv_*_d128_r16         128        64     98304  179
 //	fd_split_kv_*_d128_r32         128        64     98304  255
 //	fd_split_kv_*_d256_r16         128        32     98304  186

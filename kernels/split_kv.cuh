@@ -23,9 +23,10 @@
 // blocks work out their sequence, item and split from all the lengths once
 // they are released. KEYS (keys per tile) =
 // 8192 / D, so one tile of K plus one of V is always 32 KiB; a warp owns 16
-// keys of a tile, and at D 256 two warps share each 16 keys, one per half
-// of the output columns (see kDimSplit):
-//     D  64: 128 keys, 8 warps, 256 threads
+// keys of a tile (32 at D 64, two groups of 16: see kKeyGroups), and at D
+// 256 two warps share each 16 keys, one per half of the output columns (see
+// kDimSplit):
+//     D  64: 128 keys, 4 warps (32 keys each), 128 threads
 //     D 128:  64 keys, 4 warps, 128 threads
 //     D 256:  32 keys, 4 warps (2 x 2 halves of D), 128 threads
 // Dynamic shared memory = STAGES * 2 * KEYS * D * sizeof(T) = 3 * 32 KiB
@@ -45,8 +46,8 @@
 // while the warps compute on the third, with 16-byte copies straight into
 // XOR-swizzled shared memory (no bank conflicts for ldmatrix). The math runs
 // on tensor cores (mma.sync m16n8k16, fp32 accumulation): ROWS packed rows
-// are 16 or 32 rows of the mma's M, each warp owns 16 keys of every tile with
-// its own online-softmax state, and the warps merge their states once at the
+// are 16 or 32 rows of the mma's M, each warp owns 16 keys of every tile (32
+// at D 64) with its own online-softmax state, and the warps merge their states once at the
 // end, so a tile needs a single __syncthreads. Softmax is fp32 with exp2
 // (fd_exp2_ftz) on scores pre-multiplied by scale*log2(e). Launched with
 // programmatic dependent launch (optional, sm_90), the combine grid is
@@ -169,7 +170,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     int kv_head = item_y / p.row_tiles;
     int row0 = (item_y % p.row_tiles) * ROWS;  // first packed row of this block (balanced: set after the wait)
     const int warp = threadIdx.x / 32;
-    // Which 16 keys of a tile, and which kWarpDim of the head dim (both known
+    // Which keys of a tile, and which kWarpDim of the head dim (both known
     // at compile time to be the whole head dim where kDimSplit is 1).
     const int key_warp = C::kDimSplit > 1 ? warp % C::kKeyWarps : warp;
     const int dim_part = C::kDimSplit > 1 ? warp / C::kKeyWarps : 0;
@@ -415,7 +416,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         }
     };
 
-    // Per-warp online softmax over the warp's 16 keys of every tile. For each
+    // Per-warp online softmax over the warp's keys of every tile. For each
     // of its rows a lane keeps the max m (the same in the 4 lanes of a row)
     // and its own share of the sum l; o holds the mma C fragments of the
     // unnormalized output: row g (+8), columns n*8 + 2*t4 (+1).
@@ -428,7 +429,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 #pragma unroll
         for (int n = 0; n < C::kWarpDim / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     }
-    const int warp_key = key_warp * 16;  // the warp's first key within a tile
+    const int warp_key = key_warp * 16 * C::kKeyGroups;  // the warp's first key within a tile
     const int warp_col = dim_part * C::kWarpDim;  // the warp's first output column (and Q K^T dim)
     static_assert(C::kDimSplit == 1 || (C::kDimSplit == 2 && C::kKeyWarps <= 2), "fd_bar_sync<1 + key_warp, 64> pairs the warps of 16 keys");
     // xchg: [warp][score][lane], the Q K^T halves of kDimSplit.
@@ -505,35 +506,41 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 
         const int key0 = tile_of(it) * C::kKeys + warp_key;
 
-        // S = Q K^T for the warp's 16 keys: two 8-key mma column tiles, over
-        // the warp's kWarpDim dims of the head. Each mma waits on the one
-        // before it into the same accumulator, so with one row tile the even
-        // and odd 16-dim slices sum apart (kQkChains) and meet at the end:
-        // half as long a chain of dependent mmas on every tile.
-        float sc[C::kMTiles][2][4], sc_odd[2][4];  // sc_odd: the odd slices (kQkChains > 1: one row tile)
+        // S = Q K^T for each of the warp's groups of 16 keys: two 8-key mma
+        // column tiles, over the warp's kWarpDim dims of the head. Each mma
+        // waits on the one before it into the same accumulator, so with one
+        // row tile and one group the even and odd 16-dim slices sum apart
+        // (kQkChains) and meet at the end: half as long a chain of dependent
+        // mmas on every tile.
+        float sc[C::kKeyGroups][C::kMTiles][2][4], sc_odd[2][4];  // sc_odd: the odd slices (kQkChains > 1)
 #pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt)
+        for (int kg = 0; kg < C::kKeyGroups; ++kg)
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] = 0.f;
+            for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) sc[kg][mt][e / 4][e % 4] = 0.f;
         if constexpr (C::kQkChains > 1) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) sc_odd[e / 4][e % 4] = 0.f;
         }
 #pragma unroll
         for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
-            uint32_t kf[4];  // keys 0-7 | 8-15 x dims 16kk..+7 | +8..+15
-            fd_ldmatrix_x4(kf, k_s + fd_swizzle<D>(warp_key + (lane / 16) * 8 + lane % 8,
-                                                    (warp_col / 8) + 2 * kk + (lane / 8) % 2));
 #pragma unroll
-            for (int mt = 0; mt < C::kMTiles; ++mt) {
-                float(&acc)[2][4] = C::kQkChains > 1 && kk % 2 ? sc_odd : sc[mt];
-                DT::mma(acc[0], qf[mt][kk], kf[0], kf[1]);
-                DT::mma(acc[1], qf[mt][kk], kf[2], kf[3]);
+            for (int kg = 0; kg < C::kKeyGroups; ++kg) {
+                uint32_t kf[4];  // keys 0-7 | 8-15 of the group x dims 16kk..+7 | +8..+15
+                fd_ldmatrix_x4(kf, k_s + fd_swizzle<D>(warp_key + kg * 16 + (lane / 16) * 8 + lane % 8,
+                                                        (warp_col / 8) + 2 * kk + (lane / 8) % 2));
+#pragma unroll
+                for (int mt = 0; mt < C::kMTiles; ++mt) {
+                    float(&acc)[2][4] = C::kQkChains > 1 && kk % 2 ? sc_odd : sc[kg][mt];
+                    DT::mma(acc[0], qf[mt][kk], kf[0], kf[1]);
+                    DT::mma(acc[1], qf[mt][kk], kf[2], kf[3]);
+                }
             }
         }
         if constexpr (C::kQkChains > 1) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sc[0][e / 4][e % 4] += sc_odd[e / 4][e % 4];
+            for (int e = 0; e < 8; ++e) sc[0][0][e / 4][e % 4] += sc_odd[e / 4][e % 4];
         }
         if (C::kDimSplit > 1) {
             // Add the other half's scores (a + b == b + a in fp32, so both
@@ -542,35 +549,42 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 #pragma unroll
             for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) xchg[(warp * C::kMTiles * 8 + mt * 8 + e) * 32 + lane] = sc[mt][e / 4][e % 4];
+                for (int e = 0; e < 8; ++e) xchg[(warp * C::kMTiles * 8 + mt * 8 + e) * 32 + lane] = sc[0][mt][e / 4][e % 4];
             if (key_warp == 0) fd_bar_sync<1, 64>();
             else fd_bar_sync<2, 64>();
             const int other = (C::kDimSplit - 1 - dim_part) * C::kKeyWarps + key_warp;
 #pragma unroll
             for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] += xchg[(other * C::kMTiles * 8 + mt * 8 + e) * 32 + lane];
+                for (int e = 0; e < 8; ++e) sc[0][mt][e / 4][e % 4] += xchg[(other * C::kMTiles * 8 + mt * 8 + e) * 32 + lane];
         }
 
-        if constexpr (kServing) score.apply(p, sc, key0 + 2 * t4, rows, key_limit, b, kv_head, row0 + g, len);
+        if constexpr (kServing) {
+#pragma unroll
+            for (int kg = 0; kg < C::kKeyGroups; ++kg)
+                score.apply(p, sc[kg], key0 + kg * 16 + 2 * t4, rows, key_limit, b, kv_head, row0 + g, len);
+        }
 
-        // Online softmax; the probabilities become the A fragments of P V.
-        uint32_t pf[C::kMTiles][4];
+        // Online softmax, one step for all of the warp's keys of the tile;
+        // the probabilities become the A fragments of P V.
+        uint32_t pf[C::kKeyGroups][C::kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float mx = -CUDART_INF_F;
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
+                for (int kg = 0; kg < C::kKeyGroups; ++kg)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int key = key0 + nt * 8 + 2 * t4 + e;
-                        float &x = sc[mt][nt][2 * h + e];
-                        if constexpr (!kServing)  // (serving: done by score.apply)
-                            x = key < key_limit[mt][h] ? x * p.scale_log2 : -CUDART_INF_F;
-                        mx = fmaxf(mx, x);
-                    }
+                    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = key0 + kg * 16 + nt * 8 + 2 * t4 + e;
+                            float &x = sc[kg][mt][nt][2 * h + e];
+                            if constexpr (!kServing)  // (serving: done by score.apply)
+                                x = key < key_limit[mt][h] ? x * p.scale_log2 : -CUDART_INF_F;
+                            mx = fmaxf(mx, x);
+                        }
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float m_new = fmaxf(m[mt][h], mx);
@@ -579,13 +593,15 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 m[mt][h] = m_new;
                 float sum = 0.f;
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
+                for (int kg = 0; kg < C::kKeyGroups; ++kg)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float &x = sc[mt][nt][2 * h + e];
-                        x = fd_exp2_ftz(x - off);
-                        sum += x;
-                    }
+                    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float &x = sc[kg][mt][nt][2 * h + e];
+                            x = fd_exp2_ftz(x - off);
+                            sum += x;
+                        }
                 l[mt][h] = l[mt][h] * alpha + sum;
 #pragma unroll
                 for (int n = 0; n < C::kWarpDim / 8; ++n) {
@@ -593,23 +609,29 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                     o[mt][n][2 * h + 1] *= alpha;
                 }
             }
-            pf[mt][0] = DT::pack(sc[mt][0][0], sc[mt][0][1]);  // row g,   keys 2t4, +1
-            pf[mt][1] = DT::pack(sc[mt][0][2], sc[mt][0][3]);  // row g+8, keys 2t4, +1
-            pf[mt][2] = DT::pack(sc[mt][1][0], sc[mt][1][1]);  // row g,   keys 8+2t4, +1
-            pf[mt][3] = DT::pack(sc[mt][1][2], sc[mt][1][3]);  // row g+8, keys 8+2t4, +1
+#pragma unroll
+            for (int kg = 0; kg < C::kKeyGroups; ++kg) {
+                pf[kg][mt][0] = DT::pack(sc[kg][mt][0][0], sc[kg][mt][0][1]);  // row g,   keys 2t4, +1
+                pf[kg][mt][1] = DT::pack(sc[kg][mt][0][2], sc[kg][mt][0][3]);  // row g+8, keys 2t4, +1
+                pf[kg][mt][2] = DT::pack(sc[kg][mt][1][0], sc[kg][mt][1][1]);  // row g,   keys 8+2t4, +1
+                pf[kg][mt][3] = DT::pack(sc[kg][mt][1][2], sc[kg][mt][1][3]);  // row g+8, keys 8+2t4, +1
+            }
         }
 
-        // O += P V over the warp's 16 keys and kWarpDim output columns, 16
-        // columns per ldmatrix.
+        // O += P V over the warp's keys and kWarpDim output columns, 16
+        // keys and 16 columns per ldmatrix.
 #pragma unroll
         for (int j = 0; j < C::kWarpDim / 16; ++j) {
-            uint32_t vf[4];  // (keys 0-7 | 8-15) x dims 16j..+7, then dims 16j+8..+15
-            fd_ldmatrix_x4_trans(vf, v_s + fd_swizzle<D>(warp_key + ((lane / 8) % 2) * 8 + lane % 8,
-                                                         (warp_col / 8) + 2 * j + lane / 16));
 #pragma unroll
-            for (int mt = 0; mt < C::kMTiles; ++mt) {
-                DT::mma(o[mt][2 * j], pf[mt], vf[0], vf[1]);
-                DT::mma(o[mt][2 * j + 1], pf[mt], vf[2], vf[3]);
+            for (int kg = 0; kg < C::kKeyGroups; ++kg) {
+                uint32_t vf[4];  // (keys 0-7 | 8-15 of the group) x dims 16j..+7, then dims 16j+8..+15
+                fd_ldmatrix_x4_trans(vf, v_s + fd_swizzle<D>(warp_key + kg * 16 + ((lane / 8) % 2) * 8 + lane % 8,
+                                                             (warp_col / 8) + 2 * j + lane / 16));
+#pragma unroll
+                for (int mt = 0; mt < C::kMTiles; ++mt) {
+                    DT::mma(o[mt][2 * j], pf[kg][mt], vf[0], vf[1]);
+                    DT::mma(o[mt][2 * j + 1], pf[kg][mt], vf[2], vf[3]);
+                }
             }
         }
         stage = stage == C::kStages - 1 ? 0 : stage + 1;

@@ -13,7 +13,11 @@ struct fd_split_kv_config {
     static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
     static_assert(ROWS % 16 == 0, "rows are whole mma tiles of 16");
     static constexpr int kKeys = 8192 / D;                // keys per tile (32 KiB of K+V)
-    static constexpr int kKeyWarps = kKeys / 16;          // each owns 16 keys of a tile
+    // Groups of 16 keys a warp owns in a tile: two at head dim 64, so that
+    // its 128-key tiles take 4 warps, as head dim 128's 64-key ones do,
+    // each with one softmax step (max, rescale) for 32 keys.
+    static constexpr int kKeyGroups = D == 64 ? 2 : 1;
+    static constexpr int kKeyWarps = kKeys / 16 / kKeyGroups;  // each owns kKeyGroups * 16 keys of a tile
     // Warps per 16 keys, each accumulating D / kDimSplit output columns of
     // P V, and Q K^T over D / kDimSplit of the head dim: the two warps of
     // 16 keys add their halves of the scores through shared memory (kXchg),
@@ -31,7 +35,8 @@ struct fd_split_kv_config {
     // Independent accumulators of each score tile in Q K^T (split_kv.cuh): two
     // with one row tile; more row tiles already interleave their own chains
     // (and 32 rows have no registers to spare).
-    static constexpr int kQkChains = kMTiles == 1 ? 2 : 1;
+    // (Key groups are chains of their own too.)
+    static constexpr int kQkChains = kMTiles == 1 && kKeyGroups == 1 ? 2 : 1;
     static constexpr int kXchg = kDimSplit > 1 ? kWarps * kMTiles * 8 * 32 : 1;  // floats: [warp][score][lane]
     static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
     static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
