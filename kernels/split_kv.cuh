@@ -432,6 +432,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const int warp_key = key_warp * 16 * C::kKeyGroups;  // the warp's first key within a tile
     const int warp_col = dim_part * C::kWarpDim;  // the warp's first output column (and Q K^T dim)
     static_assert(C::kDimSplit == 1 || (C::kDimSplit == 2 && C::kKeyWarps <= 2), "fd_bar_sync<1 + key_warp, 64> pairs the warps of 16 keys");
+    static_assert(C::kDimSplit == 1 || C::kKeyGroups == 1, "the score exchange of kDimSplit moves one group of 16 keys (sc[0])");
     // xchg: [warp][score][lane], the Q K^T halves of kDimSplit.
 
     // The tiles of the splits are dealt round robin rather than in runs of
