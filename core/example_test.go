@@ -102,7 +102,7 @@ func ExampleShape_Validate() {
 	// Output:
 	// flashdecode: plan: nheads_q: invalid argument: 12 is not a multiple of nheads_kv=5
 	// true
-	// flashdecode: plan: headdim: not supported: 100; supported: multiples of 8 from 8 to 256 (kernels compiled for 64, 128, 256; others run padded)
+	// flashdecode: plan: headdim: not supported: 100; supported: multiples of 8 from 8 to 256
 	// true
 }
 

@@ -6,219 +6,233 @@ import (
 )
 
 // Plan is everything a launch needs, computed once from a Shape and device
-// facts and reusable for every call (every layer) with that Shape. Launch
-// shapes depend on shapes only, never on device data, so a captured CUDA
-// graph stays correct when cache_seqlens changes.
+// facts and reused for every call with that Shape. It reads shapes only,
+// never device data, so a captured CUDA graph stays right when
+// cache_seqlens changes. An item is one (sequence, K/V head, row tile).
 type Plan struct {
-	Variant   Variant `json:"variant"`    // the kernels that run
-	NumSplits int     `json:"num_splits"` // splits of each sequence's keys (of the items after WholeItems when that is > 0)
-	RowTiles  int     `json:"row_tiles"`  // ceil(HeadsQ/HeadsKV*SeqlenQ / Variant.Rows)
+	Variant Variant `json:"variant"` // the kernels that run
+	Merge   Merge   `json:"merge"`   // how the splits' partial results are merged
+	// NumSplits is the most splits any item's keys are cut into: the
+	// workspace holds that many partials a merged row.
+	NumSplits int `json:"num_splits"`
+	RowTiles  int `json:"row_tiles"` // ceil(HeadsQ/HeadsKV*SeqlenQ / Variant.Rows)
 	// Grid is the stage-1 grid: (NumSplits, HeadsKV*RowTiles, Batch), or
-	// one-dimensional where WholeItems > 0 (below).
+	// one-dimensional for MergeTail and MergeBalanced.
 	Grid        [3]int `json:"grid"`
-	Threads     int    `json:"threads"`      // stage-1 threads per block
-	SharedBytes int    `json:"shared_bytes"` // stage-1 dynamic shared memory per block
-	// Cluster is the thread-block cluster size along x: NumSplits when the
-	// splits of each (sequence, K/V head, row tile) run as one cluster and
-	// merge their outputs through distributed shared memory at the end of
-	// stage 1 (no combine kernel, no workspace), else 1. SharedBytes then
-	// says how: Variant.ClusterSharedBytes, one block per SM, or
-	// Variant.ClusterDenseSharedBytes, two (pairs in a larger grid).
-	Cluster int `json:"cluster"`
-	// CombineGrid blocks of CombineThreads run the combine kernel Combine
-	// (Variant.CombineNarrow for splits one warp loads at once, or
-	// Variant.CombineNarrowDense where only its grid lets the next kernel
-	// in early, Variant.CombineWide for more than Variant.Combine does, else
-	// Variant.Combine), each merging CombineRows output rows (CombineWide:
-	// Variant.CombineWideCols columns of one row); all are zero
-	// when NumSplits == 1 (stage 1 then writes out and lse itself) or
-	// Cluster > 1.
+	Threads     int    `json:"threads"`       // stage-1 threads per block
+	SharedBytes int    `json:"shared_bytes"`  // stage-1 dynamic shared memory per block
+	SMs         int    `json:"sms"`           // SM count planned for
+	BlocksPerSM int    `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
+
+	// The combine kernel, for MergeCombine, MergeTail and MergeBalanced (all
+	// zero otherwise): CombineGrid blocks of CombineThreads, each merging
+	// CombineRows output rows (combineFor; the column-group combine:
+	// Variant.CombineWideCols columns of one row).
 	Combine        string `json:"combine"`
 	CombineGrid    int    `json:"combine_grid"`
 	CombineThreads int    `json:"combine_threads"`
 	CombineRows    int    `json:"combine_rows"`
-	// The workspace holds o_partial, float32 [NumSplits][rows][HeadDim]
-	// at offset 0, and lse_partial, float32 [NumSplits][rows] at
-	// LSEPartialOffset (256-byte aligned), rows = Batch*HeadsQ*SeqlenQ -
-	// CombineRow0 (the rows the combine merges, in order) and HeadDim the
-	// problem's own (not the variant's padded) head dim; both
-	// only when a combine runs. With a rotary embedding (Shape.RotaryQ) it
-	// also holds the rotated q, QRotBytes of (Batch, SeqlenQ, HeadsQ,
-	// HeadDim) contiguous in the dtype, at QRotOffset (256-byte aligned,
-	// after the partials). WorkspaceBytes is 0 when it holds nothing.
+
+	// The workspace (workspaceLayout): the combine's float32 partials,
+	// o_partial [NumSplits][rows][HeadDim] at 0 and lse_partial
+	// [NumSplits][rows] at LSEPartialOffset, rows being the output rows from
+	// CombineRow0 on; then, with rotary, the rotated q at QRotOffset.
+	// WorkspaceBytes is 0 when it holds nothing.
 	LSEPartialOffset int `json:"lse_partial_offset"`
 	WorkspaceBytes   int `json:"workspace_bytes"`
 	QRotOffset       int `json:"q_rot_offset,omitzero"`
 	QRotBytes        int `json:"q_rot_bytes,omitzero"`
-	// Append, when not "", is the kernel (Variant.Append) that runs before
-	// stage 1 to write the new tokens into the cache and, with rotary, the
-	// rotated q into the workspace: grid AppendGrid = (max(SeqlenNew,
-	// SeqlenQ), Batch, parts) blocks of AppendThreads, a token's 16-byte
-	// chunks of k and v (and of q with rotary) dealt over its parts blocks,
-	// one chunk a thread (appendParts).
+
+	// The append kernel (Variant.Append), when not "": it runs before stage
+	// 1 to write the new tokens into the cache (and the rotated q into the
+	// workspace), grid (max(SeqlenNew, SeqlenQ), Batch, appendParts).
 	Append        string `json:"append,omitzero"`
 	AppendGrid    [3]int `json:"append_grid,omitzero"`
 	AppendThreads int    `json:"append_threads,omitzero"`
-	// WholeItems > 0 makes the stage-1 grid one-dimensional (Grid =
-	// (WholeItems + rest*NumSplits, 1, 1)): its first WholeItems blocks
-	// each stream one whole item (batch, K/V head, row tile, in that
-	// order), and the rest of the items follow in NumSplits splits each,
-	// which the combine merges from output row CombineRow0 on (CombineGrid
-	// covers only those rows). A grid of more items than the GPU holds at
-	// once keeps its full waves whole and splits only the last, partial
-	// one, whose blocks then fill the slots as the full waves end.
+
+	// MergeCluster and MergePairs: Cluster is NumSplits (1 in other modes),
+	// and SharedBytes is Variant.ClusterSharedBytes (one block per SM) or
+	// Variant.ClusterDenseSharedBytes (pairs, two per SM). PrefetchTiles
+	// (MergeCluster, plain form) is the key tiles each block sends into L2
+	// before its programmatic-dependent-launch wait: all of its split's.
+	Cluster       int `json:"cluster"`
+	PrefetchTiles int `json:"prefetch_tiles,omitzero"`
+
+	// MergeTail: the first WholeItems blocks stream one item each, the rest
+	// of the items follow in NumSplits splits each, and the combine merges
+	// output rows from CombineRow0 on.
 	WholeItems  int `json:"whole_items"`
 	CombineRow0 int `json:"combine_row0"`
-	// BalanceSplits > 0 balances the splits of a batch by its lengths on
-	// the device (kernels/balance.cuh), where they come as a device array
-	// the planner cannot read (Shape.DeviceLengths): BalanceSplits is the
-	// split count the plan gives equal lengths, and each sequence then
-	// takes its own count, at most NumSplits, so that every split holds
-	// about the same number of key tiles whatever the lengths. The grid is
-	// one-dimensional, Batch * HeadsKV * RowTiles * (BalanceSplits + 1)
-	// blocks, of which those past the sequences' splits exit. The combine,
-	// the balanced twin of the one for NumSplits (BalancedCombine), works
-	// out each row's count from the lengths too.
+
+	// MergeBalanced: BalanceSplits is the split count equal lengths take;
+	// each sequence takes its share of Batch*BalanceSplits splits by its
+	// length on the device, at most NumSplits (kernels/balance.cuh), in a
+	// grid of Batch*HeadsKV*RowTiles*(BalanceSplits+1) blocks.
 	BalanceSplits int `json:"balance_splits,omitzero"`
-	// PrefetchTiles, when not 0, is how many key tiles (all of its split's)
-	// each block of a plain stage 1 sends into L2 before it waits on the
-	// kernel before it (programmatic dependent launch), so that they stream
-	// while that kernel ends. Set where the splits merge in clusters and are
-	// at most the pipeline's depth: such a block's keys are all of its
-	// work, and it would otherwise load them only after the wait. Longer
-	// splits gain nothing from it, and on some shapes lose.
-	PrefetchTiles int `json:"prefetch_tiles,omitzero"`
-	SMs           int `json:"sms"`           // SM count planned for
-	BlocksPerSM   int `json:"blocks_per_sm"` // resident stage-1 blocks per SM planned for
 }
 
+// Merge is how a plan merges the splits of an item into out and lse.
+type Merge int
+
+const (
+	// MergeNone: one split; stage 1 writes out and lse itself.
+	MergeNone Merge = iota
+	// MergeCombine: the combine kernel reads the partials back.
+	MergeCombine
+	// MergeCluster: the splits of an item run as one cluster that all runs
+	// at once and merges through distributed shared memory.
+	MergeCluster
+	// MergePairs: clusters of two in a grid of more blocks than SMs, two
+	// blocks per SM as in a plain launch.
+	MergePairs
+	// MergeTail: a grid of more items than the GPU holds at once keeps its
+	// full waves' items whole and splits the last wave's; the combine merges.
+	MergeTail
+	// MergeBalanced: the lengths on the device size each sequence's splits;
+	// the balanced combine merges.
+	MergeBalanced
+)
+
+var mergeNames = [...]string{MergeNone: "none", MergeCombine: "combine", MergeCluster: "cluster",
+	MergePairs: "pairs", MergeTail: "tail", MergeBalanced: "balanced"}
+
+// String returns m's name as the plan JSON gives it ("combine").
+func (m Merge) String() string {
+	if m >= 0 && int(m) < len(mergeNames) {
+		return mergeNames[m]
+	}
+	return fmt.Sprintf("Merge(%d)", int(m))
+}
+
+// MarshalText encodes m as its name, so that JSON has "merge": "combine".
+func (m Merge) MarshalText() ([]byte, error) {
+	if m < 0 || int(m) >= len(mergeNames) {
+		return nil, fmt.Errorf("flashdecode: unknown merge mode %d", int(m))
+	}
+	return []byte(m.String()), nil
+}
+
+// UnmarshalText decodes a name MarshalText writes.
+func (m *Merge) UnmarshalText(b []byte) error {
+	for i, name := range mergeNames {
+		if string(b) == name {
+			*m = Merge(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("flashdecode: unknown merge mode %q", b)
+}
+
+// Combines reports whether m runs the combine kernel (and so needs the
+// workspace's partials).
+func (m Merge) Combines() bool { return m == MergeCombine || m == MergeTail || m == MergeBalanced }
+
 // EarlyDependents reports whether stage 1 lets the next kernel in the
-// stream be scheduled as soon as it starts (programmatic dependent launch,
-// sm_90 and newer) rather than once each of its blocks has streamed its keys.
-// Early when the combine follows (its small blocks wait on the slots stage
-// 1 leaves, and its launch hides behind stage 1) or when the grid has no
-// more blocks than SMs (the next grid's blocks wait in the second slots and
-// start the moment this grid ends). A grid of more blocks than SMs lets the
-// next kernel in late: that kernel is often this one again, the next
-// layer's attention, whose blocks, let in early, would take the free slots
-// while this grid streams and then run two to an SM on some SMs and none on
-// others.
+// stream be scheduled as soon as it starts (programmatic dependent launch):
+// when a combine follows, whose launch then hides behind stage 1, or when
+// the grid fits one block an SM. A larger grid lets it in only once its
+// blocks have streamed their keys, so that the next layer's blocks cannot
+// take its free slots and run two to an SM on some SMs and none on others.
 func (p Plan) EarlyDependents() bool {
 	return p.CombineGrid > 0 || p.Grid[0]*p.Grid[1]*p.Grid[2] <= p.SMs
 }
 
 // CombineEarlyDependents reports whether the combine lets the next kernel in
-// the stream be scheduled once stage 1 has finished (programmatic dependent
-// launch), so that the next kernel's blocks wait on the SMs the combine
-// leaves idle rather than being scheduled after it ends: where the combine
-// has no more blocks than stage 1 and than the GPU has SMs. Behind a
-// combine of more blocks than stage 1, the next layer's stage 1, let in
-// early, ran far slower (docs/tuning.md).
+// once stage 1 has ended: where it has no more blocks than stage 1 and than
+// SMs. Behind a larger combine an early next stage 1 ran far slower.
 func (p Plan) CombineEarlyDependents() bool {
 	return p.CombineGrid > 0 && p.CombineGrid <= min(p.Grid[0]*p.Grid[1]*p.Grid[2], p.SMs)
 }
 
-// FusedAppend reports whether stage 1 is an appending form
-// (Variant.Form.FusedAppend; Append is then ""): it reads the new keys from
-// k and v and writes them into the cache itself, so no append kernel runs
-// ahead of it. The plan JSON has it as fused_append.
+// FusedAppend reports whether stage 1 writes the new tokens itself
+// (Variant.Form.FusedAppend; Append is then ""). The JSON has it as
+// fused_append.
 func (p Plan) FusedAppend() bool { return p.Variant.Form.FusedAppend() }
 
 // prefetchMaxTiles is the longest split whose tiles a plain stage 1 sends
-// into L2 before its PDL wait (Plan.PrefetchTiles): the tiles its pipeline
-// loads first, so the prefetch covers the split's loads and no more.
+// into L2 before its PDL wait: what its pipeline loads first.
 const prefetchMaxTiles = splitKVStages - 1
 
 // MakePlan picks the kernel variant for s (SelectVariant) and plans its
-// launch on device d with PlanVariant.
-//
-// With s.NumSplits == 0 the split count comes from the heuristic described
-// in the package documentation and at autoSplits. A request n > 0 is
-// clamped to [1, min(MaxSplits, key tiles)], key tiles being
-// ceil(length/Variant.KeysPerTile) for the length the plan uses: Seqlen +
-// SeqlenNew (at most SeqlenCache) if Seqlen >= 0, else SeqlenCache, and at
-// most WindowKeys when that is set. More splits than tiles would only add
-// empty splits.
+// launch on device d. With s.NumSplits == 0 the heuristic (autoSplits,
+// tailSplit) picks the split count; a request n > 0 is clamped to
+// [1, min(MaxSplits, key tiles)] of the length plannedKeys gives.
 func MakePlan(s Shape, d Device) (Plan, error) {
-	const op = "plan"
-	if err := s.validate(op); err != nil {
+	if err := checkPlanInputs(s, d); err != nil {
 		return Plan{}, err
-	}
-	if err := s.validateServing(op); err != nil {
-		return Plan{}, err
-	}
-	if d.SMs < 1 {
-		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", d.SMs))
 	}
 	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Form())
 	if err != nil {
-		return Plan{}, &Error{Op: op, Arg: "headdim", Err: ErrUnsupported,
+		return Plan{}, &Error{Op: planOp, Arg: "headdim", Err: ErrUnsupported,
 			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}
 	}
 	if bps := d.blocksPerSM(v); bps < 1 {
-		return Plan{}, unsupported(op, "", fmt.Sprintf("kernel %s does not fit on an SM of this device (occupancy %d)", v.Kernel, bps))
+		return Plan{}, unsupported(planOp, "", fmt.Sprintf("kernel %s does not fit on an SM of this device (occupancy %d)", v.Kernel, bps))
 	}
-	return planVariant(op, s, v, d)
+	return planVariant(s, v, d)
 }
 
-// PlanVariant plans s for the given variant on device d. MakePlan calls it
-// after choosing the variant; tuning tools and tests call it to plan a
-// variant of their choice. Splits are chosen or clamped as MakePlan
-// describes.
+// PlanVariant plans s for variant v on device d, as MakePlan does after
+// choosing the variant: for tuning tools and tests.
 func PlanVariant(s Shape, v Variant, d Device) (Plan, error) {
-	const op = "plan"
-	if err := s.validate(op); err != nil {
+	if err := checkPlanInputs(s, d); err != nil {
 		return Plan{}, err
 	}
-	if err := s.validateServing(op); err != nil {
-		return Plan{}, err
-	}
-	return planVariant(op, s, v, d)
-}
-
-// planVariant is MakePlan and PlanVariant past their checks: the split
-// count (requested, tailSplit or autoSplits), the merge, grid, workspace
-// and append.
-func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
-	sms, blocksPerSM := d.SMs, d.blocksPerSM(v)
-	if sms < 1 {
-		return Plan{}, invalid(op, "sms", fmt.Sprintf("%d; must be at least 1", sms))
-	}
-	if blocksPerSM < 1 {
-		return Plan{}, invalid(op, "blocks_per_sm", fmt.Sprintf("%d; must be at least 1", blocksPerSM))
+	if bps := d.blocksPerSM(v); bps < 1 {
+		return Plan{}, invalid(planOp, "blocks_per_sm", fmt.Sprintf("%d; must be at least 1", bps))
 	}
 	if err := checkVariant(s, v); err != nil {
-		return Plan{}, &Error{Op: op, Arg: "variant", Msg: err.Error(), Err: ErrInvalid}
+		return Plan{}, &Error{Op: planOp, Arg: "variant", Msg: err.Error(), Err: ErrInvalid}
 	}
+	return planVariant(s, v, d)
+}
+
+// planOp is the Op of the planner's errors.
+const planOp = "plan"
+
+// checkPlanInputs is the planner's one check of its inputs: the shape
+// (Shape.Validate) and the device.
+func checkPlanInputs(s Shape, d Device) error {
+	if err := s.validate(planOp); err != nil {
+		return err
+	}
+	if d.SMs < 1 {
+		return invalid(planOp, "sms", fmt.Sprintf("%d; must be at least 1", d.SMs))
+	}
+	return nil
+}
+
+// planVariant plans valid inputs: the split count (requested, tailSplit or
+// autoSplits), the merge, the grids, the workspace and the append.
+func planVariant(s Shape, v Variant, d Device) (Plan, error) {
+	sms, blocksPerSM := d.SMs, d.blocksPerSM(v)
 	packed := s.HeadsQ / s.HeadsKV * s.SeqlenQ // query rows sharing one K/V head
 	rowTiles := ceilDiv(packed, v.Rows)
 	if s.HeadsKV*rowTiles > maxGridYZ {
-		return Plan{}, unsupported(op, "nheads_kv", fmt.Sprintf("%d heads x %d row tiles exceed the launch grid's y limit %d", s.HeadsKV, rowTiles, maxGridYZ))
+		return Plan{}, unsupported(planOp, "nheads_kv", fmt.Sprintf("%d heads x %d row tiles exceed the launch grid's y limit %d", s.HeadsKV, rowTiles, maxGridYZ))
 	}
 	tiles := ceilDiv(s.plannedKeys(), v.KeysPerTile)
 
-	// Unsplit, the grid has `blocks` blocks; split n ways, as many clusters
-	// of n, which merge their splits themselves if they all run at once
-	// (mergeCluster), or, two splits in a grid of more blocks than SMs, in
-	// pairs among the other blocks (mergePairs).
-	blocks := s.Batch * s.HeadsKV * rowTiles
-	merging := func(n int) merge {
+	// items unsplit; split n ways, they merge in clusters where all of the
+	// clusters run at once, in pairs (n == 2) in a grid of more blocks than
+	// SMs, else through the combine.
+	items := s.Batch * s.HeadsKV * rowTiles
+	merging := func(n int) Merge {
 		if n < 2 || n > MaxCluster || d.Clusters == nil {
-			return mergeCombine
+			return MergeCombine
 		}
-		perSplit, grid := ceilDiv(tiles, n), blocks*n
+		perSplit, grid := ceilDiv(tiles, n), items*n
 		fills := grid*100 >= sms*busySlotsPct && grid <= sms
-		if blocks <= d.Clusters(v, n) && (perSplit <= clusterMaxTiles || (fills && perSplit <= clusterLongMaxTiles)) {
-			return mergeCluster
+		if items <= d.Clusters(v, n) && (perSplit <= clusterMaxTiles || (fills && perSplit <= clusterLongMaxTiles)) {
+			return MergeCluster
 		}
 		if n == 2 && grid > sms && perSplit <= clusterLongMaxTiles && v.ClusterDenseSharedBytes > 0 && d.Clusters(v, 2) > 0 {
-			return mergePairs
+			return MergePairs
 		}
-		return mergeCombine
+		return MergeCombine
 	}
-	// A requested count splits every item. Automatically, a grid of more
-	// items than the GPU holds at once keeps its full waves whole and splits
-	// only the last, partial wave's items (tailSplit); otherwise autoSplits.
+	// A requested count splits every item; the heuristic splits only a
+	// partial last wave's items (tailSplit) or every item (autoSplits).
 	splits, whole := s.NumSplits, 0
 	if splits > 0 {
 		splits = clampSplits(splits, tiles)
@@ -226,94 +240,117 @@ func planVariant(op string, s Shape, v Variant, d Device) (Plan, error) {
 		rows := min(packed, v.Rows)
 		maxN := autoSplitCap(tiles, ceilDiv(minKeysPerSplit(rows, minSplitRowKeys), v.KeysPerTile))
 		tailN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows, minTailSplitRowKeys), v.KeysPerTile))
-		if w, m := tailSplit(blocks, sms*blocksPerSM, tailN); m > 1 {
+		if w, m := tailSplit(items, sms*blocksPerSM, tailN); m > 1 {
 			splits, whole = m, w
 		} else {
 			costs := blockCostsOf(v)
-			splits = autoSplits(blocks, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, costs, merging)
-			// A serving block (page lookups, per-row key ranges) streams
-			// slower alone than a plain one, which only a cluster merge's
-			// one-wave grid makes up for; other plans fill every slot.
-			if v.Form.Serving() && (splits < 2 || merging(splits) != mergeCluster) {
-				splits = autoSplits(blocks, sms*blocksPerSM, sms*blocksPerSM, tiles, maxN, costs, merging)
+			splits = autoSplits(items, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, costs, merging)
+			// A serving block streams slower alone than a plain one, which
+			// only a cluster merge's one-wave grid makes up for: other
+			// serving plans fill every slot.
+			if v.Form.Serving() && (splits < 2 || merging(splits) != MergeCluster) {
+				splits = autoSplits(items, sms*blocksPerSM, sms*blocksPerSM, tiles, maxN, costs, merging)
 			}
 		}
 	}
 
-	// Lengths on the device: a plan of one split or merging through the
-	// combine balances its splits by them there (balancedSplits).
+	// With the lengths on the device, a plan of one split or of the combine
+	// balances its splits by them there (balancedSplits): most is then the
+	// most splits a sequence may take.
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
-	balanced := 0
-	if s.NumSplits == 0 && whole == 0 && v.Balances() && (splits == 1 || merging(splits) == mergeCombine) {
-		balanced = balancedSplits(s, splits, blocks/s.Batch, sms*targetBlocks(v, blocksPerSM), tiles, rows*(s.HeadDim+1)*4)
+	most := 0
+	if s.NumSplits == 0 && whole == 0 && v.Balances() && (splits == 1 || merging(splits) == MergeCombine) {
+		most = balancedSplits(s, splits, items/s.Batch, sms*targetBlocks(v, blocksPerSM), tiles, rows*(s.HeadDim+1)*4)
+	}
+	mode := MergeNone
+	switch {
+	case most > 0:
+		mode = MergeBalanced
+	case whole > 0:
+		mode = MergeTail
+	case splits > 1:
+		mode = merging(splits)
 	}
 
 	p := Plan{
 		Variant:     v,
+		Merge:       mode,
 		NumSplits:   splits,
 		RowTiles:    rowTiles,
 		Grid:        [3]int{splits, s.HeadsKV * rowTiles, s.Batch},
 		Threads:     v.Threads,
 		SharedBytes: v.SharedBytes,
-		Cluster:     1,
 		SMs:         sms,
 		BlocksPerSM: blocksPerSM,
+		Cluster:     1,
 	}
-	partials := 0       // splits whose partials the workspace holds: the combine's
-	partialRows := rows // rows a split's partials hold: from CombineRow0 on
-	switch {
-	case balanced > 0:
-		// The combine equal lengths take (its fold steps through more
-		// splits where a row has them), in its balanced twin.
-		p.BalanceSplits = splits
-		p.Grid = [3]int{blocks * (splits + 1), 1, 1}
-		p.setCombine(v, rows, s.HeadDim)
+	switch mode {
+	case MergeBalanced:
+		// The combine that equal lengths' count takes, in its balanced twin.
+		p.BalanceSplits, p.NumSplits = splits, most
+		p.Grid = [3]int{items * (splits + 1), 1, 1}
+		p.setCombine(v, splits, rows, s.HeadDim)
 		p.Combine = BalancedCombine(p.Combine)
-		p.NumSplits, partials = balanced, balanced
-	case whole > 0:
-		// The items after the whole ones, split: their rows start at the
-		// first packed row of item `whole` (items are batch, K/V head, row tile).
+	case MergeTail:
+		// The split items' rows start at the first packed row of item
+		// `whole` (items run batch, K/V head, row tile).
 		p.WholeItems = whole
-		p.Grid = [3]int{whole + (blocks-whole)*splits, 1, 1}
+		p.Grid = [3]int{whole + (items-whole)*splits, 1, 1}
 		p.CombineRow0 = whole/rowTiles*packed + whole%rowTiles*v.Rows
-		partials, partialRows = splits, rows-p.CombineRow0
-		p.setCombine(v, rows-p.CombineRow0, s.HeadDim)
-	case merging(splits) == mergeCluster:
-		p.Cluster = splits
-		p.SharedBytes = v.ClusterSharedBytes
+		p.setCombine(v, splits, rows-p.CombineRow0, s.HeadDim)
+	case MergeCluster:
+		p.Cluster, p.SharedBytes = splits, v.ClusterSharedBytes
 		if perSplit := ceilDiv(tiles, splits); v.Form == FormPlain && perSplit <= prefetchMaxTiles {
 			p.PrefetchTiles = perSplit
 		}
-	case merging(splits) == mergePairs:
-		p.Cluster = splits
-		p.SharedBytes = v.ClusterDenseSharedBytes
-	case splits > 1:
-		partials = splits
-		p.setCombine(v, rows, s.HeadDim)
+	case MergePairs:
+		p.Cluster, p.SharedBytes = splits, v.ClusterDenseSharedBytes
+	case MergeCombine:
+		p.setCombine(v, splits, rows, s.HeadDim)
 	}
 	if s.RotaryQ {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
 	}
-	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, partialRows, s.HeadDim, p.QRotBytes)
+	partials := 0
+	if mode.Combines() {
+		partials = p.NumSplits
+	}
+	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows-p.CombineRow0, s.HeadDim, p.QRotBytes)
 	if s.SeqlenNew > 0 && !v.Form.FusedAppend() {
 		p.Append, p.AppendThreads = v.Append, appendThreads
 		p.AppendGrid = [3]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch, s.appendParts()}
 	}
+	if err := p.checkGrids(s); err != nil {
+		return Plan{}, err
+	}
 	return p, nil
 }
 
+// checkGrids refuses a plan whose launches pass CUDA's grid limits
+// (gridDim.x <= 2^31-1, y and z <= 65535), before anything launches: the
+// append kernel runs first and would write the cache.
+func (p *Plan) checkGrids(s Shape) error {
+	const maxGridX = math.MaxInt32
+	switch {
+	case p.Grid[0] > maxGridX:
+		return unsupported(planOp, "batch", fmt.Sprintf("%d with %d K/V heads x %d row tiles makes a stage-1 grid of %d blocks (%v merge); CUDA launches at most %d", s.Batch, s.HeadsKV, p.RowTiles, p.Grid[0], p.Merge, maxGridX))
+	case p.CombineGrid > maxGridX:
+		return unsupported(planOp, "batch", fmt.Sprintf("%d with %d query heads makes a combine grid of %d blocks; CUDA launches at most %d", s.Batch, s.HeadsQ, p.CombineGrid, maxGridX))
+	case p.AppendGrid[2] > maxGridYZ:
+		return unsupported(planOp, "nheads_q", fmt.Sprintf("%d query and %d K/V heads of dim %d to append and rotate; the append kernel takes at most %d*%d chunks of 8 channels", s.HeadsQ, s.HeadsKV, s.HeadDim, maxGridYZ, appendThreads))
+	}
+	return nil
+}
+
 // maxFusedAppend is the most new tokens the appending forms write
-// themselves: one block of each K/V head writes them, a 16-byte chunk a
-// thread, so a few decode tokens take one step of its threads.
+// themselves, a 16-byte chunk a thread of one block each K/V head.
 const maxFusedAppend = MaxSeqlenQ
 
-// Form is the form of stage 1 that runs s: the plain form without serving
-// arguments; an appending form (FormPagedAppend, FormAppend) for the paged
-// form or a contiguous cache with no other serving feature
-// (Shape.Contiguous) appending 1 to maxFusedAppend new tokens without
-// rotary; else the paged form (Shape.Paged) or the serving form. With
-// rotary the append kernel runs first: it rotates q too, which stage 1
-// then reads rotated (see docs/tuning.md on rotating in stage 1).
+// Form is the form of stage 1 that runs s: plain without serving arguments;
+// an appending form (FormPagedAppend, FormAppend) for a paged or contiguous
+// cache (Shape.Paged, Shape.Contiguous) appending 1 to maxFusedAppend tokens
+// without rotary; else FormPaged or FormServing. With rotary the append
+// kernel runs first and rotates q too.
 func (s Shape) Form() Form {
 	fused := (s.Paged || s.Contiguous) && s.SeqlenNew > 0 && s.SeqlenNew <= maxFusedAppend && !s.RotaryQ
 	switch {
@@ -329,11 +366,9 @@ func (s Shape) Form() Form {
 	return FormServing
 }
 
-// appendParts is the blocks the append kernel gives each token: enough for
-// one 16-byte chunk a thread of the token's new k and v rows and, with
-// rotary, its q rows. The chunks' loads then all wait on one memory round
-// trip instead of one per chunk a thread, which at batch 1 and 32 query
-// heads was five in a row.
+// appendParts is the blocks the append kernel gives each token: one
+// 16-byte chunk a thread of its new k and v rows and, with rotary, its q
+// rows, so that all of a token's loads wait on one memory round trip.
 func (s Shape) appendParts() int {
 	chunks := s.HeadDim / 8
 	items := s.HeadsKV * chunks
@@ -343,18 +378,15 @@ func (s Shape) appendParts() int {
 	return max(1, ceilDiv(items, appendThreads))
 }
 
-// PlanKeyQuantum divides every Variant.KeysPerTile (8192 / a compiled
-// head dim of at most MaxHeadDim): lengths that round up to one multiple
-// of it have the same key tiles in every variant (see Shape.PlanKey).
+// PlanKeyQuantum divides every Variant.KeysPerTile (8192 / a head dim of at
+// most MaxHeadDim): lengths that round up to one multiple of it have the
+// same key tiles in every variant.
 const PlanKeyQuantum = 8192 / MaxHeadDim
 
-// PlanKey returns s with Seqlen moved up to the last length that has its
-// key tiles: the appended tokens and Seqlen rounded up to a multiple of
-// PlanKeyQuantum (32) keys, within the cache. MakePlan reads Seqlen only through the key tiles
-// of plannedKeys, so s and s.PlanKey() plan alike, and a plan cache keyed
-// by PlanKey plans an int length that grows a token a step once every 32
-// tokens, not at every step. A Seqlen that is negative, or past what the
-// cache holds, is left as it is.
+// PlanKey returns s with Seqlen moved up so that Seqlen + SeqlenNew is a
+// multiple of PlanKeyQuantum, within the cache: s and s.PlanKey() plan
+// alike, so a plan cache keyed by it plans a growing length once every 32
+// tokens. A negative Seqlen, or one past the cache, is left as it is.
 func (s Shape) PlanKey() Shape {
 	if s.Seqlen < 0 || s.Seqlen+s.SeqlenNew > s.SeqlenCache {
 		return s
@@ -378,11 +410,10 @@ func (s Shape) plannedKeys() int {
 	return length
 }
 
-// combineFor is the combine kernel that merges n splits of v, with its
-// threads and the output rows a block merges: v.CombineNarrow where v has
-// one and a warp loads all n at once, v.CombineWide (one row a block, or
-// part of one) where v has one and n outnumbers the splits v.Combine loads
-// in one round trip to L2, else v.Combine.
+// combineFor is the combine that merges n splits of v, its threads and the
+// output rows a block merges: the narrow one where a warp loads all n at
+// once, the column-group one where n outnumbers what Combine loads in one
+// round trip to L2, else Combine.
 func combineFor(v Variant, n int) (name string, threads, rows int) {
 	switch {
 	case v.CombineNarrow != "" && v.CombineNarrowRows > 0 && n <= combineUnroll:
@@ -393,19 +424,17 @@ func combineFor(v Variant, n int) (name string, threads, rows int) {
 	return v.Combine, v.CombineThreads, v.CombineRows
 }
 
-// setCombine sets the combine that merges p's splits of `rows` output rows
-// of headDim columns (combineFor) and its grid: a block a row's column group
-// for v.CombineWide. Where the narrow combine's grid would outnumber
-// stage 1's blocks or the SMs, so that it could not let the next kernel in
-// early (CombineEarlyDependents), it takes v.CombineNarrowDenseRows rows a
-// block instead if that grid fits.
-func (p *Plan) setCombine(v Variant, rows, headDim int) {
-	p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, p.NumSplits)
+// setCombine sets the combine of n splits over `rows` output rows and its
+// grid (a block a column group of a row for the column-group one). Where
+// the narrow combine's grid could not let the next kernel in early
+// (CombineEarlyDependents) and its 16-row twin's could, it takes the twin.
+func (p *Plan) setCombine(v Variant, n, rows, headDim int) {
+	p.Combine, p.CombineThreads, p.CombineRows = combineFor(v, n)
 	p.CombineGrid = ceilDiv(rows, p.CombineRows)
 	if p.Combine == v.CombineWide && v.CombineWideCols > 0 {
 		if groups := ceilDiv(headDim, v.CombineWideCols); p.CombineGrid <= math.MaxInt32/groups {
 			p.CombineGrid *= groups
-		} else { // beyond the launch grid's x limit: whole rows, a round trip per 32 splits
+		} else { // past the grid's x limit: whole rows
 			p.Combine, p.CombineThreads, p.CombineRows = v.Combine, v.CombineThreads, v.CombineRows
 			p.CombineGrid = ceilDiv(rows, p.CombineRows)
 		}
@@ -437,14 +466,11 @@ func checkVariant(s Shape, v Variant) error {
 	return nil
 }
 
-// workspaceLayout is the one place that lays out the workspace (the
-// kernels address the partials through kernels/partials.cuh): for
-// splits > 1 (merged by the combine), o_partial (float32
-// [splits][rows][headDim]) at 0 and lse_partial (float32 [splits][rows])
-// at lseOffset, the first 256-byte boundary after it; then qRotBytes of
-// rotated q at qRotOffset, the first 256-byte boundary after those (0
-// without them). It returns all zeros for a single split without q_rot,
-// which needs no workspace.
+// workspaceLayout is the one layout of the workspace (kernels/partials.cuh
+// addresses it): for splits > 1, o_partial (float32 [splits][rows][headDim])
+// at 0 and lse_partial (float32 [splits][rows]) at lseOffset; then qRotBytes
+// of rotated q at qRotOffset; each part 256-byte aligned. All zeros when it
+// holds nothing.
 func workspaceLayout(splits, rows, headDim, qRotBytes int) (lseOffset, qRotOffset, total int) {
 	const f32, align = 4, 256
 	if splits > 1 {

@@ -14,15 +14,17 @@ func (p Plan) String() string {
 	}
 	fmt.Fprintf(&b, "%s grid (%d,%d,%d) x %d threads, %d B shared, %d/SM on %d SMs",
 		p.Variant.Kernel, p.Grid[0], p.Grid[1], p.Grid[2], p.Threads, p.SharedBytes, p.BlocksPerSM, p.SMs)
-	switch {
-	case p.NumSplits <= 1:
+	switch p.Merge {
+	case MergeNone:
 		b.WriteString("; 1 split, no combine")
-	case p.Cluster > 1:
+	case MergeCluster:
 		fmt.Fprintf(&b, "; %d splits merged in clusters of %d, no combine", p.NumSplits, p.Cluster)
-	case p.BalanceSplits > 0:
+	case MergePairs:
+		fmt.Fprintf(&b, "; %d splits merged in pairs (clusters of %d, two blocks an SM), no combine", p.NumSplits, p.Cluster)
+	case MergeBalanced:
 		fmt.Fprintf(&b, "; %d splits for equal lengths, balanced by the lengths on the device (at most %d a sequence); combine %s %d x %d threads",
 			p.BalanceSplits, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads)
-	case p.WholeItems > 0:
+	case MergeTail:
 		fmt.Fprintf(&b, "; %d items whole, the rest in %d splits; combine %s %d x %d threads from row %d",
 			p.WholeItems, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.CombineRow0)
 	default:

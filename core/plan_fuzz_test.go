@@ -86,11 +86,25 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	case p.Grid[0] < 1 || p.Grid[1] < 1 || p.Grid[2] < 1 || p.Grid[1] > maxGridYZ || p.Grid[2] > maxGridYZ || p.Grid[0] > 1<<31-1:
 		fail("grid outside CUDA's limits")
 	}
+	modeFields := map[Merge]bool{
+		MergeNone:     p.NumSplits == 1 && p.Cluster == 1 && p.WholeItems == 0 && p.BalanceSplits == 0,
+		MergeCombine:  p.NumSplits > 1 && p.Cluster == 1 && p.WholeItems == 0 && p.BalanceSplits == 0,
+		MergeCluster:  p.NumSplits > 1 && p.Cluster == p.NumSplits && p.SharedBytes == v.ClusterSharedBytes,
+		MergePairs:    p.NumSplits == 2 && p.Cluster == 2 && p.SharedBytes == v.ClusterDenseSharedBytes,
+		MergeTail:     p.WholeItems > 0 && p.BalanceSplits == 0,
+		MergeBalanced: p.BalanceSplits > 0 && p.WholeItems == 0,
+	}
+	if ok, known := modeFields[p.Merge]; !known || !ok || (p.PrefetchTiles > 0 && p.Merge != MergeCluster) {
+		fail("the merge mode does not match the fields it sets")
+	}
 	if p.Threads != v.Threads || p.Threads%32 != 0 || p.Threads > 1024 || p.SharedBytes > 227*1024 {
 		fail("block size or shared memory outside sm_90's limits")
 	}
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
 	combines := p.NumSplits > 1 && p.Cluster == 1
+	if combines != p.Merge.Combines() {
+		fail("the merge mode's combine does not run exactly when the splits are not merged in stage 1")
+	}
 	groups := 1 // blocks a row: the column-group combine's groups
 	if (p.Combine == v.CombineWide || p.Combine == BalancedCombine(v.CombineWide)) && v.CombineWideCols > 0 {
 		groups = ceilDiv(s.HeadDim, v.CombineWideCols)
@@ -198,6 +212,8 @@ func FuzzMakePlan(f *testing.F) {
 	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false, false, true)
 	f.Add(int(Float16), 2, 1, 8, 4, 128, 4096, -1, 0, 1, 0, 132, true, false, true, true, false)
 	f.Add(int(Float16), 8, 1, 8, 4, 128, 32768, 64, 0, 0, 0, 132, false, false, true, false, true)
+	// A tail split past gridDim.x's limit, with an append kernel that must not launch.
+	f.Add(int(Float16), 32774, 1, 65524, 1, 128, 1024, -1, 0, 1, 0, 132, true, true, true, false, false)
 	f.Fuzz(func(t *testing.T, dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
 		seqlenNew, windowKeys, sms int, serving, rotary, clusters, paged, lengths bool) {
 		in := planInput{dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,

@@ -36,12 +36,12 @@ func clustersUpTo(max, n int) ClusterOccupancy {
 
 // fusedUpTo is autoSplits' merging for clusters (that all run at once) of
 // up to mc splits, and the combine beyond.
-func fusedUpTo(mc int) func(int) merge {
-	return func(n int) merge {
+func fusedUpTo(mc int) func(int) Merge {
+	return func(n int) Merge {
 		if n >= 2 && n <= mc {
-			return mergeCluster
+			return MergeCluster
 		}
-		return mergeCombine
+		return MergeCombine
 	}
 }
 
@@ -444,7 +444,7 @@ func TestPlanClusters(t *testing.T) {
 }
 
 // TestPlanPairs: two splits of a grid of more blocks than SMs merge in
-// clusters at two blocks per SM (mergePairs) where the variant has a dense
+// clusters at two blocks per SM (MergePairs) where the variant has a dense
 // cluster size, else with the combine; other counts keep the combine.
 func TestPlanPairs(t *testing.T) {
 	mha := Shape{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 2048, Seqlen: -1}
@@ -841,14 +841,14 @@ func TestPlanJSONAndString(t *testing.T) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"variant", "num_splits", "row_tiles", "grid", "threads", "shared_bytes", "cluster",
+	for _, k := range []string{"variant", "merge", "num_splits", "row_tiles", "grid", "threads", "shared_bytes", "cluster",
 		"combine", "combine_grid", "combine_threads", "lse_partial_offset", "workspace_bytes", "sms", "blocks_per_sm"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON %s lacks %q", b, k)
 		}
 	}
-	if len(m) != 17 {
-		t.Errorf("JSON %s has %d keys, want 17", b, len(m))
+	if len(m) != 18 {
+		t.Errorf("JSON %s has %d keys, want 18", b, len(m))
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
@@ -858,7 +858,7 @@ func TestPlanJSONAndString(t *testing.T) {
 			t.Errorf("variant JSON %v lacks %q", v, k)
 		}
 	}
-	if m["num_splits"] != 16.0 || m["workspace_bytes"] != 264192.0 || v["dtype"] != "float16" || v["form"] != "plain" {
+	if m["merge"] != "combine" || m["num_splits"] != 16.0 || m["workspace_bytes"] != 264192.0 || v["dtype"] != "float16" || v["form"] != "plain" {
 		t.Errorf("JSON values wrong: %s", b)
 	}
 	str := p.String()
@@ -935,5 +935,34 @@ func TestPlanKey(t *testing.T) {
 		if got := s.PlanKey().Seqlen; got != tc.want {
 			t.Errorf("Seqlen %d, %d new, cache %d: PlanKey's Seqlen %d, want %d", tc.seqlen, tc.seqlenNew, tc.cache, got, tc.want)
 		}
+	}
+}
+
+// TestPlanRefusesGridsPastCUDA checks that a plan whose stage-1 or append
+// grid passes CUDA's limits is refused by name, with or without an append
+// kernel (which would run before stage 1 and write the cache).
+func TestPlanRefusesGridsPastCUDA(t *testing.T) {
+	wide := Shape{DType: Float16, Batch: 32774, SeqlenQ: 1, HeadsQ: 65524, HeadsKV: 65524, HeadDim: 128,
+		SeqlenCache: 1024, Seqlen: -1}
+	appending := wide
+	appending.Serving, appending.SeqlenNew, appending.RotaryQ = true, 1, true
+	rotating := Shape{DType: Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 262144, HeadsKV: 1, HeadDim: 256,
+		SeqlenCache: 1024, Seqlen: -1, Serving: true, SeqlenNew: 1, RotaryQ: true}
+	for _, tt := range []struct {
+		name string
+		s    Shape
+		arg  string
+	}{
+		{"tail split past x", wide, "batch"},
+		{"tail split past x, appending", appending, "batch"},
+		{"append grid past z", rotating, "nheads_q"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := MakePlan(tt.s, H200)
+			checkErr(t, err, tt.arg, ErrUnsupported)
+			if p != (Plan{}) {
+				t.Errorf("a refused plan is not empty: %v", p)
+			}
+		})
 	}
 }

@@ -152,9 +152,20 @@ func ExplicitScale(scale float64) (float32, error) {
 
 // Validate reports the first thing wrong with s as an *Error that names the
 // argument and wraps ErrInvalid or ErrUnsupported.
-func (s Shape) Validate() error { return s.validate("plan") }
+func (s Shape) Validate() error { return s.validate(planOp) }
 
+// validate is Validate for operation op: validateSizes, then the serving
+// fields (validateServing).
 func (s Shape) validate(op string) error {
+	if err := s.validateSizes(op); err != nil {
+		return err
+	}
+	return s.validateServing(op)
+}
+
+// validateSizes checks the sizes every problem has, for Problem's checks
+// (whose Shape holds no serving field: PlanShape sets them).
+func (s Shape) validateSizes(op string) error {
 	if !s.DType.Valid() {
 		return unsupported(op, "dtype", fmt.Sprintf("%d; supported: %d (float16), %d (bfloat16)", int(s.DType), int(Float16), int(BFloat16)))
 	}
@@ -190,7 +201,7 @@ func (s Shape) validate(op string) error {
 		return invalid(op, "headdim", fmt.Sprintf("%d; must be positive", s.HeadDim))
 	}
 	if s.HeadDim%8 != 0 || s.HeadDim > MaxHeadDim {
-		return unsupported(op, "headdim", fmt.Sprintf("%d; supported: multiples of 8 from 8 to %d (kernels compiled for %s; others run padded)", s.HeadDim, MaxHeadDim, compiledHeadDims(s.DType)))
+		return unsupported(op, "headdim", fmt.Sprintf("%d; supported: multiples of 8 from 8 to %d", s.HeadDim, MaxHeadDim))
 	}
 	if s.SeqlenCache < 0 {
 		return invalid(op, "seqlen_cache", fmt.Sprintf("%d; must not be negative", s.SeqlenCache))
@@ -237,7 +248,7 @@ func (p *Problem) ValidateLayout() error {
 	if p == nil {
 		return invalid(op, "", "nil Problem")
 	}
-	if err := p.Shape.validate(op); err != nil {
+	if err := p.Shape.validateSizes(op); err != nil {
 		return err
 	}
 	s := p.Shape

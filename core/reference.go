@@ -431,7 +431,7 @@ func (h *HostProblem) check(op string) error {
 	if h == nil {
 		return invalid(op, "", "nil HostProblem")
 	}
-	if err := h.Shape.validate(op); err != nil {
+	if err := h.Shape.validateSizes(op); err != nil {
 		return err
 	}
 	s := h.Shape

@@ -118,9 +118,6 @@ func (s Shape) validateServing(op string) error {
 		return invalid(op, "block_table", "the paged form needs Shape.Serving and no window")
 	case s.Contiguous && (!s.Serving || s.WindowKeys > 0 || s.Paged || s.SeqlenNew == 0):
 		return invalid(op, "k", "the contiguous cache's appending form needs Shape.Serving, an append, and no window or pages")
-	case s.SeqlenNew > 0 && s.appendParts() > maxGridYZ:
-		// The append kernel's grid z counts its parts of the heads (plan.go).
-		return unsupported(op, "nheads_q", fmt.Sprintf("%d query and %d K/V heads of dim %d to append and rotate; the append kernel takes at most %d*%d chunks of 8 channels", s.HeadsQ, s.HeadsKV, s.HeadDim, maxGridYZ, appendThreads))
 	}
 	return nil
 }
@@ -145,7 +142,7 @@ func (p *Problem) validateServing(op string) error {
 // the tensors; Validate checks everything.
 func (p *Problem) ValidateSizes() error {
 	const op = "plan"
-	if err := p.Shape.validate(op); err != nil {
+	if err := p.Shape.validateSizes(op); err != nil {
 		return err
 	}
 	if err := p.validateServingSizes(op); err != nil {

@@ -38,7 +38,7 @@ const (
 	// its first load.
 	combineLaunchCost = 4
 	// clusterMergeCost is merging the splits inside stage 1 in clusters
-	// (mergeCluster): a cluster barrier, each block's pushes into its peers'
+	// (MergeCluster): a cluster barrier, each block's pushes into its peers'
 	// shared memory, and every block held until its cluster's slowest ends;
 	// per 16 packed rows a block merges (blockCostsOf).
 	clusterMergeCost = 3
@@ -47,7 +47,7 @@ const (
 	// 16-row block's tile costs 2: such a block streams a tile about 1.5
 	// times as long (blockCostsOf).
 	wideTileCost = 3
-	// pairMergeCost is merging in pairs (mergePairs): more than
+	// pairMergeCost is merging in pairs (MergePairs): more than
 	// clusterMergeCost, since a block whose partner runs in a later wave
 	// holds its SM until then, and less than the combine (9).
 	pairMergeCost = 8
@@ -90,24 +90,6 @@ const (
 	// splits a sequence (Plan.NumSplits) may add to the workspace, which
 	// holds that many for every row: a large batch keeps a few MiB a split.
 	balancedPartialBytes = 32 << 20
-)
-
-// merge is how the splits of a plan are merged.
-type merge int
-
-const (
-	// mergeCombine: by the combine kernel, a second launch that reads the
-	// fp32 partials back (Plan.Combine).
-	mergeCombine merge = iota
-	// mergeCluster: inside stage 1, in clusters of n blocks that all run
-	// at once, one block per SM (Plan.Cluster, Variant.ClusterSharedBytes).
-	mergeCluster
-	// mergePairs: inside stage 1, in clusters of 2 in a grid of more
-	// blocks than SMs, launched at two blocks per SM like a plain grid
-	// (Variant.ClusterDenseSharedBytes), so that their waves are the plain
-	// grid's minus the combine. Clusters of 3 and 4 in such grids were as
-	// often slower as faster than the combine, so they keep it.
-	mergePairs
 )
 
 // blockCosts is what one block of a variant costs in the model: a key tile
@@ -171,11 +153,11 @@ func blockCostsOf(v Variant) blockCosts {
 // of 32 tiles left alone at the end), 4 cost 259: unsplit. With batch 6
 // (288 blocks, more than resident) autoSplits is not asked: planVariant
 // keeps 264 items whole and splits the other 24 in 11 (tailSplit).
-func autoSplits(blocks, slots, resident, tiles, maxN int, c blockCosts, merging func(n int) merge) int {
+func autoSplits(blocks, slots, resident, tiles, maxN int, c blockCosts, merging func(n int) Merge) int {
 	if maxN <= 1 || (blocks*100 >= slots*busySlotsPct && blocks <= slots) {
 		return 1
 	}
-	costs, merges := make([]int, maxN+1), make([]merge, maxN+1)
+	costs, merges := make([]int, maxN+1), make([]Merge, maxN+1)
 	bestN := 1
 	for n := 1; n <= maxN; n++ {
 		merges[n] = merging(n)
@@ -199,7 +181,7 @@ func autoSplits(blocks, slots, resident, tiles, maxN int, c blockCosts, merging 
 // its longest split, and n's fewer partials do not make up for a whole tile
 // more (docs/tuning.md, splitTolerancePct, has the sweeps). merges[n] is
 // how n splits merge.
-func longerSplits(blocks, slots, tiles, n, bestN int, merges []merge) bool {
+func longerSplits(blocks, slots, tiles, n, bestN int, merges []Merge) bool {
 	return n > 1 && blocks*bestN <= slots && merges[n] == merges[bestN] && ceilDiv(tiles, n) > ceilDiv(tiles, bestN)
 }
 
@@ -231,11 +213,11 @@ func longerSplits(blocks, slots, tiles, n, bestN int, merges []merge) bool {
 //     others still stream.
 //
 // With n > 1 the splits merge (m) inside stage 1 in clusters that all run
-// at once (mergeCluster: one block per slot, plus c.clusterMerge), or in
-// pairs among the grid's waves (mergePairs: the waves, plus
+// at once (MergeCluster: one block per slot, plus c.clusterMerge), or in
+// pairs among the grid's waves (MergePairs: the waves, plus
 // pairMergeCost), else the combine kernel adds combineLaunchCost plus
 // combineRoundCost per round trip (combineRounds).
-func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m merge) int {
+func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m Merge) int {
 	g, t := blocks*n, ceilDiv(tiles, n)
 	// wave is the time of w blocks started at once, at most k per slot.
 	wave := func(w, k int) int {
@@ -247,7 +229,7 @@ func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m merge) int
 	}
 	var cost int
 	switch {
-	case n > 1 && m == mergeCluster:
+	case n > 1 && m == MergeCluster:
 		return c.tile*t + blockCost + c.clusterMerge
 	case g <= slots:
 		cost = c.tile*t + blockCost
@@ -261,7 +243,7 @@ func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m merge) int
 	}
 	switch {
 	case n == 1:
-	case m == mergePairs:
+	case m == MergePairs:
 		cost += pairMergeCost
 	default:
 		cost += combineLaunchCost + combineRoundCost*combineRounds(n)

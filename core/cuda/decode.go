@@ -68,11 +68,11 @@ func checkWorkspace(p *core.Problem, pl *core.Plan, workspace uintptr, workspace
 // plans for core.H200 (132 SMs, clusters of 16, occupancy estimated from
 // each variant's threads and shared memory) without touching a GPU.
 func PlanFor(s core.Shape, device int) (core.Plan, error) {
-	if err := s.Validate(); err != nil {
-		return core.Plan{}, err
-	}
 	if device < 0 {
 		return core.MakePlan(s, core.H200)
+	}
+	if err := s.Validate(); err != nil { // name the argument before a device opens
+		return core.Plan{}, err
 	}
 	d, err := getDevice("plan", device)
 	if err != nil {
