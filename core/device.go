@@ -5,6 +5,12 @@ package core
 // runs in one cluster.
 const MaxCluster = 16
 
+// targetWarpsPerSM is the stage-1 warps an SM needs to keep HBM busy: one
+// block of 4 warps, whose 3-stage pipeline keeps 64 KiB of K/V in flight.
+// The heuristic fills SMs to it, and a cluster launch of a block that size
+// asks for an SM alone (Variant.ClusterSharedBytes).
+const targetWarpsPerSM = 4
+
 // Occupancy returns how many blocks of the stage-1 kernel of v can be
 // resident on one SM at once. On a GPU the driver answers it
 // (cuOccupancyMaxActiveBlocksPerMultiprocessor); DefaultOccupancy estimates it

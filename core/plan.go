@@ -483,6 +483,3 @@ func workspaceLayout(splits, rows, headDim, qRotBytes int) (lseOffset, qRotOffse
 	}
 	return lseOffset, qRotOffset, total
 }
-
-// ceilDiv is a/b rounded up, for a >= 0 and b > 0.
-func ceilDiv(a, b int) int { return (a + b - 1) / b }

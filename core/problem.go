@@ -152,7 +152,7 @@ func ExplicitScale(scale float64) (float32, error) {
 
 // Validate reports the first thing wrong with s as an *Error that names the
 // argument and wraps ErrInvalid or ErrUnsupported.
-func (s Shape) Validate() error { return s.validate(planOp) }
+func (s Shape) Validate() error { return s.validate("plan") }
 
 // validate is Validate for operation op: validateSizes, then the serving
 // fields (validateServing).
@@ -517,3 +517,6 @@ func overlaps(size []int, stride []int64) bool {
 	}
 	return false
 }
+
+// ceilDiv is a/b rounded up, for a >= 0 and b > 0.
+func ceilDiv(a, b int) int { return (a + b - 1) / b }

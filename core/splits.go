@@ -81,11 +81,6 @@ const (
 	// (bandwidth is shared by the whole GPU, not owned per slot), so the gain
 	// the model promises, under 1/4, would not pay for partials and a combine.
 	busySlotsPct = 80
-	// targetWarpsPerSM is the stage-1 warps per SM the heuristic fills, in
-	// whole blocks: one block of 4 or more warps (every compiled kernel).
-	// Its 3-stage cp.async pipeline keeps 64 KiB of K/V in flight, enough to
-	// cover HBM latency, and every extra split costs partials and combine work.
-	targetWarpsPerSM = 4
 	// balancedPartialBytes bounds the partials a balanced plan's most
 	// splits a sequence (Plan.NumSplits) may add to the workspace, which
 	// holds that many for every row: a large batch keeps a few MiB a split.
