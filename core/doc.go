@@ -55,83 +55,47 @@
 // # How num_splits = 0 picks
 //
 // MakePlan chooses the kernel variant (SelectVariant), then the split count
-// from the grid's blocks without splitting, the SM count, the blocks each
-// SM holds at once (occupancy; the heuristic fills one block of 4 or more
-// warps per SM, which every kernel has: a block's copy pipeline alone keeps
-// enough bytes in flight to cover HBM latency) and the key tiles of the
-// length the shape promises (Seqlen, or SeqlenCache when per-sequence
-// lengths live on the device).
+// from the unsplit grid's items (batch x K/V heads x row tiles), the SMs,
+// their occupancy and the key tiles of the planned length (Seqlen, or
+// SeqlenCache when the lengths live on the device), with a cost model of
+// each block's bytes, the merge's cost and HBM's bound (splits.go):
 //
-//   - It never splits when the unsplit grid already keeps 80-100% of the
-//     block slots busy in one wave, never makes a split shorter than 64
-//     keys (4 per packed query row, so the fp32 partials, which go through
-//     L2, stay under half the K/V bytes; 16 in a tail split; but a sequence
-//     of 8 tiles or more may always take 8 splits, which merge on chip in
-//     a cluster), and never makes more than MaxSplits.
-//   - Otherwise it takes the count that streams the cache soonest by a
-//     model of each block's bytes (the SMs given two blocks end last, HBM
-//     bounds a grid of more blocks than SMs, and a block of 32 query rows
-//     takes longer over a tile than one of 16), plus a fixed cost and the
-//     merge's: the combine's launch and L2 round trips, or a cluster's
-//     barrier where the device runs every cluster at once (Device.Clusters)
-//     and the splits are short, or, for 2 splits in a grid of more blocks
-//     than SMs, pairs merged in clusters at two blocks per SM.
-//   - A grid of more items (batch x K/V heads x row tiles) than the GPU
-//     holds at once keeps its full waves whole and splits only the items of
-//     its last, partial wave, so that their blocks fill the slots as the
-//     full waves end (Plan.WholeItems).
-//   - With the lengths on the device (Shape.DeviceLengths), a batch of one
-//     split a sequence or whose splits merge through the combine takes its
-//     split count for equal lengths and balances the splits by the lengths
-//     there: each sequence gets its share of them, so that a long one among
-//     short ones is not left streaming on a few blocks (Plan.BalanceSplits;
-//     Plan.BalancedSplitCounts works the counts out on the host).
+//   - a grid that already fills one wave stays unsplit, and splits keep a
+//     floor of keys a packed row, so that their partials stay cheap;
+//   - a grid of more items than the GPU holds at once splits only its
+//     last, partial wave's items (MergeTail);
+//   - short splits whose clusters all run at once merge in stage 1
+//     (MergeCluster, MergePairs), the others through the combine;
+//   - with the lengths on the device, a plan of one split or of the
+//     combine balances each sequence's splits by its length there
+//     (MergeBalanced, Plan.BalancedSplitCounts).
 //
-// Batch 1, 32/8 heads, head dim 128 and 32768 keys on an H200 gives 16
-// splits and the combine: 128 blocks, one wave, 2048 keys each; 1024 or
-// 4096 keys give 8 splits merged in clusters of 8. A requested num_splits
-// n > 0 is clamped to [1, min(MaxSplits, key tiles)] and splits every item.
-// The model's constants are fitted to split sweeps on an H200
-// (docs/tuning.md), and a test checks every pick against them.
+// A requested num_splits n > 0 is clamped to [1, min(MaxSplits, key
+// tiles)] and splits every item. The model's constants are fitted to split
+// sweeps on an H200; docs/tuning.md has them and a worked example, and a
+// test checks every pick against the sweeps.
 //
-// Launch shapes depend on shapes only, never on device data, so a Plan can
-// be computed once per shape and reused for every layer, and a captured CUDA
-// graph stays right when the lengths in cache_seqlens change: each block
-// splits its own sequence's true length on the device (and, in a balanced
-// plan, works out from all of them which sequence and split it takes).
-//
-// A Plan also says when stage 1 lets the next kernel in the stream start
-// (Plan.EarlyDependents, for programmatic dependent launch on sm_90): as it
-// starts when a combine follows or its grid fits one block an SM, else once
-// each block has streamed its keys, so that the next layer's call cannot
-// crowd a grid of more blocks than SMs onto half of them; and, where the
-// splits merge in clusters and are a tile or two each, that each block
-// sends its keys into L2 before that wait (Plan.PrefetchTiles). Where the
-// combine has no more blocks than stage 1 and than SMs, the combine lets
-// the next kernel in as soon as stage 1 has ended
-// (Plan.CombineEarlyDependents); otherwise that kernel starts after it.
+// A Plan reads shapes only, never device data, so it is computed once per
+// shape and reused for every layer and by captured CUDA graphs: each block
+// splits its own sequence's true length on the device. It also says when
+// each kernel lets the next one in the stream start (EarlyDependents,
+// CombineEarlyDependents) and whether stage 1 prefetches its keys into L2
+// before that wait (PrefetchTiles).
 //
 // # Where things live
 //
-//   - problem.go, dtype.go: Shape, Tensor, Problem, DType and their checks.
-//   - serving.go: the serving arguments (paged cache, append, rotary,
-//     window, softcap, ALiBi; Window, Append, Rotary), their checks, and
-//     what of a problem picks the form of stage 1 (PagedForm,
-//     ContiguousForm; Shape.Form in plan.go).
-//   - merge.go: MergeProblem, the merge API's checks, launch shape and CPU
-//     reference.
-//   - variants.go: the compiled kernels (Variant), their forms (Form: plain,
-//     serving, paged and the two appending forms, kernels/split_kv.cuh's
-//     fd_form) and SelectVariant.
-//   - device.go: what the planner knows of a GPU (Device, H200, the
-//     occupancy estimates used without a GPU).
-//   - plan.go: Plan, MakePlan and PlanVariant: grid, merge and workspace.
-//   - splits.go: the num_splits=0 cost model (autoSplits, splitCost,
-//     tailSplit) and its fitted constants, with a worked example.
-//   - plan_encoding.go: Plan.String and the JSON the Python and C callers read.
-//   - reference.go: HostProblem, ReferenceDecode, ReferenceAppend and
-//     NaiveAttention on the CPU.
-//   - errors.go: Error, ErrInvalid and ErrUnsupported.
+//   - dtype.go, errors.go: DType, Error, ErrInvalid and ErrUnsupported.
+//   - problem.go, serving.go: Shape, Tensor, Problem and the serving
+//     arguments (paged cache, append, rotary, window, softcap, ALiBi) with
+//     their checks; merge.go: MergeProblem, the merge API's checks and
+//     launch shape; reference.go: the CPU reference (ReferenceDecode,
+//     ReferenceAppend, NaiveAttention).
+//   - variants.go, device.go: the compiled kernels (Variant, Form,
+//     SelectVariant) and what the planner knows of a GPU (Device, H200).
+//   - plan.go, splits.go, plan_encoding.go: the planner (Plan, Merge,
+//     MakePlan, PlanVariant), its cost model, and the plan's String and JSON.
+//
+// Each group reads only the groups above it.
 //
 // # Errors
 //
