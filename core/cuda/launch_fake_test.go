@@ -395,3 +395,26 @@ func TestOpenRefusesAGPUOlderThanSm80(t *testing.T) {
 		t.Fatalf("opening an sm_70 device: %v, want core.ErrUnsupported naming sm_70", err)
 	}
 }
+
+// TestRunRefusesAGridPastCUDAsLimits: on the fake device, a call whose plan
+// would pass CUDA's grid limits (a tail split of batch 32774 x 65524 heads)
+// is refused by name before anything launches, its append kernel included.
+func TestRunRefusesAGridPastCUDAsLimits(t *testing.T) {
+	log := launchLog(t)
+	const tib = uintptr(1) << 40
+	const b, h, n = 32774, 65524, 1024
+	s := core.Shape{DType: core.Float16, Batch: b, SeqlenQ: 1, HeadsQ: h, HeadsKV: h, HeadDim: 128, SeqlenCache: n, Seqlen: -1}
+	p := core.Problem{Shape: s, Q: at(1*tib, 1, h, 128), Out: at(2*tib, 1, h, 128), K: at(1<<60, n, h, 128),
+		V: at(2<<60, n, h, 128), CacheSeqlens: 3 * tib}
+	p.New = core.Append{K: at(4*tib, 1, h, 128), V: at(5*tib, 1, h, 128), Seqlen: 1}
+	p.Rotary = core.Rotary{Cos: 6 * tib, Sin: 7 * tib, Stride: 64, Dim: 128, Rows: 64}
+	launched(t, log)
+	_, err := Decode(&p, 8*tib, 1<<40, 0, 0) // room for any plan's workspace
+	var e *core.Error
+	if !errors.As(err, &e) || !errors.Is(err, core.ErrUnsupported) || e.Arg != "batch" {
+		t.Errorf("Decode: %v; want ErrUnsupported naming batch", err)
+	}
+	if got := launched(t, log); len(got) != 0 {
+		t.Errorf("launched %v", got)
+	}
+}
