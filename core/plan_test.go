@@ -966,3 +966,22 @@ func TestPlanRefusesGridsPastCUDA(t *testing.T) {
 		})
 	}
 }
+
+// TestMergeNames: each merge mode has a name that JSON carries both ways,
+// and an unknown mode or name is an error.
+func TestMergeNames(t *testing.T) {
+	for m := MergeNone; m <= MergeBalanced; m++ {
+		b, err := json.Marshal(m)
+		var back Merge
+		if err != nil || json.Unmarshal(b, &back) != nil || back != m || string(b) != `"`+m.String()+`"` {
+			t.Errorf("%v: JSON %s, %v, back %v", m, b, err, back)
+		}
+	}
+	if _, err := json.Marshal(Merge(9)); err == nil || Merge(9).String() != "Merge(9)" {
+		t.Errorf("Merge(9) marshals (%v) or prints %q", err, Merge(9))
+	}
+	var m Merge
+	if err := json.Unmarshal([]byte(`"fused"`), &m); err == nil {
+		t.Error(`"fused" unmarshals`)
+	}
+}
