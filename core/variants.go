@@ -5,10 +5,10 @@ import (
 	"strings"
 )
 
-// Variant is one compiled stage-1 kernel of kernels/flashdecode.cu and the
-// combine kernel that pairs with it, with the launch facts the planner needs.
-// The numbers mirror the constants in kernels/; a change there changes this
-// table in the same commit.
+// Variant is one compiled stage-1 kernel and the combine kernels that pair
+// with it, with the launch facts the planner needs. The build compiles the
+// kernels this table names (Kernels), and nvcc checks the numbers the
+// kernels also decide at compile time against it.
 type Variant struct {
 	Kernel      string // stage-1 (split-KV) function name in the fatbin
 	Combine     string // stage-2 (combine) function name in the fatbin
@@ -63,10 +63,10 @@ type Variant struct {
 	Append string
 }
 
-// BalancedCombine is the balanced twin of combine kernel name (kernels/
-// flashdecode.cu: name_bal), which a plan with Plan.BalanceSplits launches
-// instead: it merges each row's own split count, which it works out from
-// the lengths as stage 1 does (kernels/balance.cuh).
+// BalancedCombine is the balanced twin of combine kernel name
+// (Kernel.Balanced), which a plan with Plan.BalanceSplits launches instead:
+// it merges each row's own split count, which it works out from the
+// lengths as stage 1 does (kernels/balance.cuh).
 func BalancedCombine(name string) string { return name + "_bal" }
 
 // Form is a form of stage 1: which of kernels/split_kv.cuh's fd_form a
@@ -122,7 +122,8 @@ func (f Form) FusedAppend() bool { return f == FormPagedAppend || f == FormAppen
 // Balances reports whether v's stage 1 can balance its splits by the
 // lengths on the device (Plan.BalanceSplits): every variant but the
 // serving forms' 32-row ones, which run at their register limit without
-// that code (kernels/split_kv.cuh, fd_balance).
+// that code (kernels/split_kv_config.cuh kFormsBalance, which nvcc checks
+// against this).
 func (v Variant) Balances() bool { return v.Form == FormPlain || v.Rows < 32 }
 
 // Stage-1 launch facts shared by every variant (kernels/split_kv_config.cuh,
@@ -198,7 +199,7 @@ func splitKV(dt DType, headDim, rows int) Variant {
 	}
 	return Variant{
 		Kernel:                  fmt.Sprintf("fd_split_kv_%s_d%d_r%d", name, headDim, rows),
-		Combine:                 "fd_combine_" + name,
+		Combine:                 combineKernel(dt).Name,
 		DType:                   dt,
 		HeadDim:                 headDim,
 		Rows:                    rows,
@@ -209,11 +210,11 @@ func splitKV(dt DType, headDim, rows int) Variant {
 		ClusterDenseSharedBytes: dense,
 		CombineThreads:          combineThreads,
 		CombineRows:             combineRows,
-		CombineNarrow:           "fd_combine_" + name + "_r4",
+		CombineNarrow:           combineRowsKernel(dt, combineNarrowRows).Name,
 		CombineNarrowRows:       combineNarrowRows,
-		CombineNarrowDense:      "fd_combine_" + name + "_r16",
+		CombineNarrowDense:      combineRowsKernel(dt, combineDenseRows).Name,
 		CombineNarrowDenseRows:  combineDenseRows,
-		CombineWide:             "fd_combine_" + name + "_c32",
+		CombineWide:             combineColsKernel(dt).Name,
 		CombineWideThreads:      combineWideThreads,
 		CombineWideCols:         combineWideCols,
 	}
@@ -225,7 +226,7 @@ func formKV(f Form, dt DType, headDim, rows int) Variant {
 	v := splitKV(dt, headDim, rows)
 	v.Kernel = strings.Replace(v.Kernel, "fd_split_kv_", "fd_split_kv_"+f.String()+"_", 1)
 	v.Form = f
-	v.Append = "fd_append_kv_" + dtypeNames[dt]
+	v.Append = appendKernel(dt).Name
 	return v
 }
 
@@ -244,19 +245,13 @@ func combineSplitsPerStep(threads, cols int) int {
 	return threads / 32 * combineUnroll * perLoad
 }
 
-// variants is the dispatch table (kernels/flashdecode.cu instantiates exactly
-// these, as TestVariantsMatchTheKernels checks): SelectVariant takes the kernels of the form asked for (MakePlan:
-// Shape.Form), then the smallest HeadDim >= the head dim, then the smallest
-// Rows >= the packed rows, else the largest Rows with more row tiles. Rows
-// are whole 16-row tensor-core tiles; 32 rows exist only for head dim 128,
-// where they still fit two blocks per SM in registers. Every form has the
-// same dtypes, head dims and rows, with the same launch facts.
-//
-//	kernel                       threads  keys/tile  smem   registers (sm_90, fp16)
-//	fd_split_kv_*_d64_r16          128       128     98304  139
-//	fd_split_kv_*_d128_r16         128        64     98304  179
-//	fd_split_kv_*_d128_r32         128        64     98304  255
-//	fd_split_kv_*_d256_r16         128        32     98304  186
+// variants is the dispatch table, the stage-1 part of the kernel table
+// (Kernels): SelectVariant takes the kernels of the form asked for
+// (MakePlan: Shape.Form), then the smallest HeadDim >= the head dim, then
+// the smallest Rows >= the packed rows, else the largest Rows with more row
+// tiles. Rows are whole 16-row tensor-core tiles; 32 rows exist only for
+// head dim 128, where they still fit two blocks per SM in registers. Every
+// form has the same dtypes, head dims and rows, with the same launch facts.
 var variants = []Variant{
 	splitKV(Float16, 64, 16),
 	splitKV(Float16, 128, 16),
@@ -334,6 +329,110 @@ func SelectVariant(dt DType, headDim, rows int, f Form) (Variant, error) {
 // Variants returns a copy of the dispatch table: every kernel variant the
 // fatbin holds, in search order.
 func Variants() []Variant { return append([]Variant(nil), variants...) }
+
+// KernelKind is what a kernel of the fatbin does (Kernel.Kind).
+type KernelKind int
+
+const (
+	// KernelSplitKV is stage 1: Kernel.Variant, in its form.
+	KernelSplitKV KernelKind = iota
+	// KernelCombine is fd_combine_<dtype>: Threads/32 warps share each
+	// row's splits (Variant.Combine).
+	KernelCombine
+	// KernelCombineRows is fd_combine_<dtype>_r<rows>: a warp a row,
+	// Threads/32 rows a block (Variant.CombineNarrow, CombineNarrowDense).
+	KernelCombineRows
+	// KernelCombineCols is fd_combine_<dtype>_c32: a block a group of
+	// Variant.CombineWideCols columns of a row (Variant.CombineWide).
+	KernelCombineCols
+	// KernelMergeStates is fd_merge_states_<dtype> (MergeKernel).
+	KernelMergeStates
+	// KernelAppend is fd_append_kv_<dtype> (Variant.Append).
+	KernelAppend
+)
+
+// Kernel is one function of the fatbin. The build compiles exactly the
+// kernels of Kernels: core/cuda/internal/instances writes them out as the
+// list kernels/flashdecode.cu instantiates.
+type Kernel struct {
+	Name    string
+	Kind    KernelKind
+	DType   DType
+	Threads int // threads a block launches with at most (its launch bounds)
+	// MinBlocks is how many blocks of Threads an SM must hold at once, which
+	// bounds the registers ptxas gives a thread; 0 asks for none.
+	MinBlocks int
+	// Balanced says the kernel runs the plans that balance their splits
+	// (Plan.BalanceSplits): a combine through its twin BalancedCombine(Name),
+	// compiled beside it; a stage-1 variant in its own code
+	// (Variant.Balances).
+	Balanced bool
+	Variant  Variant // KernelSplitKV: the variant (Name is Variant.Kernel)
+}
+
+// splitKVMinBlocks is the stage-1 blocks an SM holds at once (the kernels'
+// launch bounds).
+const splitKVMinBlocks = 2
+
+// combineKernel is fd_combine_<dtype>, the 4-warp combine. It and the
+// column-group one ask for one block an SM, the narrow ones for none
+// (kernels/flashdecode.cu says why).
+func combineKernel(dt DType) Kernel {
+	return Kernel{Name: "fd_combine_" + dtypeNames[dt], Kind: KernelCombine, DType: dt,
+		Threads: combineThreads, MinBlocks: 1, Balanced: true}
+}
+
+// combineRowsKernel is fd_combine_<dtype>_r<rows>, the narrow combine of a
+// warp a row.
+func combineRowsKernel(dt DType, rows int) Kernel {
+	return Kernel{Name: fmt.Sprintf("fd_combine_%s_r%d", dtypeNames[dt], rows), Kind: KernelCombineRows,
+		DType: dt, Threads: 32 * rows, Balanced: true}
+}
+
+// combineColsKernel is fd_combine_<dtype>_c32, the column-group combine.
+func combineColsKernel(dt DType) Kernel {
+	return Kernel{Name: fmt.Sprintf("fd_combine_%s_c%d", dtypeNames[dt], combineWideCols), Kind: KernelCombineCols,
+		DType: dt, Threads: combineWideThreads, MinBlocks: 1, Balanced: true}
+}
+
+// mergeStatesKernel is MergeKernel(dt), of up to mergeMaxWarps warps.
+func mergeStatesKernel(dt DType) Kernel {
+	return Kernel{Name: MergeKernel(dt), Kind: KernelMergeStates, DType: dt, Threads: 32 * mergeMaxWarps}
+}
+
+// appendKernel is fd_append_kv_<dtype>.
+func appendKernel(dt DType) Kernel {
+	return Kernel{Name: "fd_append_kv_" + dtypeNames[dt], Kind: KernelAppend, DType: dt, Threads: appendThreads}
+}
+
+// otherKernels is the kernel table beside stage 1: the combines the
+// variants name, the merge API's kernels and the append kernels.
+var otherKernels = []Kernel{
+	combineKernel(Float16),
+	combineKernel(BFloat16),
+	combineRowsKernel(Float16, combineNarrowRows),
+	combineRowsKernel(BFloat16, combineNarrowRows),
+	combineRowsKernel(Float16, combineDenseRows),
+	combineRowsKernel(BFloat16, combineDenseRows),
+	combineColsKernel(Float16),
+	combineColsKernel(BFloat16),
+	mergeStatesKernel(Float16),
+	mergeStatesKernel(BFloat16),
+	mergeStatesKernel(Float32),
+	appendKernel(Float16),
+	appendKernel(BFloat16),
+}
+
+// Kernels returns the kernel table: every kernel the fatbin holds, the
+// stage-1 variants (Variants) first.
+func Kernels() []Kernel {
+	ks := make([]Kernel, 0, len(variants)+len(otherKernels))
+	for _, v := range variants {
+		ks = append(ks, Kernel{Name: v.Kernel, Kind: KernelSplitKV, DType: v.DType, Threads: v.Threads,
+			MinBlocks: splitKVMinBlocks, Balanced: v.Balances(), Variant: v})
+	}
+	return append(ks, otherKernels...)
+}
 
 // compiledHeadDims lists the head dims the variant table has for dt.
 func compiledHeadDims(dt DType) string {

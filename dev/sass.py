@@ -2,8 +2,9 @@
 
     python3 dev/sass.py [--arch sm_90] [--kernels REGEX] [--against REV] [--loop KERNEL]
 
-Compiles kernels/flashdecode.cu into a cubin with nvcc and disassembles it
-with cuobjdump, then prints, for each kernel whose name matches --kernels
+Compiles kernels/flashdecode.cu, with the kernel list of core's table (go
+run core/cuda/gen_instances.go, as go generate does), into a cubin with nvcc
+and disassembles it with cuobjdump, then prints, for each kernel whose name matches --kernels
 (default: the stage-1 kernels at fp16): its registers and spill bytes, and
 its tile loop, the backward branch around the most HMMAs (tensor-core mmas):
 its instructions, how many of them one pass through it executes on each way
@@ -227,12 +228,27 @@ def count(instructions, name):
     return sum(1 for _, text in instructions if opcode(text) == name)
 
 
-def build(kernels_dir, arch, nvcc, cuobjdump, work):
-    """Compile kernels_dir/flashdecode.cu for arch: (resources, sass) as parsed above."""
+def kernel_list(tree, work):
+    """Write the kernel list of tree's kernel table into work, as go generate
+    does (tree/core/cuda/gen_instances.go); False for a tree whose
+    kernels/flashdecode.cu still holds its list itself."""
+    gen = os.path.join(tree, "core", "cuda")
+    if not os.path.isfile(os.path.join(gen, "gen_instances.go")):
+        return False
+    done = subprocess.run(["go", "run", "gen_instances.go", os.path.join(work, "_instances.inc")], cwd=gen,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"the kernel list (go run gen_instances.go in {gen}) failed:\n{done.stderr[-4000:]}")
+    return True
+
+
+def build(tree, arch, nvcc, cuobjdump, work):
+    """Compile tree/kernels/flashdecode.cu for arch: (resources, sass) as parsed above."""
     cubin = os.path.join(work, "flashdecode.cubin")
     include = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include")
-    done = subprocess.run([nvcc, "-cubin", "-O3", "-std=c++17", f"-arch={arch}", f"-I{include}", "--resource-usage",
-                           "-o", cubin, os.path.join(kernels_dir, "flashdecode.cu")],
+    listed = [f"-I{work}"] if kernel_list(tree, work) else []
+    done = subprocess.run([nvcc, "-cubin", "-O3", "-std=c++17", f"-arch={arch}", f"-I{include}", *listed,
+                           "--resource-usage", "-o", cubin, os.path.join(tree, "kernels", "flashdecode.cu")],
                           capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"nvcc failed:\n{done.stderr[-4000:]}")
@@ -246,14 +262,16 @@ def build(kernels_dir, arch, nvcc, cuobjdump, work):
 
 
 def export_kernels(rev, work):
-    """kernels/ at git revision rev, written under work; returns its path."""
-    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "kernels"], capture_output=True, check=True).stdout
+    """kernels/ and the kernel table (core/, go.mod) at git revision rev,
+    written under work; returns work."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "kernels", "core", "go.mod", "go.sum"],
+                             capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         if hasattr(tarfile, "data_filter"):  # Python 3.12, and 3.11.4 on
             tar.extractall(work, filter="data")
         else:
             tar.extractall(work)
-    return os.path.join(work, "kernels")
+    return work
 
 
 def summary(name, resources, sass):
@@ -294,7 +312,7 @@ def main():
                  "(pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     with tempfile.TemporaryDirectory() as work:
         os.makedirs(os.path.join(work, "new"))
-        new = build(os.path.join(ROOT, "kernels"), args.arch, nvcc, cuobjdump, os.path.join(work, "new"))
+        new = build(ROOT, args.arch, nvcc, cuobjdump, os.path.join(work, "new"))
         old = None
         if args.against:
             os.makedirs(os.path.join(work, "old"))

@@ -1,5 +1,10 @@
 // flashdecode.cu: the one translation unit nvcc compiles into the fatbin; it
-// instantiates every kernel the Go core can launch, by name.
+// instantiates every kernel the Go core can launch, by name: the list of
+// core's kernel table (core.Kernels), which `go generate ./core/cuda` writes
+// as _instances.inc (core/cuda/internal/instances) and nvcc finds on its
+// include path. The list invokes the macros below, a kernel a line, and
+// static_asserts that what the kernels decide at compile time (threads, tile
+// keys, shared memory, balancing) is what the table says.
 //
 // The files (each header gives its launch shape and why it is fast):
 //   split_kv.cuh         stage 1: fd_split_kv_<dtype>_d<D>_r<ROWS>, one block
@@ -47,9 +52,9 @@
 //     SharedBytes = 3 stages * (K tile + V tile) * KeysPerTile * D * 2 bytes,
 //     KeysPerTile = 8192 / D, so 3 * 2 * 8192 * 2 = 98304
 // (fd_split_kv_config::kSharedBytes); the combine and the append use none.
-// This table must match `variants` in core/variants.go (core.TestVariantsMatchTheKernels checks).
 #include "append_kv.cuh"
 #include "combine.cuh"
+#include "merge_states.cuh"
 #include "split_kv.cuh"
 
 #define FD_SPLIT_KV(name, T, D, ROWS)                                                     \
@@ -75,7 +80,8 @@
         fd_append_kv<T>(p);                                                                \
     }
 
-// The combines' launch bounds. (128, 1) lets ptxas keep all of a fold
+// The combines' launch bounds (BOUNDS: core's Kernel.Threads and
+// MinBlocks). (128, 1) lets ptxas keep all of a fold
 // step's loads in flight (combine.cuh), one round trip to L2; with the
 // default it interleaves them with their uses to save registers (96 of
 // them instead of 154), and a step takes four or five round trips. The
@@ -95,29 +101,9 @@
     }
 #define FD_COMBINE(name, T, WARPS, BOUNDS) FD_COMBINE_FORM(name, fd_combine, T, WARPS, BOUNDS)
 
-//           kernel name                    dtype          D    ROWS
-FD_SPLIT_KV(fd_split_kv_f16_d64_r16,       half,          64,  16)
-FD_SPLIT_KV(fd_split_kv_f16_d128_r16,      half,          128, 16)
-FD_SPLIT_KV(fd_split_kv_f16_d128_r32,      half,          128, 32)
-FD_SPLIT_KV(fd_split_kv_f16_d256_r16,      half,          256, 16)
-FD_SPLIT_KV(fd_split_kv_bf16_d64_r16,      __nv_bfloat16, 64,  16)
-FD_SPLIT_KV(fd_split_kv_bf16_d128_r16,     __nv_bfloat16, 128, 16)
-FD_SPLIT_KV(fd_split_kv_bf16_d128_r32,     __nv_bfloat16, 128, 32)
-FD_SPLIT_KV(fd_split_kv_bf16_d256_r16,     __nv_bfloat16, 256, 16)
-
-//          kernel name           dtype          warps  launch bounds
-FD_COMBINE(fd_combine_f16,      half,          4,     (128, 1))
-FD_COMBINE(fd_combine_bf16,     __nv_bfloat16, 4,     (128, 1))
-
 // The narrow combine: a warp a row, WARPS rows a block (at most
 // FD_COMBINE_UNROLL splits).
 #define FD_COMBINE_ROWS(name, T, WARPS, BOUNDS) FD_COMBINE_FORM(name, fd_combine_rows, T, WARPS, BOUNDS)
-
-//               kernel name           dtype          rows  launch bounds
-FD_COMBINE_ROWS(fd_combine_f16_r4,   half,          4,    (128))
-FD_COMBINE_ROWS(fd_combine_bf16_r4,  __nv_bfloat16, 4,    (128))
-FD_COMBINE_ROWS(fd_combine_f16_r16,  half,          16,   (512))
-FD_COMBINE_ROWS(fd_combine_bf16_r16, __nv_bfloat16, 16,   (512))
 
 // The column-group combine: a block a group of FD_COMBINE_COLS columns of a
 // row, for plans of more splits than the 4-warp combine loads at once; its
@@ -125,62 +111,13 @@ FD_COMBINE_ROWS(fd_combine_bf16_r16, __nv_bfloat16, 16,   (512))
 // registers.
 #define FD_COMBINE_GROUPS(name, T, WARPS, BOUNDS) FD_COMBINE_FORM(name, fd_combine_cols, T, WARPS, BOUNDS)
 
-//                kernel name           dtype          warps  launch bounds
-FD_COMBINE_GROUPS(fd_combine_f16_c32,   half,          4,     (128, 1))
-FD_COMBINE_GROUPS(fd_combine_bf16_c32,  __nv_bfloat16, 4,     (128, 1))
-
 // The merge API (merge_states.cuh, merge_params.h): fd_merge_states_<dtype>
 // merges caller-computed attention states by their LSE, in and out in one
 // dtype; 32 to 512 threads (core.MergeProblem.Launch), dynamic shared memory.
-#include "merge_states.cuh"
-
 #define FD_MERGE_STATES(name, T)                                                         \
     extern "C" __global__ void __launch_bounds__(32 * FD_MERGE_MAX_WARPS) name(         \
         const fd_merge_params p) {                                                       \
         fd_merge_states<T>(p);                                                           \
     }
 
-//              kernel name           dtype
-FD_MERGE_STATES(fd_merge_states_f16,  half)
-FD_MERGE_STATES(fd_merge_states_bf16, __nv_bfloat16)
-FD_MERGE_STATES(fd_merge_states_f32,  float)
-
-//                  kernel name                        dtype          D    ROWS
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d64_r16,   half,          64,  16)
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d128_r16,  half,          128, 16)
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d128_r32,  half,          128, 32)
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_f16_d256_r16,  half,          256, 16)
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d64_r16,  __nv_bfloat16, 64,  16)
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d128_r16, __nv_bfloat16, 128, 16)
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d128_r32, __nv_bfloat16, 128, 32)
-FD_SPLIT_KV_SERVING(fd_split_kv_serving_bf16_d256_r16, __nv_bfloat16, 256, 16)
-
-//               kernel name                              dtype          D    ROWS  form
-FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d64_r16,           half,          64,  16,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d128_r16,          half,          128, 16,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d128_r32,          half,          128, 32,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_f16_d256_r16,          half,          256, 16,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d64_r16,          __nv_bfloat16, 64,  16,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d128_r16,         __nv_bfloat16, 128, 16,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d128_r32,         __nv_bfloat16, 128, 32,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_bf16_d256_r16,         __nv_bfloat16, 256, 16,   fd_form_paged)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d64_r16,    half,          64,  16,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d128_r16,   half,          128, 16,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d128_r32,   half,          128, 32,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_f16_d256_r16,   half,          256, 16,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d64_r16,   __nv_bfloat16, 64,  16,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d128_r16,  __nv_bfloat16, 128, 16,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d128_r32,  __nv_bfloat16, 128, 32,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_paged_append_bf16_d256_r16,  __nv_bfloat16, 256, 16,   fd_form_paged_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d64_r16,          half,          64,  16,   fd_form_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d128_r16,         half,          128, 16,   fd_form_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d128_r32,         half,          128, 32,   fd_form_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_f16_d256_r16,         half,          256, 16,   fd_form_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d64_r16,         __nv_bfloat16, 64,  16,   fd_form_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d128_r16,        __nv_bfloat16, 128, 16,   fd_form_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d128_r32,        __nv_bfloat16, 128, 32,   fd_form_append)
-FD_SPLIT_KV_FORM(fd_split_kv_append_bf16_d256_r16,        __nv_bfloat16, 256, 16,   fd_form_append)
-
-//           kernel name      dtype
-FD_APPEND_KV(fd_append_kv_f16,  half)
-FD_APPEND_KV(fd_append_kv_bf16, __nv_bfloat16)
+#include "_instances.inc"

@@ -138,7 +138,7 @@ enum fd_form { fd_form_plain, fd_form_paged, fd_form_paged_append, fd_form_appen
 // feature; the other forms test p.balance_splits in one body, since as two
 // their balanced plans ran slower (docs/tuning.md), except at 32 rows a
 // block, which already run at their register limit and never balance
-// (core.Variant.Balances).
+// (fd_split_kv_config::kFormsBalance).
 enum fd_balance { fd_balance_off, fd_balance_on, fd_balance_by_params };
 
 template <typename T, int D, int ROWS, int FORM, int BALANCE>
@@ -791,7 +791,7 @@ __device__ __forceinline__ void fd_split_kv_serving(const fd_params &p) {
     __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
     using C = fd_split_kv_config<D, ROWS>;
     __shared__ int page_ring[2 * (C::kStages - 1) * C::kKeys];  // fd_serving_pages
-    constexpr int kBalance = ROWS == 32 ? fd_balance_off : fd_balance_by_params;
+    constexpr int kBalance = C::kFormsBalance ? fd_balance_by_params : fd_balance_off;
     fd_split_kv_body<T, D, ROWS, FORM, kBalance>(p, merge_bar, xchg, page_ring);
 }
 

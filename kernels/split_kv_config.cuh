@@ -48,6 +48,10 @@ struct fd_split_kv_config {
     // item: with 32 rows, 8 items a thread at head dim 128. Blocks of fewer
     // rows do so where their rows give a thread more than two items.
     static constexpr bool kMergeByRow = ROWS == 32;
+    // Whether the forms other than the plain one (which always can) balance
+    // their splits by the lengths (split_kv.cuh fd_balance): all but 32 rows
+    // a block, which run at their register limit without that code.
+    static constexpr bool kFormsBalance = ROWS != 32;
     // End-of-block merge scratch, reusing the pipeline buffers: every key
     // warp's unnormalized output (rows padded by 8 floats; the halves of D
     // fill their own columns) and its max and sum, then each row's weights

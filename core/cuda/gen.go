@@ -1,11 +1,15 @@
 package cuda
 
 // The kernels of kernels/ compiled into one fatbin: SASS for sm_80, sm_86,
-// sm_89 and sm_90 plus PTX for compute_90 so newer GPUs JIT it. The file is a
-// build output (never committed, see fatbin/README.md); pip install and
-// .ci/run make it first. --threads 0 compiles the four architectures in
+// sm_89 and sm_90 plus PTX for compute_90 so newer GPUs JIT it. First the
+// list of kernels to instantiate is written from core's kernel table
+// (core.Kernels, internal/instances) as fatbin/_instances.inc, which
+// kernels/flashdecode.cu includes from nvcc's include path. Both files are
+// build outputs (never committed, see fatbin/README.md); pip install and
+// .ci/run make them first. --threads 0 compiles the four architectures in
 // parallel, one per CPU (the same fatbin, byte for byte).
-//go:generate nvcc -fatbin -O3 -std=c++17 -Xptxas=-warn-spills --threads 0 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=[sm_90,compute_90] -o fatbin/flashdecode.fatbin ../../kernels/flashdecode.cu
+//go:generate go run gen_instances.go fatbin/_instances.inc
+//go:generate nvcc -fatbin -O3 -std=c++17 -Xptxas=-warn-spills --threads 0 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=[sm_90,compute_90] -I fatbin -o fatbin/flashdecode.fatbin ../../kernels/flashdecode.cu
 
 import (
 	"embed"

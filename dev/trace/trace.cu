@@ -43,7 +43,8 @@ __shared__ unsigned long long *fd_trace_ts;
         if ((i) == 8 && threadIdx.x % 32 == 0 && threadIdx.x < 128)                              \
             fd_trace_ts[fd_trace_at_ + 10 + threadIdx.x / 32] = gtime();                         \
     } while (0)
-#include "../../kernels/flashdecode.cu"
+#include "../../kernels/combine.cuh"
+#include "../../kernels/split_kv.cuh"
 
 #include <cuda_runtime.h>
 

@@ -7,7 +7,8 @@ which `pip install -v` shows):
   2. builds a stand-in libcuda.so.1 (make_libcuda.py, from the toolkit's cuda.h): the
      extension links against it (gorgonia.org/cu links -lcuda; at run time the user's
      machine provides libcuda.so.1), and the wheel carries it for planning without a driver;
-  3. runs `go generate ./core/cuda` (nvcc compiles kernels/ into core/cuda/fatbin/flashdecode.fatbin);
+  3. runs `go generate ./core/cuda` (the kernel list from core's table, then nvcc compiles kernels/
+     into core/cuda/fatbin/flashdecode.fatbin);
   4. builds gopy and goimports from go.mod's tool requirements into _build/tools (_build/bin:
      gopy, and fd_gil.py as goimports);
   5. runs `gopy build` over ./python/binding into _build/gopy (gopy needs its output inside
@@ -78,7 +79,7 @@ LDSHARED_FLAGS = r"-f[A-Za-z0-9_=.+-]+|-O[0-3sgz]?|-g[A-Za-z0-9]*|-Wl,.*|-specs=
 # Source files an sdist needs besides the Python package (the wheel build compiles them).
 SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend"]
 SDIST_FILES = ["go.mod", "go.sum", "LICENSE", "README.md", "setup.py", "pyproject.toml"]
-SDIST_SKIP = re.compile(r"(\.fatbin|\.so(\.\d+)*|libflashdecode\.h|__pycache__.*|\.pyc)$")
+SDIST_SKIP = re.compile(r"(\.fatbin|_instances\.inc|\.so(\.\d+)*|libflashdecode\.h|__pycache__.*|\.pyc)$")
 
 
 def log(msg):
@@ -263,7 +264,7 @@ def build_binding(dest):
     env, cuda_home = build_env(scratch)
     steps("stand-in libcuda.so.1 (make_libcuda.py)")
     standin = build_standin(cuda_home, scratch)
-    steps("go generate ./core/cuda: nvcc compiles the kernels for 4 GPU architectures")
+    steps("go generate ./core/cuda: the kernel list, then nvcc compiles it for 4 GPU architectures")
     run(["go", "generate", "./core/cuda"], env=env)
     out = os.path.join(BUILD, "gopy")
     shutil.rmtree(out, ignore_errors=True)
