@@ -105,6 +105,9 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.Threads != v.Threads || p.Threads%32 != 0 || p.Threads > 1024 || p.SharedBytes > 227*1024 {
 		fail("block size or shared memory outside sm_90's limits")
 	}
+	if (p.Cluster == 1 && p.SharedBytes != v.SharedBytes) || p.BlocksPerSM != d.blocksPerSM(v) {
+		fail("a plain launch's shared memory or blocks per SM is not the variant's")
+	}
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
 	combines := p.NumSplits > 1 && p.Cluster == 1
 	if combines != p.Merge.Combines() {

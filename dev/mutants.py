@@ -77,6 +77,10 @@ MUTANTS = [
     ("lse-offset-overlaps", "core/plan.go",
      "lseOffset = ceilDiv(splits*rows*headDim*f32, align) * align",
      "lseOffset = ceilDiv((splits-1)*rows*headDim*f32, align) * align"),
+    # A launch without clusters given the cluster launch's shared memory.
+    ("plain-launch-cluster-shared-bytes", "core/plan.go",
+     "SharedBytes: v.SharedBytes,",
+     "SharedBytes: v.ClusterSharedBytes,"),
     # The tail split rounds the free slots up.
     ("tail-split-ceil", "core/splits.go",
      "return blocks - tail, min(maxN, resident/tail)",
