@@ -105,6 +105,30 @@ MUTANTS = [
     ("plan-key-floor", "core/plan.go",
      "rounded := ceilDiv(s.Seqlen+s.SeqlenNew, PlanKeyQuantum) * PlanKeyQuantum",
      "rounded := (s.Seqlen + s.SeqlenNew) / PlanKeyQuantum * PlanKeyQuantum"),
+    # A grid of more than one wave kept unsplit as if it filled one.
+    ("busy-grid-any-waves", "core/splits.go",
+     "blocks*100 >= slots*busySlotsPct && blocks <= slots",
+     "blocks*100 >= slots*busySlotsPct"),
+    # A plan balanced where no sequence could take more than equal lengths give it.
+    ("balanced-without-gain", "core/splits.go",
+     "if most <= n {",
+     "if most < n {"),
+    # The balanced partials' bound doubled.
+    ("balanced-partials-doubled", "core/splits.go",
+     "balancedPartialBytes/max(rowBytes, 1))",
+     "2*balancedPartialBytes/max(rowBytes, 1))"),
+    # The planned keys leave out the appended tokens.
+    ("planned-keys-ignore-appended", "core/plan.go",
+     "length = min(s.Seqlen+s.SeqlenNew, s.SeqlenCache)",
+     "length = min(s.Seqlen, s.SeqlenCache)"),
+    # The narrow combine refused the most splits it loads at once.
+    ("narrow-combine-off-by-one", "core/plan.go",
+     "n <= combineUnroll:",
+     "n < combineUnroll:"),
+    # The 16-row narrow combine refused a grid of exactly the blocks it may have.
+    ("dense-combine-off-by-one", "core/plan.go",
+     "dense <= min(p.Grid[0]*p.Grid[1]*p.Grid[2], p.SMs)",
+     "dense < min(p.Grid[0]*p.Grid[1]*p.Grid[2], p.SMs)"),
     # The heuristic's cap ignores the fewest keys a split must hold.
     ("auto-split-cap-ignores-floor", "core/splits.go",
      "return max(1, min(MaxSplits, tiles/max(minTiles, 1)))",
