@@ -6,24 +6,6 @@ import (
 	"testing"
 )
 
-// balancedAssignment mirrors kernels/balance.cuh for a balanced plan p of s
-// over the given lengths: each sequence's split count (BalancedSplitCounts),
-// and for each block of the 1-D grid its (sequence, item, split), or
-// sequence -1 past them.
-func balancedAssignment(s Shape, p Plan, lengths []int) (counts []int, blocks [][3]int) {
-	counts = p.BalancedSplitCounts(s, lengths)
-	items := s.HeadsKV * p.RowTiles
-	for b, c := range counts {
-		for k := range c * items {
-			blocks = append(blocks, [3]int{b, k / c, k % c})
-		}
-	}
-	for len(blocks) < p.Grid[0] {
-		blocks = append(blocks, [3]int{-1, 0, 0})
-	}
-	return counts, blocks
-}
-
 // groups is how many column groups of a row the plan's combine merges apart.
 func groups(p Plan, s Shape) int {
 	if (p.Combine == p.Variant.CombineWide || p.Combine == BalancedCombine(p.Variant.CombineWide)) && p.Variant.CombineWideCols > 0 {
@@ -114,7 +96,7 @@ func TestBalancedSplitCountsNeedABalancedPlan(t *testing.T) {
 		want    []int
 	}{
 		{"balanced", true, []int{32768, 0}, []int{16, 1}},
-		{"appended tokens count, clamped to the cache", true, []int{-5, 40000}, []int{1, 16}},
+		{"clamped to the cache", true, []int{-5, 40000}, []int{1, 16}},
 		{"a length missing", true, []int{32768}, nil},
 		{"lengths on the host", false, []int{32768, 0}, nil},
 	} {
@@ -129,11 +111,59 @@ func TestBalancedSplitCountsNeedABalancedPlan(t *testing.T) {
 	}
 }
 
-// Every sequence's key tiles are covered once: each (sequence, item) gets
-// splits 0..c-1 of its count c, the grid holds them all, equal lengths
-// split as the plan for them does, and no split is far above the balanced
-// share.
-func TestBalancedAssignment(t *testing.T) {
+// TestBalancedSplitCountsTable: counts worked by hand from kernels/balance.cuh's
+// rule, c_b = clamp(ceil(n*batch*tiles_b / sum tiles), 1, NumSplits) with
+// tiles_b = ceil(clamp(len_b + seqlen_new, 0, seqlen_cache) / 64).
+func TestBalancedSplitCountsTable(t *testing.T) {
+	mqa := Shape{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 1, HeadDim: 128, SeqlenCache: 131072,
+		Seqlen: -1, DeviceLengths: true}
+	appending := mqa // 100 new tokens, rotated by the append kernel
+	appending.Serving, appending.SeqlenNew, appending.RotaryQ = true, 100, true
+	for _, tt := range []struct {
+		name    string
+		s       Shape
+		n, most int // the plan's BalanceSplits and NumSplits the table assumes
+		lengths []int
+		want    []int
+	}{
+		// n*batch = 132 splits shared by tiles.
+		{"equal", mqa, 33, 128, []int{131072, 131072, 131072, 131072}, []int{33, 33, 33, 33}},
+		// 2048 tiles of 2048: 132 splits, capped at 128.
+		{"one long, capped", mqa, 33, 128, []int{131072, 0, 0, 0}, []int{128, 1, 1, 1}},
+		// Tiles 100, 50, 10, 1 of 161: 13200/161 = 81.99, 6600/161 = 40.99, 1320/161 = 8.2, 132/161 = 0.8.
+		{"shares round up", mqa, 33, 128, []int{6400, 3200, 640, 1}, []int{82, 41, 9, 1}},
+		// Tiles 2, 1, 1, 0 of 4 (65 keys take 2 tiles): 66, 33, 33, and 1 at least.
+		{"tiles round up", mqa, 33, 128, []int{65, 64, 1, 0}, []int{66, 33, 33, 1}},
+		{"no keys at all", mqa, 33, 128, []int{0, 0, 0, 0}, []int{1, 1, 1, 1}},
+		{"clamped to the cache", mqa, 33, 128, []int{-5, 200000, 0, 0}, []int{1, 128, 1, 1}},
+		// n*batch = 256. Keys 100, 128, 129, 0 (with the 100 new): tiles 2, 2, 3, 0 of 7:
+		// 512/7 = 73.1, 73.1, 768/7 = 109.7, and 1 at least.
+		{"appended tokens count", appending, 64, 128, []int{0, 28, 29, -100}, []int{74, 74, 110, 1}},
+		// Keys 131072 (clamped: the new tokens overwrite the last), 100, 100, 100:
+		// tiles 2048, 2, 2, 2 of 2054: 256*2048/2054 = 255.3, capped; 512/2054 = 0.25.
+		{"appended past the cache", appending, 64, 128, []int{131072, 0, 0, 0}, []int{128, 1, 1, 1}},
+		// Tiles 0 + 2 each with the new tokens alone: equal.
+		{"only appended tokens", appending, 64, 128, []int{0, 0, 0, 0}, []int{64, 64, 64, 64}},
+	} {
+		p, err := MakePlan(tt.s, H200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Merge != MergeBalanced || p.BalanceSplits != tt.n || p.NumSplits != tt.most || p.Variant.KeysPerTile != 64 {
+			t.Fatalf("%s: %v: the table assumes a balanced plan of %d splits, at most %d, 64-key tiles", tt.name, p, tt.n, tt.most)
+		}
+		if got := p.BalancedSplitCounts(tt.s, tt.lengths); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: lengths %v: counts %v, want %v", tt.name, tt.lengths, got, tt.want)
+		}
+	}
+}
+
+// TestBalancedSplitCountsRule checks the counts of random lengths against
+// kernels/balance.cuh's rule stated as bounds: c_b is the fewest splits in
+// [1, NumSplits] that hold at most the batch's mean tiles a split (c_b *
+// total >= n*batch*tiles_b), equal lengths take the plan's n, and the grid
+// has a block for every split of every item.
+func TestBalancedSplitCountsRule(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	shapes := []Shape{
 		{DType: Float16, Batch: 8, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 32768, Seqlen: -1, DeviceLengths: true},
@@ -142,6 +172,12 @@ func TestBalancedAssignment(t *testing.T) {
 		{DType: Float16, Batch: 2, SeqlenQ: 2, HeadsQ: 8, HeadsKV: 1, HeadDim: 256, SeqlenCache: 65536, Seqlen: 40000, DeviceLengths: true,
 			Serving: true, Paged: true, SeqlenNew: 2},
 		{DType: Float16, Batch: 32, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 8192, Seqlen: -1, DeviceLengths: true}, // 1 split
+		// n*batch = 256 past NumSplits = 7 (the partials' bound), and 132
+		// past NumSplits = MaxSplits: one long sequence is capped.
+		{DType: Float16, Batch: 256, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1, DeviceLengths: true},
+		{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 1, HeadDim: 128, SeqlenCache: 131072, Seqlen: -1, DeviceLengths: true},
+		{DType: Float16, Batch: 4, SeqlenQ: 1, HeadsQ: 8, HeadsKV: 1, HeadDim: 128, SeqlenCache: 131072, Seqlen: -1, DeviceLengths: true,
+			Serving: true, SeqlenNew: 100, RotaryQ: true},
 	}
 	for _, s := range shapes {
 		p, err := MakePlan(s, H200)
@@ -151,53 +187,55 @@ func TestBalancedAssignment(t *testing.T) {
 		if p.BalanceSplits == 0 {
 			t.Fatalf("%+v: not balanced: %v", s, p)
 		}
+		n, most, keysPerTile := p.BalanceSplits, p.NumSplits, p.Variant.KeysPerTile
 		for trial := range 200 {
 			lengths := make([]int, s.Batch)
 			for b := range lengths {
-				switch trial % 4 {
+				switch trial % 5 {
 				case 0:
 					lengths[b] = s.SeqlenCache // equal
 				case 1:
 					lengths[b] = r.IntN(s.SeqlenCache + 1)
 				case 2:
 					lengths[b] = []int{0, 1, s.SeqlenCache}[r.IntN(3)]
-				default:
-					lengths[b] = r.IntN(64) - 8 // short, some negative (clamped)
+				case 3:
+					lengths[b] = r.IntN(200) - 8 // short, some negative (clamped)
+				default: // one long among empty ones: the cap binds
+					if b == trial%s.Batch {
+						lengths[b] = s.SeqlenCache
+					}
 				}
 			}
-			counts, blocks := balancedAssignment(s, p, lengths)
-			if len(blocks) > p.Grid[0] {
-				t.Fatalf("%v, lengths %v: %d blocks of splits, grid %d", p, lengths, len(blocks), p.Grid[0])
+			counts := p.BalancedSplitCounts(s, lengths)
+			if len(counts) != s.Batch {
+				t.Fatalf("%v, lengths %v: counts %v", p, lengths, counts)
 			}
-			seen := map[[3]int]bool{}
-			for _, blk := range blocks {
-				if blk[0] < 0 {
-					continue
-				}
-				if seen[blk] {
-					t.Fatalf("lengths %v: block %v twice", lengths, blk)
-				}
-				seen[blk] = true
+			tiles, total := make([]int, s.Batch), 0
+			for b, l := range lengths {
+				// balance.cuh's fd_attended_keys, then whole tiles.
+				keys := min(max(min(l, s.SeqlenCache-s.SeqlenNew)+s.SeqlenNew, 0), s.SeqlenCache)
+				tiles[b] = (keys + keysPerTile - 1) / keysPerTile
+				total += tiles[b]
 			}
-			items := s.HeadsKV * p.RowTiles
+			sum := 0
 			for b, c := range counts {
-				if c < 1 || c > p.NumSplits {
-					t.Fatalf("lengths %v: sequence %d takes %d splits (at most %d)", lengths, b, c, p.NumSplits)
+				share := n * s.Batch * tiles[b] // c*total must reach it
+				switch {
+				case c < 1 || c > most:
+					t.Fatalf("lengths %v: sequence %d takes %d splits, outside [1, %d]", lengths, b, c, most)
+				case total == 0 && c != 1:
+					t.Fatalf("lengths %v: no keys, yet sequence %d takes %d splits", lengths, b, c)
+				case total > 0 && c < most && c*total < share:
+					t.Fatalf("lengths %v: sequence %d's %d tiles of %d take %d splits, fewer than its share", lengths, b, tiles[b], total, c)
+				case total > 0 && c > 1 && (c-1)*total >= share:
+					t.Fatalf("lengths %v: sequence %d's %d tiles of %d take %d splits, more than its share", lengths, b, tiles[b], total, c)
+				case trial%5 == 0 && c != n:
+					t.Fatalf("equal lengths: sequence %d takes %d splits, the plan %d", b, c, n)
 				}
-				for item := range items {
-					for split := range c {
-						if !seen[[3]int{b, item, split}] {
-							t.Fatalf("lengths %v: sequence %d item %d split %d/%d has no block", lengths, b, item, split, c)
-						}
-					}
-				}
+				sum += c
 			}
-			if trial%4 == 0 {
-				for b, c := range counts {
-					if c != p.BalanceSplits {
-						t.Errorf("equal lengths: sequence %d takes %d splits, the plan %d", b, c, p.BalanceSplits)
-					}
-				}
+			if items := s.HeadsKV * p.RowTiles; sum*items > p.Grid[0] {
+				t.Fatalf("%v, lengths %v: %d splits of %d items each, grid %d", p, lengths, sum, items, p.Grid[0])
 			}
 		}
 	}

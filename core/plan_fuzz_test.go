@@ -26,8 +26,13 @@ func (in planInput) shape() (Shape, Device) {
 		RotaryQ: in.rotary, Paged: in.paged, DeviceLengths: in.lengths,
 	}
 	d := Device{SMs: in.sms}
-	if in.clusters {
+	switch {
+	case in.clusters && in.sms == H200.SMs:
 		d.Clusters = DefaultClusters
+	case in.clusters:
+		// A device that reports room for clusters of any size: the planner
+		// still keeps to MaxCluster.
+		d.Clusters = func(v Variant, size int) int { return 2 * in.sms / max(size, 1) }
 	}
 	return s, d
 }
@@ -100,6 +105,9 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.Threads != v.Threads || p.Threads%32 != 0 || p.Threads > 1024 || p.SharedBytes > 227*1024 {
 		fail("block size or shared memory outside sm_90's limits")
 	}
+	if (p.Cluster == 1 && p.SharedBytes != v.SharedBytes) || p.BlocksPerSM != d.blocksPerSM(v) {
+		fail("a plain launch's shared memory or blocks per SM is not the variant's")
+	}
 	rows := s.Batch * s.HeadsQ * s.SeqlenQ
 	combines := p.NumSplits > 1 && p.Cluster == 1
 	if combines != p.Merge.Combines() {
@@ -121,6 +129,15 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		fail("the combine grid does not cover the split rows (each in its column groups) exactly")
 	case p.WholeItems == 0 && p.CombineRow0 != 0, p.CombineRow0 < 0 || p.CombineRow0 >= max(rows, 1):
 		fail("the combine's first row is outside the rows")
+	case p.WholeItems > 0 && p.CombineRow0 != p.WholeItems/p.RowTiles*packed+p.WholeItems%p.RowTiles*v.Rows:
+		// Items run (sequence, K/V head, row tile) and a K/V head's packed
+		// rows are consecutive output rows: the whole items' rows come first.
+		fail("the tail's combine does not start at the first row of the first split item")
+	case combines && !knownCombine(p, v):
+		fail("the combine is not one of the variant's with its threads and rows a block")
+	}
+	if p.PrefetchTiles > 0 && (p.PrefetchTiles != ceilDiv(tiles, p.NumSplits) || p.PrefetchTiles > prefetchMaxTiles || v.Form != FormPlain) {
+		fail("a prefetch is not all of a plain split's tiles, within what its pipeline loads first")
 	}
 	end := 0      // the end of the partials
 	if combines { // the partials of the rows the combine merges
@@ -143,15 +160,46 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.FusedAppend() && (p.Append != "" || s.RotaryQ || v.Form.Paged() != s.Paged || s.Paged == s.Contiguous) {
 		fail("stage 1 appends itself only as the appending form of its cache's layout, without rotary and without the append kernel")
 	}
+	chunks := s.HeadsKV * s.HeadDim / 8 // 16-byte chunks of a token's new k (and v) rows
+	if s.RotaryQ {
+		chunks += s.HeadsQ * s.HeadDim / 8 // and of its q rows to rotate
+	}
 	if (s.SeqlenNew > 0) != (p.Append != "" || p.FusedAppend()) || (p.Append != "" && (p.AppendGrid[1] != s.Batch ||
-		p.AppendGrid[0] < 1 || p.AppendThreads < 1 || p.AppendGrid[2]*p.AppendThreads < s.HeadsKV*s.HeadDim/8 ||
-		p.AppendGrid[2] > 65535)) {
-		fail("the new tokens are appended exactly when there are some: by stage 1, or by the append kernel over every sequence, a thread for each chunk of k and v")
+		p.AppendGrid[0] != max(s.SeqlenNew, s.SeqlenQ) || p.AppendThreads < 1 || p.AppendGrid[2] > maxGridYZ ||
+		p.AppendGrid[2]*p.AppendThreads < chunks || (p.AppendGrid[2]-1)*p.AppendThreads >= chunks)) {
+		fail("the new tokens are appended exactly when there are some: by stage 1, or by the append kernel over every new and query token of every sequence, a thread for each chunk of k, v and the q to rotate")
+	}
+	if p.Append == "" && (p.AppendGrid != [3]int{} || p.AppendThreads != 0) {
+		fail("an append grid without the append kernel")
 	}
 	if p.SMs != d.SMs || p.BlocksPerSM < 1 {
 		fail("the plan does not record the device it was made for")
 	}
-	_ = p.EarlyDependents()
+}
+
+// knownCombine reports whether p's combine, its threads and its rows a block
+// are one of v's combines as combineFor and setCombine configure them (a
+// balanced plan's in its balanced twin): the combine kernel indexes its rows
+// by them.
+func knownCombine(p Plan, v Variant) bool {
+	for _, c := range []struct {
+		name          string
+		threads, rows int
+	}{
+		{v.Combine, v.CombineThreads, v.CombineRows},
+		{v.CombineNarrow, 32 * v.CombineNarrowRows, v.CombineNarrowRows},
+		{v.CombineNarrowDense, 32 * v.CombineNarrowDenseRows, v.CombineNarrowDenseRows},
+		{v.CombineWide, v.CombineWideThreads, 1},
+	} {
+		name := c.name
+		if p.Merge == MergeBalanced {
+			name = BalancedCombine(name)
+		}
+		if c.name != "" && p.Combine == name && p.CombineThreads == c.threads && p.CombineRows == c.rows {
+			return true
+		}
+	}
+	return false
 }
 
 // drawPlanInput draws sizes around the planner's boundaries: each valid
@@ -173,8 +221,8 @@ func drawPlanInput(r *rand.Rand) planInput {
 		group:       pick(1, 1, 4, 8, 16, 64),
 		headDim:     or(pick(64, 128, 128, 256, 8, 72, 136), 0, 100, 264),
 		seqlenCache: or(pick(0, 1, 15, 16, 255, 1024, 4096, 32768, 131072, 1<<20, MaxSeqlenCache), -1, MaxSeqlenCache+1),
-		numSplits:   or(pick(0, 0, 0, 1, 2, 3, 16, 128, 129, 1000), -1),
-		sms:         or(pick(132, 132, 132, 1, 7, 108, 264), 0),
+		numSplits:   or(pick(0, 0, 0, 1, 2, 3, 16, 17, 128, 129, 1000), -1),
+		sms:         or(pick(132, 132, 132, 1, 7, 78, 108, 114, 264), 0),
 		serving:     r.IntN(2) == 0,
 		clusters:    r.IntN(4) != 0,
 	}

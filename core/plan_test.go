@@ -655,6 +655,7 @@ func TestTailSplit(t *testing.T) {
 func TestPlanTailSplit(t *testing.T) {
 	mha := Shape{DType: Float16, Batch: 8, SeqlenQ: 10, HeadsQ: 48, HeadsKV: 48, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
 	tiles := Shape{DType: Float16, Batch: 70, SeqlenQ: 2, HeadsQ: 64, HeadsKV: 2, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
+	fiveTiles := Shape{DType: Float16, Batch: 33, SeqlenQ: 10, HeadsQ: 32, HeadsKV: 2, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
 	tests := []struct {
 		name                               string
 		s                                  Shape
@@ -668,6 +669,11 @@ func TestPlanTailSplit(t *testing.T) {
 		// 264 whole, 16 in 8 splits (4096 keys: a tail split holds at least
 		// 512 keys, minTailSplitRowKeys), their 512 rows merged 4 a block.
 		{"two row tiles a K/V head", tiles, 264, 8, 264 + 16*8, 16 * 32 / 4, 264 / 2 * 64},
+		// 330 items (33 x 2 K/V heads x 5 row tiles of 32 of the 160 rows):
+		// 264 whole, 52 K/V heads and 4 row tiles into the 53rd, so the split
+		// rows start at 52*160 + 4*32; 66 in 4 splits, their 2112 rows merged
+		// 16 a block.
+		{"a tail starting inside a K/V head", fiveTiles, 264, 4, 264 + 66*4, 2112 / 16, 52*160 + 4*32},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	mathrand "math/rand"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -231,7 +232,8 @@ func TestMergePartialsQuick(t *testing.T) {
 		}
 		return true
 	}
-	if err := quick.Check(f, &quick.Config{MaxCount: 2000}); err != nil {
+	// A fixed seed, so that a failure repeats.
+	if err := quick.Check(f, &quick.Config{MaxCount: 2000, Rand: mathrand.New(mathrand.NewSource(1))}); err != nil {
 		t.Error(err)
 	}
 	// No split saw a key.
