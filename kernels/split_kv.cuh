@@ -194,9 +194,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // argument loads behind it overlap the wait (fd_touch_params, ptx.cuh).
     // The serving variants also read the serving fields (cache_batch's line
     // and seqlen_new's) right after the wait.
-    const T *q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
-    const T *k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
-    const T *v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+    const T *q_base = fd_ptr<const T>(p.q) + b * p.q_batch_stride;
+    const T *k_base = fd_ptr<const T>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+    const T *v_base = fd_ptr<const T>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
     if constexpr (kCache) fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
     else fd_touch_params(q_base, k_base, v_base, p.seqlen);
 
@@ -245,9 +245,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         b = at.b, item_y = at.item, split = at.split, num_splits = at.count, balanced_len = at.len;
         kv_head = item_y / p.row_tiles;
         row0 = (item_y % p.row_tiles) * ROWS;
-        q_base = static_cast<const T *>(p.q) + b * p.q_batch_stride;
-        k_base = static_cast<const T *>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
-        v_base = static_cast<const T *>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+        q_base = fd_ptr<const T>(p.q) + b * p.q_batch_stride;
+        k_base = fd_ptr<const T>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+        v_base = fd_ptr<const T>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
     }
 
     // Serving: where the keys of a tile are (fd_serving_pages). A paged
@@ -258,7 +258,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     fd_serving_pages<kPages, C::kKeys, C::kStages - 1> pages(p, page_ring);
     bool pages_early = false;
     if constexpr (kPages) {
-        pages_early = kPaged || (p.block_table != nullptr && p.window_left < 0 && p.cache_leftpad == nullptr);
+        pages_early = kPaged || (p.block_table != 0 && p.window_left < 0 && p.cache_leftpad == 0);
         if (pages_early) {
 #pragma unroll
             for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, split + s * num_splits, s, 0, p.seqlen_cache);
@@ -272,7 +272,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // (kFused) keys from base on are the new tokens, read from k_new / v_new
     // (token key - base), while block (split 0, row tile 0) writes them into
     // the cache.
-    const int base = balanced ? balanced_len : p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;
+    const int base = balanced ? balanced_len : p.cache_seqlens ? fd_ptr<const int>(p.cache_seqlens)[b] : p.seqlen;
     // The appended tokens are keys too (balance.cuh); the plain forms append none.
     const int len = fd_attended_keys<kCache>(base, p.seqlen_new, p.seqlen_cache);
     // Serving: keys before lo (the left padding) are never visible, and the
@@ -280,7 +280,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     int lo = 0, first_tile = 0;
     fd_serving_q<kCache> q_strides;
     if constexpr (kServing) {
-        lo = p.cache_leftpad ? min(max(p.cache_leftpad[b], 0), len) : 0;
+        lo = p.cache_leftpad ? min(max(fd_ptr<const int>(p.cache_leftpad)[b], 0), len) : 0;
         first_tile = fd_serving_first_key(p, len, lo, row0, min(ROWS, packed_rows - row0)) / C::kKeys;
     }
     if constexpr (kCache) fd_serving_bases(p, b, kv_head, q_base, k_base, v_base, q_strides);
@@ -297,11 +297,11 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // base): from k_new / v_new instead of its cache row (k_src, v_src).
     auto copy_new = [&](T *k_s, T *v_s, int s_off, int gkey, bool valid, const T *k_src, const T *v_src) {
         const bool fresh = gkey >= base;
-        const T *k_from = fresh ? static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride +
+        const T *k_from = fresh ? fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride +
                                       (long long)(gkey - base) * p.k_new_seq_stride + kv_head * p.k_new_head_stride +
                                       copy_chunk * 8
                                 : k_src;
-        const T *v_from = fresh ? static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride +
+        const T *v_from = fresh ? fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride +
                                       (long long)(gkey - base) * p.v_new_seq_stride + kv_head * p.v_new_head_stride +
                                       copy_chunk * 8
                                 : v_src;
@@ -349,7 +349,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                     fd_cp_async_16(v_s + s_off, v_src, valid);
                 }
             };
-            if (p.block_table != nullptr) copies(fd_bool<true>{});
+            if (p.block_table != 0) copies(fd_bool<true>{});
             else copies(fd_bool<false>{});
             pages.fetch(p, b, tile + (C::kStages - 1) * num_splits, j + C::kStages - 1, lo, len);
         } else if constexpr (kPaged) {
@@ -754,15 +754,15 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             const int head = kv_head * p.group + r / p.seqlen_q;
             const int qi = r % p.seqlen_q;
             const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
-            if (p.o_partial == nullptr || num_splits == 1) {
-                T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
+            if (p.o_partial == 0 || num_splits == 1) {
+                T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
                          head * p.out_head_stride + d;
                 fd_store4(out, acc);
-                if (d == 0 && p.lse != nullptr) p.lse[out_row] = lse;
+                if (d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[out_row] = lse;
             } else {
                 const long long prow = (long long)split * partial_rows + fd_partial_row(p, out_row);
-                *reinterpret_cast<float4 *>(p.o_partial + prow * p.head_dim + d) = acc;
-                if (d == 0) p.lse_partial[prow] = lse;
+                *reinterpret_cast<float4 *>(fd_ptr<float>(p.o_partial) + prow * p.head_dim + d) = acc;
+                if (d == 0) fd_ptr<float>(p.lse_partial)[prow] = lse;
             }
         }
     };
@@ -833,14 +833,14 @@ template <typename T>
 __device__ __forceinline__ void fd_serving_bases(const fd_params &p, int b, int kv_head, const T *&q_base,
                                                  const T *&k_base, const T *&v_base, fd_serving_q<true> &q) {
     long long row = 0;
-    if (p.block_table == nullptr) row = p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
-    k_base = static_cast<const T *>(p.k) + row * p.k_batch_stride + kv_head * p.k_head_stride;
-    v_base = static_cast<const T *>(p.v) + row * p.v_batch_stride + kv_head * p.v_head_stride;
-    if (p.rotary_cos != nullptr) {
+    if (p.block_table == 0) row = p.cache_batch_idx ? min(max(fd_ptr<const int>(p.cache_batch_idx)[b], 0), p.cache_batch - 1) : b;
+    k_base = fd_ptr<const T>(p.k) + row * p.k_batch_stride + kv_head * p.k_head_stride;
+    v_base = fd_ptr<const T>(p.v) + row * p.v_batch_stride + kv_head * p.v_head_stride;
+    if (p.rotary_cos != 0) {
         q.rotated = true;
         q.head_stride = p.head_dim;
         q.seq_stride = (long long)p.heads_q * p.head_dim;
-        q_base = static_cast<const T *>(p.q_rot) + b * p.seqlen_q * q.seq_stride;
+        q_base = fd_ptr<const T>(p.q_rot) + b * p.seqlen_q * q.seq_stride;
     }
 }
 
@@ -883,10 +883,10 @@ struct fd_serving_pages<true, KEYS, AHEAD> {
     // its slot: thread t < KEYS copies key t's (0 for a key outside [lo, len),
     // whose page is never read).
     __device__ __forceinline__ void fetch(const fd_params &p, int b, int tile, int j, int lo, int len) {
-        if (p.block_table == nullptr || threadIdx.x >= KEYS) return;
+        if (p.block_table == 0 || threadIdx.x >= KEYS) return;
         const int gkey = tile * KEYS + threadIdx.x;
         const bool valid = gkey >= lo && gkey < len;
-        const int *src = p.block_table + b * p.block_table_stride + (valid ? page_size.div(gkey) : 0);
+        const int *src = fd_ptr<const int>(p.block_table) + b * p.block_table_stride + (valid ? page_size.div(gkey) : 0);
         fd_cp_async_4(ring + (j % kRing) * KEYS + threadIdx.x, src, valid);
     }
 
@@ -931,7 +931,7 @@ __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES 
         if (key < 0 || key >= p.seqlen_cache) return false;
         if constexpr (kPaged) {
             const int slot = pages.page_size.div(key);
-            const int page = p.block_table[b * p.block_table_stride + slot];
+            const int page = fd_ptr<const int>(p.block_table)[b * p.block_table_stride + slot];
             if (page < 0 || page >= p.num_pages) return false;
             const long long row = key - slot * p.page_size;
             k_row = page * p.k_batch_stride + row * p.k_seq_stride;
@@ -943,10 +943,10 @@ __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES 
         return true;
     };
     // The cache is const to the reads of stage 1.
-    T *k_cache = static_cast<T *>(const_cast<void *>(p.k)) + kv_head * p.k_head_stride;
-    T *v_cache = static_cast<T *>(const_cast<void *>(p.v)) + kv_head * p.v_head_stride;
-    const T *k_new = static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + kv_head * p.k_new_head_stride;
-    const T *v_new = static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + kv_head * p.v_new_head_stride;
+    T *k_cache = fd_ptr<T>(p.k) + kv_head * p.k_head_stride;
+    T *v_cache = fd_ptr<T>(p.v) + kv_head * p.v_head_stride;
+    const T *k_new = fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + kv_head * p.k_new_head_stride;
+    const T *v_new = fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + kv_head * p.v_new_head_stride;
     const int chunks = p.head_dim / 8;
     for (int idx = threadIdx.x; idx < p.seqlen_new * chunks; idx += THREADS) {
         const int t = idx / chunks, d0 = (idx % chunks) * 8;
@@ -1012,7 +1012,7 @@ struct fd_serving_score<true> {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) sc[mt][e / 4][e % 4] *= p.scale_log2;
         }
-        if (p.alibi_slopes != nullptr) {
+        if (p.alibi_slopes != 0) {
 #pragma unroll
             for (int mt = 0; mt < MTILES; ++mt)
 #pragma unroll
@@ -1021,7 +1021,7 @@ struct fd_serving_score<true> {
                     const bool valid = r < p.group * p.seqlen_q;
                     const int pos = len - p.seqlen_q + (valid ? r % p.seqlen_q : 0);
                     const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
-                    const float slope = p.alibi_slopes[b * p.alibi_batch_stride + head] * CUDART_L2E_F;
+                    const float slope = fd_ptr<const float>(p.alibi_slopes)[b * p.alibi_batch_stride + head] * CUDART_L2E_F;
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = key_lane + (e / 2) * 8 + e % 2;
