@@ -1,14 +1,13 @@
 // append_kv.cuh: the append step of a serving call, fd_append_kv_<dtype>.
 //
 // What it does. With new tokens (p.k_new, p.v_new: seqlen_new per
-// sequence; except where the paged form of stage 1 appends them itself,
-// fd_paged_append in split_kv.cuh), it writes token t of sequence b into
-// the cache at key index
-// L + t, L = cache_seqlens[b] (p.seqlen without cache_seqlens): row L + t of
+// sequence; except where an appending form of stage 1 writes them itself,
+// fused_append.cuh), it writes token t of sequence b into the cache at key
+// index L + t, L = cache_seqlens[b] (p.seqlen without cache_seqlens): row L + t of
 // cache row b (or cache_batch_idx[b], clamped), or of the page block_table
 // names for it. Writes at key indices outside [0, seqlen_cache) or to page
-// ids outside [0, num_pages) are skipped. With rotary tables (rotary_cos !=
-// NULL) it rotates the new keys on the way, key t at position L + t, and
+// ids outside [0, num_pages) are skipped. With rotary tables (rotary_cos
+// set) it rotates the new keys on the way, key t at position L + t, and
 // writes q rotated into the workspace's q_rot (contiguous (batch, seqlen_q,
 // heads_q, head_dim)), row i at position L + i with causal or a window,
 // else every row at L; stage 1 then reads q_rot instead of q. Positions are

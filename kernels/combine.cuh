@@ -47,18 +47,13 @@
 #define FLASHDECODE_COMBINE_CUH
 
 #include "balance.cuh"
+#include "dev_hooks.h"
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
 #include "state.cuh"
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
-
-// FD_TRACE(i): a timestamp hook for dev/trace/trace.cu (see split_kv.cuh);
-// empty in the library build.
-#ifndef FD_TRACE
-#define FD_TRACE(i)
-#endif
 
 // Folds splits first, first + step, ... (below count) of one output row into
 // a warp's state st and its lane's columns acc (zeroed here; fd_fold_states),
