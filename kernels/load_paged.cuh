@@ -31,6 +31,7 @@ struct fd_page_divider {
 // have no barrier between them.
 template <int KEYS, int AHEAD>
 struct fd_page_ring {
+    static constexpr bool kFetches = true;   // the loop fetches the prologue's pages (split_kv.cuh)
     static constexpr int kRing = 2 * AHEAD;  // slots, KEYS ints each
     int *ring;
     fd_page_divider page_size;
@@ -51,23 +52,10 @@ struct fd_page_ring {
 
     // The pages of the split's first AHEAD tiles, where the split starts at
     // key 0 (no left padding, no window): fetched in flight with the length.
-    __device__ __forceinline__ void fetch_first(const fd_params &p, int b, int split, int num_splits) {
+    __device__ __forceinline__ void fetch_first(const fd_params &p, const int &b, const int &split,
+                                                const int &num_splits) {
 #pragma unroll
         for (int s = 0; s < AHEAD; ++s) fetch(p, b, split + s * num_splits, s, 0, p.seqlen_cache);
-    }
-
-    // Before the prologue's tiles are loaded: their pages (unless
-    // fetch_first did), landed for the whole block.
-    template <typename TILE_OF>
-    __device__ __forceinline__ void prologue(const fd_params &p, bool early, int b, TILE_OF tile_of, int lo,
-                                             int len) {
-        if (!early) {
-#pragma unroll
-            for (int s = 0; s < AHEAD; ++s) fetch(p, b, tile_of(s), s, lo, len);
-        }
-        fd_cp_async_commit();
-        fd_cp_async_wait<0>();
-        __syncthreads();
     }
 
     // Key `key`'s page id from the ring, for the split's j-th tile of a paged

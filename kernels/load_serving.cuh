@@ -23,6 +23,13 @@ struct fd_load_serving : fd_tile_copy<T, D, ROWS, fd_page_ring_of<D, ROWS>> {
         // contiguous one, each layout a straight run of cp.async: a layout
         // test per key would split the copies into blocks of their own,
         // which the compiler cannot interleave.
+        // (The lambda takes the block's values by reference, not this loader.)
+        const int &lane = this->lane, &copy_key = this->copy_key, &copy_chunk = this->copy_chunk;
+        const int &lo = this->lo, &len = this->len;
+        const bool &chunk_in_dim = this->chunk_in_dim;
+        const T *const &k_base = this->k_base, *const &v_base = this->v_base;
+        const fd_params &p = this->p;
+        pages_type &pages = this->pages;
         auto copies = [&](auto paged) {
             // A paged key's row is the same for the kChunks threads that
             // copy its chunks: lane l works out the row of its copy

@@ -16,6 +16,31 @@
 #include "ptx.cuh"
 #include "split_kv_config.cuh"
 
+// An appending form's copy of a key that may be a new token (gkey >= base):
+// from k_new / v_new instead of its cache row (k_src, v_src). Its members
+// refer to the block's values.
+template <typename T>
+struct fd_copy_new {
+    const int &base;  // keys before this call's new ones
+    const fd_params &p;
+    int &b, &kv_head;
+    const int &copy_chunk;
+    __device__ __forceinline__ void operator()(T *k_s, T *v_s, int s_off, int gkey, bool valid, const T *k_src,
+                                               const T *v_src) const {
+        const bool fresh = gkey >= base;
+        const T *k_from = fresh ? fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride +
+                                      (long long)(gkey - base) * p.k_new_seq_stride + kv_head * p.k_new_head_stride +
+                                      copy_chunk * 8
+                                : k_src;
+        const T *v_from = fresh ? fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride +
+                                      (long long)(gkey - base) * p.v_new_seq_stride + kv_head * p.v_new_head_stride +
+                                      copy_chunk * 8
+                                : v_src;
+        fd_cp_async_16(k_s + s_off, k_from, valid);
+        fd_cp_async_16(v_s + s_off, v_from, valid);
+    }
+};
+
 template <typename T, int D, int ROWS, typename PAGES>
 struct fd_tile_copy {
     using C = fd_split_kv_config<D, ROWS>;
@@ -32,23 +57,7 @@ struct fd_tile_copy {
     const bool &chunk_in_dim;          // that chunk lies within head_dim
     const long long &k_copy_stride, &v_copy_stride;  // kCopyKeyStep keys' rows
     PAGES &pages;              // a paged cache's page ring (load_paged.cuh)
-
-    // An appending form's copy of a key that may be a new token (gkey >=
-    // base): from k_new / v_new instead of its cache row (k_src, v_src).
-    __device__ __forceinline__ void copy_new(T *k_s, T *v_s, int s_off, int gkey, bool valid, const T *k_src,
-                                             const T *v_src) const {
-        const bool fresh = gkey >= base;
-        const T *k_from = fresh ? fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride +
-                                      (long long)(gkey - base) * p.k_new_seq_stride + kv_head * p.k_new_head_stride +
-                                      copy_chunk * 8
-                                : k_src;
-        const T *v_from = fresh ? fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride +
-                                      (long long)(gkey - base) * p.v_new_seq_stride + kv_head * p.v_new_head_stride +
-                                      copy_chunk * 8
-                                : v_src;
-        fd_cp_async_16(k_s + s_off, k_from, valid);
-        fd_cp_async_16(v_s + s_off, v_from, valid);
-    }
+    const fd_copy_new<T> &copy_new;  // the appending forms' copy of a key that may be new
 };
 
 // The members a loader reads, by their names.

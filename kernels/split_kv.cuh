@@ -196,8 +196,9 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const int copy_key = threadIdx.x / C::kChunks;
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
     const long long k_copy_stride = C::kCopyKeyStep * p.k_seq_stride, v_copy_stride = C::kCopyKeyStep * p.v_seq_stride;
+    const fd_copy_new<T> copy_new{base, p, b, kv_head, copy_chunk};
     const typename F::loader load_tile{{p, smem, k_base, v_base, b, kv_head, base, lo, len, num_splits, lane, copy_chunk,
-                                        copy_key, chunk_in_dim, k_copy_stride, v_copy_stride, pages}};
+                                        copy_key, chunk_in_dim, k_copy_stride, v_copy_stride, pages, copy_new}};
 
     // Per-warp online softmax over the warp's keys of every tile. For each
     // of its rows a lane keeps the max m (the same in the 4 lanes of a row)
@@ -223,7 +224,16 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // neighbouring tiles instead of addresses a whole split apart (often a
     // power of two), and the blocks end closer together.
     const auto tile_of = [&](int i) { return first_tile + split + i * num_splits; };
-    pages.prologue(p, pages_early, b, tile_of, lo, len);  // a paged cache: the prologue's pages, landed
+    // A paged cache: the prologue's pages, landed before its tiles load.
+    if constexpr (F::pages::kFetches) {
+        if (!pages_early) {
+#pragma unroll
+            for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, tile_of(s), s, lo, len);
+        }
+        fd_cp_async_commit();
+        fd_cp_async_wait<0>();
+        __syncthreads();
+    }
     FD_TRACE(7);
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {

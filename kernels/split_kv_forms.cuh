@@ -78,7 +78,8 @@ struct fd_form_plain {
     // The argument loads behind q, k and v overlap the wait (fd_touch_params,
     // ptx.cuh), and the first tiles start into L2.
     __device__ __forceinline__ static void before_wait(const fd_params &p, int split, int num_splits,
-                                                       const T *q_base, const T *k_base, const T *v_base) {
+                                                       const T *const &q_base, const T *const &k_base,
+                                                       const T *const &v_base) {
         fd_touch_params(q_base, k_base, v_base, p.seqlen);
         fd_prefetch_tiles<D, ROWS>(p, split, num_splits, k_base, v_base);
     }
@@ -87,7 +88,8 @@ struct fd_form_plain {
     __device__ __forceinline__ static int attended_keys(const fd_params &p, int base) {
         return fd_attended_keys<false>(base, p.seqlen_new, p.seqlen_cache);
     }
-    __device__ __forceinline__ static void key_range(const fd_params &, int, int, int, int, int &, int &) {}
+    __device__ __forceinline__ static void key_range(const fd_params &, const int &, const int &, const int &,
+                                                     const int &, int &, int &) {}
     __device__ __forceinline__ static void bases(const fd_params &, int, int, const T *&, const T *&, const T *&,
                                                  q_layout &) {}
     template <typename PAGES>
@@ -102,8 +104,8 @@ struct fd_form_cache : fd_form_plain<T, D, ROWS> {
 
     // Also the serving fields' lines (cache_batch's and seqlen_new's), read
     // right after the wait.
-    __device__ __forceinline__ static void before_wait(const fd_params &p, int, int, const T *q_base,
-                                                       const T *k_base, const T *v_base) {
+    __device__ __forceinline__ static void before_wait(const fd_params &p, int, int, const T *const &q_base,
+                                                       const T *const &k_base, const T *const &v_base) {
         fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
     }
     // The appended tokens are keys too (balance.cuh).
@@ -162,8 +164,9 @@ struct fd_form_serving : fd_form_cache<T, D, ROWS> {
     }
     // Keys before lo (the left padding) are never visible, and the block
     // starts at the tile of the first key any of its rows sees.
-    __device__ __forceinline__ static void key_range(const fd_params &p, int b, int len, int row0,
-                                                     int packed_rows, int &lo, int &first_tile) {
+    __device__ __forceinline__ static void key_range(const fd_params &p, const int &b, const int &len,
+                                                     const int &row0, const int &packed_rows, int &lo,
+                                                     int &first_tile) {
         lo = p.cache_leftpad ? min(max(fd_ptr<const int>(p.cache_leftpad)[b], 0), len) : 0;
         first_tile = fd_serving_first_key(p, len, lo, row0, min(ROWS, packed_rows - row0)) / C::kKeys;
     }
