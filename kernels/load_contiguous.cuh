@@ -13,7 +13,6 @@
 struct fd_no_pages {
     static constexpr bool kFetches = false;
     __device__ __forceinline__ fd_no_pages(const fd_params &, int *) {}
-    __device__ __forceinline__ void fetch_first(const fd_params &, const int &, const int &, const int &) {}
 };
 
 // Where a plan's splits are a tile or two (core.Plan.PrefetchTiles), the

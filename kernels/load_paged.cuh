@@ -50,14 +50,6 @@ struct fd_page_ring {
         fd_cp_async_4(ring + (j % kRing) * KEYS + threadIdx.x, src, valid);
     }
 
-    // The pages of the split's first AHEAD tiles, where the split starts at
-    // key 0 (no left padding, no window): fetched in flight with the length.
-    __device__ __forceinline__ void fetch_first(const fd_params &p, const int &b, const int &split,
-                                                const int &num_splits) {
-#pragma unroll
-        for (int s = 0; s < AHEAD; ++s) fetch(p, b, split + s * num_splits, s, 0, p.seqlen_cache);
-    }
-
     // Key `key`'s page id from the ring, for the split's j-th tile of a paged
     // cache. A loader reads a lane's one id before its first copy: cp.async's
     // asm is a compiler barrier, so a read between copies would wait out the

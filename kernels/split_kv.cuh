@@ -167,13 +167,20 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         v_base = fd_ptr<const T>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
     }
 
-    // A paged cache: where the keys of a tile are (the page ring). Where
-    // every split starts at key 0, the page ids of the prologue's tiles are
-    // fetched now, in flight with the length: the first keys then wait on
-    // one read, not two.
+    // A paged cache: where the keys of a tile are (the form's page ring).
+    // Where every split starts at key 0 (the paged forms; the serving form
+    // with no left padding and no window), the page ids of the prologue's
+    // tiles are fetched now, in flight with the length: the first keys then
+    // wait on one read, not two.
     typename F::pages pages(p, page_ring);
-    const bool pages_early = F::pages_early(p);
-    if (pages_early) pages.fetch_first(p, b, split, num_splits);
+    bool pages_early = false;
+    if constexpr (F::pages::kFetches) {
+        pages_early = F::kFromKeyZero || (p.block_table != 0 && p.window_left < 0 && p.cache_leftpad == 0);
+        if (pages_early) {
+#pragma unroll
+            for (int s = 0; s < C::kStages - 1; ++s) pages.fetch(p, b, split + s * num_splits, s, 0, p.seqlen_cache);
+        }
+    }
 
     // This split's keys, from the actual length (never from the host): its
     // i-th tile is tile split + i * num_splits of the sequence's `tiles`,

@@ -24,7 +24,7 @@
 //   score              apply(): a tile's q.k to base-2 scores; in_max(): what
 //                      the softmax's max pass does to each (scale and mask)
 //   before_wait        the argument loads (and prefetch) before the PDL wait
-//   pages_early        whether the first tiles' pages are fetched with the length
+//   kFromKeyZero       whether every split of a paged cache starts at key 0
 //   attended_keys      the keys of a sequence of `base` cached ones
 //   key_range          the visible keys [lo, ..) and the block's first tile
 //   bases              q, k and v of the sequence once lengths may be read
@@ -83,7 +83,7 @@ struct fd_form_plain {
         fd_touch_params(q_base, k_base, v_base, p.seqlen);
         fd_prefetch_tiles<D, ROWS>(p, split, num_splits, k_base, v_base);
     }
-    __device__ __forceinline__ static bool pages_early(const fd_params &) { return false; }
+    static constexpr bool kFromKeyZero = false;  // (no pages)
     // No appended tokens.
     __device__ __forceinline__ static int attended_keys(const fd_params &p, int base) {
         return fd_attended_keys<false>(base, p.seqlen_new, p.seqlen_cache);
@@ -122,8 +122,7 @@ template <typename T, int D, int ROWS>
 struct fd_form_paged : fd_form_cache<T, D, ROWS> {
     using loader = fd_load_paged<T, D, ROWS, false>;
     using pages = typename loader::pages_type;
-    // Every split starts at key 0 (no left padding, no window).
-    __device__ __forceinline__ static bool pages_early(const fd_params &) { return true; }
+    static constexpr bool kFromKeyZero = true;  // every split starts at key 0 (no left padding, no window)
 };
 
 template <typename T, int D, int ROWS>
@@ -157,11 +156,7 @@ struct fd_form_serving : fd_form_cache<T, D, ROWS> {
     using rows = fd_serving_rows<C::kMTiles>;
     using score = fd_serving_score;
 
-    // A paged cache with no left padding and no window starts every split
-    // at key 0.
-    __device__ __forceinline__ static bool pages_early(const fd_params &p) {
-        return p.block_table != 0 && p.window_left < 0 && p.cache_leftpad == 0;
-    }
+    static constexpr bool kFromKeyZero = false;  // only where there is no left padding and no window
     // Keys before lo (the left padding) are never visible, and the block
     // starts at the tile of the first key any of its rows sees.
     __device__ __forceinline__ static void key_range(const fd_params &p, const int &b, const int &len,
