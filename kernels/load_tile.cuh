@@ -48,7 +48,7 @@ struct fd_tile_copy {
     T *const &smem;            // the pipeline: stage s holds a K tile then a V tile
     const T *const &k_base;    // the sequence's K/V head (a paged cache: the head in page 0)
     const T *const &v_base;
-    const int &b, &kv_head;
+    const int &b;
     const int &base;           // keys before this call's new ones (the appending forms read those from k_new / v_new)
     const int &lo, &len;       // the visible keys [lo, len)
     const int &num_splits;     // splits of the sequence (the page ring's stride between the split's tiles)

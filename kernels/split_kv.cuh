@@ -204,8 +204,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
     const long long k_copy_stride = C::kCopyKeyStep * p.k_seq_stride, v_copy_stride = C::kCopyKeyStep * p.v_seq_stride;
     const fd_copy_new<T> copy_new{base, p, b, kv_head, copy_chunk};
-    const typename F::loader load_tile{{p, smem, k_base, v_base, b, kv_head, base, lo, len, num_splits, lane, copy_chunk,
-                                        copy_key, chunk_in_dim, k_copy_stride, v_copy_stride, pages, copy_new}};
+    const typename F::loader load_tile{{p, smem, k_base, v_base, b, base, lo, len, num_splits, lane, copy_chunk, copy_key,
+                                        chunk_in_dim, k_copy_stride, v_copy_stride, pages, copy_new}};
 
     // Per-warp online softmax over the warp's keys of every tile. For each
     // of its rows a lane keeps the max m (the same in the 4 lanes of a row)

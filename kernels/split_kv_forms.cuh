@@ -2,7 +2,8 @@
 // (split_kv.cuh) is written against, in the way of FlashInfer's
 // AttentionVariant: a form gives the loop its tile loader, how its rows find
 // their keys (q's layout, the cache row, each row's visible keys) and its
-// score transform; the loop itself tests no form. Each form is a kernel of
+// score transform; the loop tests no form, only whether its pages type
+// fetches page ids (kFetches: the page ring). Each form is a kernel of
 // its own, so that no form's loop is the longer for another's features;
 // core.Form names them in Go and the planner picks one.
 //

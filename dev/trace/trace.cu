@@ -2,7 +2,7 @@
 // not part of the library).
 //
 // It compiles the library's own stage-1 and combine code with the FD_TRACE
-// hooks of split_kv.cuh defined, launches them exactly as the Go core does
+// hooks of kernels/dev_hooks.h defined, launches them exactly as the Go core does
 // (programmatic dependent launch, the same grids, clusters or balanced splits
 // where asked) in a CUDA graph of 20 calls over rotating layers, as the
 // benchmark does, and records %globaltimer per block: entering, released from
