@@ -429,31 +429,15 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     if (!p.early_dependents) fd_pdl_launch_dependents();  // the next kernel's launch overlaps the merge and writes
     FD_TRACE(3);
 
-    // Each warp parks its state and unnormalized output in shared memory
-    // (the halves of D share a key warp's row; their states are the same).
+    // The block's end (split_kv_epilogue.cuh): each warp parks its state
+    // and unnormalized output in the merge scratch, then the key warps'
+    // states merge row by row and the rows are written.
     float *so = reinterpret_cast<float *>(fd_dynamic_smem);  // [key warp][row][D + 8]
     float *sm = so + C::kKeyWarps * ROWS * C::kMergeStride;  // [key warp][row] max
     float *sl = sm + C::kKeyWarps * ROWS;                     // [key warp][row] sum
     float *sw = sl + C::kKeyWarps * ROWS;                     // by row: [row][key warp] weight in the row
     float *slse = sw + ROWS * C::kKeyWarps;                   // by row: [row] base-2 LSE
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float sum = l[mt][h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const int row = key_warp * ROWS + mt * 16 + g + 8 * h;
-#pragma unroll
-            for (int n = 0; n < C::kWarpDim / 8; ++n)
-                *reinterpret_cast<float2 *>(so + row * C::kMergeStride + warp_col + n * 8 + 2 * t4) =
-                    make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
-            if (t4 == 0 && dim_part == 0) {
-                sm[row] = m[mt][h];
-                sl[row] = sum;
-            }
-        }
-    }
+    fd_split_kv_park<D, ROWS>(m, l, o, so, sm, sl, key_warp, dim_part, warp_col, g, t4);
     __syncthreads();
 
     // Each (row, 4 columns) item below merges the key warps' states of its

@@ -1,10 +1,10 @@
-// split_kv_epilogue.cuh: the end of a stage-1 block, after its tile loop and
-// its warps' states parked in shared memory (split_kv.cuh): the merge of its
-// key warps row by row (fd_split_kv_write), and the writes of its rows: the
-// output and LSE (one split), the fp32 partials and their LSE for the
-// combine (reduce path 1, combine.cuh; partials.cuh), or, in a cluster
-// launch, the rows parked or pushed for the merge inside the cluster
-// (reduce path 2, cluster_merge.cuh), which the block runs next.
+// split_kv_epilogue.cuh: the end of a stage-1 block, after its tile loop:
+// its warps' states parked in shared memory (fd_split_kv_park), merged row
+// by row (fd_split_kv_write), and the writes of its rows: the output and
+// LSE (one split), the fp32 partials and their LSE for the combine (reduce
+// path 1, combine.cuh; partials.cuh), or, in a cluster launch, the rows
+// parked or pushed for the merge inside the cluster (reduce path 2,
+// cluster_merge.cuh), which the block runs next.
 #ifndef FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 #define FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 
@@ -14,6 +14,36 @@
 #include "ptx.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
+
+// Each warp parks its state (m, l) and unnormalized output o in shared
+// memory, in so (output), sm (max) and sl (sum); the halves of D share a key
+// warp's row, their states being the same.
+template <int D, int ROWS>
+__device__ __forceinline__ void fd_split_kv_park(
+    float (&m)[fd_split_kv_config<D, ROWS>::kMTiles][2], float (&l)[fd_split_kv_config<D, ROWS>::kMTiles][2],
+    float (&o)[fd_split_kv_config<D, ROWS>::kMTiles][fd_split_kv_config<D, ROWS>::kWarpDim / 8][4],
+    float *const &so, float *const &sm, float *const &sl, const int &key_warp, const int &dim_part,
+    const int &warp_col, const int &g, const int &t4) {
+    using C = fd_split_kv_config<D, ROWS>;
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float sum = l[mt][h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int row = key_warp * ROWS + mt * 16 + g + 8 * h;
+#pragma unroll
+            for (int n = 0; n < C::kWarpDim / 8; ++n)
+                *reinterpret_cast<float2 *>(so + row * C::kMergeStride + warp_col + n * 8 + 2 * t4) =
+                    make_float2(o[mt][n][2 * h], o[mt][n][2 * h + 1]);
+            if (t4 == 0 && dim_part == 0) {
+                sm[row] = m[mt][h];
+                sl[row] = sum;
+            }
+        }
+    }
+}
 
 // Its members refer to the block's values; the call (fd_bool<kByRow>) merges
 // and writes every (row, 4 columns) item of the block's rows.
