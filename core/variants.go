@@ -69,8 +69,8 @@ type Variant struct {
 // lengths as stage 1 does (kernels/balance.cuh).
 func BalancedCombine(name string) string { return name + "_bal" }
 
-// Form is a form of stage 1: which of kernels/split_kv.cuh's fd_form a
-// variant is compiled as. The plain form reads a contiguous cache with no
+// Form is a form of stage 1: which of the policy types fd_form_* of
+// kernels/split_kv_forms.cuh a variant is compiled as. The plain form reads a contiguous cache with no
 // serving argument; the others read the serving fields of fd_params.
 type Form int
 

@@ -1,14 +1,13 @@
 // append_kv.cuh: the append step of a serving call, fd_append_kv_<dtype>.
 //
 // What it does. With new tokens (p.k_new, p.v_new: seqlen_new per
-// sequence; except where the paged form of stage 1 appends them itself,
-// fd_paged_append in split_kv.cuh), it writes token t of sequence b into
-// the cache at key index
-// L + t, L = cache_seqlens[b] (p.seqlen without cache_seqlens): row L + t of
+// sequence; except where an appending form of stage 1 writes them itself,
+// fused_append.cuh), it writes token t of sequence b into the cache at key
+// index L + t, L = cache_seqlens[b] (p.seqlen without cache_seqlens): row L + t of
 // cache row b (or cache_batch_idx[b], clamped), or of the page block_table
 // names for it. Writes at key indices outside [0, seqlen_cache) or to page
-// ids outside [0, num_pages) are skipped. With rotary tables (rotary_cos !=
-// NULL) it rotates the new keys on the way, key t at position L + t, and
+// ids outside [0, num_pages) are skipped. With rotary tables (rotary_cos
+// set) it rotates the new keys on the way, key t at position L + t, and
 // writes q rotated into the workspace's q_rot (contiguous (batch, seqlen_q,
 // heads_q, head_dim)), row i at position L + i with causal or a window,
 // else every row at L; stage 1 then reads q_rot instead of q. Positions are
@@ -79,8 +78,8 @@ __device__ __forceinline__ fd_append_chunk fd_append_load(const fd_params &p, co
 template <typename T>
 __device__ __forceinline__ void fd_append_store(const fd_params &p, T *dst, fd_append_chunk c, int d0, long long cs) {
     if (cs >= 0 && d0 < p.rotary_dim) {
-        const T *cos_row = static_cast<const T *>(p.rotary_cos) + cs;
-        const T *sin_row = static_cast<const T *>(p.rotary_sin) + cs;
+        const T *cos_row = fd_ptr<const T>(p.rotary_cos) + cs;
+        const T *sin_row = fd_ptr<const T>(p.rotary_sin) + cs;
         uint32_t *w = reinterpret_cast<uint32_t *>(&c.u);
         float x[8];
 #pragma unroll
@@ -126,7 +125,7 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
     fd_pdl_wait();
     fd_pdl_launch_dependents();
 
-    const bool rotary = p.rotary_cos != nullptr;
+    const bool rotary = p.rotary_cos != 0;
     const int chunks = p.head_dim / 8;
     // The token's items, k/v's then q's, fixed by the launch: an item's new
     // row is loaded in flight with the length, which only its store needs.
@@ -139,19 +138,19 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
         const int d0 = ((is_kv ? idx : idx - kv_items) % chunks) * 8;
         fd_append_chunk c0, c1;  // k and v, or q
         if (is_kv) {
-            c0 = fd_append_load(p, static_cast<const T *>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
+            c0 = fd_append_load(p, fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
                                        h * p.k_new_head_stride + d0, d0, rotary);
-            c1 = fd_append_load(p, static_cast<const T *>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
+            c1 = fd_append_load(p, fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
                                        h * p.v_new_head_stride + d0, d0, false);
         } else {
-            c0 = fd_append_load(p, static_cast<const T *>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride +
+            c0 = fd_append_load(p, fd_ptr<const T>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride +
                                        h * p.q_head_stride + d0, d0, true);
         }
 
-        const int base = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen;  // L: new token t goes to key L + t
+        const int base = p.cache_seqlens ? fd_ptr<const int>(p.cache_seqlens)[b] : p.seqlen;  // L: new token t goes to key L + t
         if (!is_kv) {
             const bool by_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
-            T *q_dst = static_cast<T *>(p.q_rot) + (((long long)b * p.seqlen_q + t) * p.heads_q + h) * p.head_dim + d0;
+            T *q_dst = fd_ptr<T>(p.q_rot) + (((long long)b * p.seqlen_q + t) * p.heads_q + h) * p.head_dim + d0;
             fd_append_store(p, q_dst, c0, d0, fd_rotary_row(p, by_row ? base + t : base));
             continue;
         }
@@ -160,21 +159,21 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
         const int key = base + t;
         if (key < 0 || key >= p.seqlen_cache) continue;
         long long k_row, v_row;  // element offsets of the key's row in k and v
-        if (p.block_table != nullptr) {
+        if (p.block_table != 0) {
             const int slot = key / p.page_size;
-            const int page = p.block_table[b * p.block_table_stride + slot];
+            const int page = fd_ptr<const int>(p.block_table)[b * p.block_table_stride + slot];
             if (page < 0 || page >= p.num_pages) continue;
             const long long row = key - slot * p.page_size;
             k_row = page * p.k_batch_stride + row * p.k_seq_stride;
             v_row = page * p.v_batch_stride + row * p.v_seq_stride;
         } else {
-            const long long cb = p.cache_batch_idx ? min(max(p.cache_batch_idx[b], 0), p.cache_batch - 1) : b;
+            const long long cb = p.cache_batch_idx ? min(max(fd_ptr<const int>(p.cache_batch_idx)[b], 0), p.cache_batch - 1) : b;
             k_row = cb * p.k_batch_stride + (long long)key * p.k_seq_stride;
             v_row = cb * p.v_batch_stride + (long long)key * p.v_seq_stride;
         }
         // The cache is const to stage 1, which only reads it.
-        T *k_dst = static_cast<T *>(const_cast<void *>(p.k)) + k_row + h * p.k_head_stride + d0;
-        T *v_dst = static_cast<T *>(const_cast<void *>(p.v)) + v_row + h * p.v_head_stride + d0;
+        T *k_dst = fd_ptr<T>(p.k) + k_row + h * p.k_head_stride + d0;
+        T *v_dst = fd_ptr<T>(p.v) + v_row + h * p.v_head_stride + d0;
         fd_append_store(p, k_dst, c0, d0, rotary ? fd_rotary_row(p, key) : -1LL);
         fd_append_store(p, v_dst, c1, d0, -1LL);
     }

@@ -36,7 +36,7 @@ struct fd_balance_args {
 };
 
 __device__ __forceinline__ fd_balance_args fd_balance_args_of(const fd_params &p) {
-    return {p.cache_seqlens, p.batch, p.seqlen, p.seqlen_new, p.seqlen_cache, p.balance_splits, p.num_splits,
+    return {fd_ptr<const int>(p.cache_seqlens), p.batch, p.seqlen, p.seqlen_new, p.seqlen_cache, p.balance_splits, p.num_splits,
             p.balance_tile_keys};
 }
 

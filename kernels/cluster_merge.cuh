@@ -51,11 +51,11 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
     acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
     const int head = kv_head * p.group + r / p.seqlen_q;
     const int qi = r % p.seqlen_q;
-    T *out = static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
+    T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
              head * p.out_head_stride + d;
     fd_store4(out, acc);
-    if (d == 0 && p.lse != nullptr)
-        p.lse[(b * p.heads_q + head) * p.seqlen_q + qi] =
+    if (d == 0 && p.lse != 0)
+        fd_ptr<float>(p.lse)[(b * p.heads_q + head) * p.seqlen_q + qi] =
             st.d == 0.f ? -CUDART_INF_F : (off + log2f(st.d)) * CUDART_LN2_F;  // NaN stays NaN (state.cuh)
 }
 

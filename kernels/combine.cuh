@@ -10,7 +10,7 @@
 // through the shared softmax state (state.cuh): each split is the state
 // (lse_s * log2 e, 1), empty when lse_s = -inf. A row whose splits are all
 // empty gets out = 0 and lse = -inf. It writes out in q's dtype through the
-// out strides, and lse when p.lse is non-NULL.
+// out strides, and lse when p.lse is not 0.
 //
 // Launch shape. One block of 4 warps per output row: grid batch * heads_q *
 // seqlen_q (core/variants.go CombineRows = 1), or only the rows from
@@ -47,18 +47,13 @@
 #define FLASHDECODE_COMBINE_CUH
 
 #include "balance.cuh"
+#include "dev_hooks.h"
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
 #include "state.cuh"
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
-
-// FD_TRACE(i): a timestamp hook for dev/trace/trace.cu (see split_kv.cuh);
-// empty in the library build.
-#ifndef FD_TRACE
-#define FD_TRACE(i)
-#endif
 
 // Folds splits first, first + step, ... (below count) of one output row into
 // a warp's state st and its lane's columns acc (zeroed here; fd_fold_states),
@@ -95,7 +90,7 @@ __device__ __forceinline__ T *fd_combine_out(const fd_params &p, int row) {
     const int b = row / (p.heads_q * p.seqlen_q);
     const int head = row / p.seqlen_q % p.heads_q;
     const int qi = row % p.seqlen_q;
-    return static_cast<T *>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride + head * p.out_head_stride;
+    return fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride + head * p.out_head_stride;
 }
 
 template <typename T, int WARPS, bool BALANCED>
@@ -108,8 +103,8 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + fd_partial_row(p, row);  // split s at lse_s[s * partial_rows]
-    const float *o_row = p.o_partial + (long long)fd_partial_row(p, row) * p.head_dim;  // split s at + s * partial_rows * head_dim
+    const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);  // split s at lse_s[s * partial_rows]
+    const float *o_row = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim;  // split s at + s * partial_rows * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;  // balanced: the row's own (balance.cuh)
     fd_pdl_wait();  // with programmatic dependent launch: until stage 1 has finished
@@ -152,7 +147,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         acc[i] = fd_scale4(acc[i], inv);
         if (d < p.head_dim) fd_store4(out + d, acc[i]);
     }
-    if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
+    if (lane == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 // The narrow form, for plans of at most FD_COMBINE_UNROLL splits: one warp
@@ -170,8 +165,8 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     const int row = p.combine_row0 + blockIdx.x * WARPS + threadIdx.x / 32;  // a warp's row
     const bool live_row = fd_partial_row(p, row) < partial_rows;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + fd_partial_row(p, row);
-    const float *o_row = p.o_partial + (long long)fd_partial_row(p, row) * p.head_dim;
+    const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);
+    const float *o_row = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim;
     fd_touch_params(out, lse_s, o_row, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
@@ -192,7 +187,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
         const int d = lane * 4 + 128 * i;
         if (d < p.head_dim) fd_store4(out + d, fd_scale4(acc[i], inv));
     }
-    if (lane == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
+    if (lane == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 // The column-group form, for plans of more splits than fd_combine loads in
@@ -225,8 +220,8 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     const int d = blockIdx.x % groups * FD_COMBINE_COLS + lane % kLanes * 4;  // this lane's 4 columns
     const bool live_col = d < p.head_dim;
     T *out = fd_combine_out<T>(p, row);
-    const float *lse_s = p.lse_partial + fd_partial_row(p, row);
-    const float *o_col = p.o_partial + (long long)fd_partial_row(p, row) * p.head_dim + d;
+    const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);
+    const float *o_col = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim + d;
     fd_touch_params(out, lse_s, o_col, p.num_splits);
     const int count = BALANCED ? fd_row_splits(p, row) : p.num_splits;
     fd_pdl_wait();
@@ -275,7 +270,7 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
         acc[0] = fd_axpby4(acc[0], sa, sum[w][lane], sb);
     }
     if (live_col) fd_store4(out + d, fd_scale4(acc[0], fd_state_norm(st)));  // every split empty: 0
-    if (lane == 0 && d == 0 && p.lse != nullptr) p.lse[row] = fd_state_lse2(st) * CUDART_LN2_F;
+    if (lane == 0 && d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 #endif  // FLASHDECODE_COMBINE_CUH

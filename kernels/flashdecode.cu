@@ -6,27 +6,30 @@
 // static_asserts that what the kernels decide at compile time (threads, tile
 // keys, shared memory, balancing) is what the table says.
 //
-// The files (each header gives its launch shape and why it is fast):
-//   split_kv.cuh         stage 1: fd_split_kv_<dtype>_d<D>_r<ROWS>, one block
-//                        per (split, KV head x row tile, batch); writes out/lse
-//                        when num_splits == 1, else fp32 partials and their LSE
-//                        for the combine, or, in a cluster launch, merges the
-//                        splits itself (cluster_merge.cuh)
-//                        fd_split_kv_serving_<dtype>_d<D>_r<ROWS>: the same
-//                        with the serving features (paged cache, cache_batch_idx,
-//                        leftpad, window, softcap, ALiBi, appended keys, rotated q)
-//                        fd_split_kv_paged_<dtype>_d<D>_r<ROWS>: the serving
-//                        kernel for pages of a multiple of 8 keys, appended keys
-//                        and a rotated q only (one page lookup per 8 keys)
-//                        fd_split_kv_paged_append_<dtype>_d<D>_r<ROWS>: the same,
-//                        writing a few new tokens itself (no rotary, no append kernel)
-//                        fd_split_kv_append_<dtype>_d<D>_r<ROWS>: the appending
-//                        form for a contiguous cache with no other serving feature
+// The files (each header says what it does; stage 1's give its launch shape
+// and why it is fast):
+//   split_kv.cuh         stage 1's main loop, written once for every form:
+//                        fd_split_kv_<dtype>_d<D>_r<ROWS>, one block per
+//                        (split, KV head x row tile, batch)
+//   split_kv_forms.cuh   stage 1's forms as policy types: plain (fd_split_kv_*),
+//                        paged (fd_split_kv_paged_*: pages of a multiple of 8
+//                        keys), paged_append and append (fd_split_kv_paged_append_*,
+//                        fd_split_kv_append_*: writing a few new tokens themselves),
+//                        serving (fd_split_kv_serving_*: every kv-cache feature)
+//   load_tile.cuh        what a tile loader is given
+//   load_contiguous.cuh  the plain and append forms' loader (a contiguous cache)
+//   load_paged.cuh       the page ring and the paged forms' loader
+//   load_serving.cuh     the serving form's loader (either layout)
+//   serving.cuh          the serving policies: key ranges (leftpad, window),
+//                        softcap, ALiBi, cache_batch_idx, the rotated q
+//   fused_append.cuh     the appending forms' write of the new tokens
+//   split_kv_epilogue.cuh stage 1's end: its warps' merge and its rows' writes
+//                        (out/lse, or partials for the combine, or the cluster merge)
+//   split_kv_config.cuh  a stage-1 variant's compile-time shape (threads,
+//                        tiles, shared memory) and its dynamic shared memory
 //   append_kv.cuh        fd_append_kv_<dtype>: before a serving stage 1, writes
 //                        the new keys and values into the cache (rotated keys,
 //                        and the rotated q into the workspace, with rotary)
-//   split_kv_config.cuh  a stage-1 variant's compile-time shape (threads,
-//                        tiles, shared memory) and its dynamic shared memory
 //   combine.cuh          reduce path 1, the reduce kernel: fd_combine_<dtype>
 //                        (4 warps a row), _c32 (a block a row's 32 columns,
 //                        for more than 32 splits), _r4 and _r16 (a warp a
@@ -46,6 +49,7 @@
 //   ptx.cuh              cp.async / ldmatrix / mma / cluster wrappers and the
 //                        dtype pieces
 //   params.h             fd_params, the argument struct (shared with core/cuda)
+//   dev_hooks.h          FD_TRACE, no-op points a developer tool may time
 //
 // Every kernel takes `const fd_params p` (params.h) by value. Stage 1 uses
 // 98304 bytes of dynamic shared memory for every variant:

@@ -8,6 +8,8 @@
 #ifndef FLASHDECODE_MERGE_PARAMS_H
 #define FLASHDECODE_MERGE_PARAMS_H
 
+#include "params.h"  // fd_devptr, fd_ptr
+
 #define FD_MERGE_MAX_POINTERS 8 // states passed one pointer each (a list of tensors)
 #define FD_MERGE_ROW_DIMS 3
 
@@ -21,7 +23,7 @@ extern "C" {
 // state stride (num_ptrs == 1, a stacked tensor). Its row (i0, i1, i2) is at
 // + i0 * strides[0] + i1 * strides[1] + i2 * strides[2].
 typedef struct fd_merge_input {
-    const void *ptrs[FD_MERGE_MAX_POINTERS];
+    fd_devptr ptrs[FD_MERGE_MAX_POINTERS];  // device addresses (params.h)
     long long state_stride;
     long long strides[FD_MERGE_ROW_DIMS];
     int num_ptrs;
@@ -30,8 +32,8 @@ typedef struct fd_merge_input {
 typedef struct fd_merge_params {
     fd_merge_input outs;  // (num_states, rows..., head_dim) in the kernel's dtype, normalized
     fd_merge_input lses;  // (num_states, rows...) float32 natural-log LSE; -inf: an empty state
-    void *out;            // (rows..., head_dim), the kernel's dtype
-    float *lse;           // (rows...) float32 natural-log LSE, or NULL
+    fd_devptr out;        // (rows..., head_dim), the kernel's dtype
+    fd_devptr lse;        // (rows...) float32 natural-log LSE, or 0
     long long out_strides[FD_MERGE_ROW_DIMS];
     long long lse_strides[FD_MERGE_ROW_DIMS];
     int rows[FD_MERGE_ROW_DIMS]; // sizes of the row dimensions; grid.x = their product

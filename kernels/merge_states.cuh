@@ -11,7 +11,7 @@
 // or negligible against the row's max) adds nothing, not even a NaN its
 // output may hold; a row whose states are all empty gets out = 0 and
 // lse = -inf. It accumulates in fp32 and writes out in the input dtype
-// (fp16, bf16 or fp32), and lse when p.lse is non-NULL. Addressing is by
+// (fp16, bf16 or fp32), and lse when p.lse is not 0. Addressing is by
 // strides (merge_params.h): states one pointer each or stacked, rows over up
 // to three strided dimensions, head_dim contiguous.
 //
@@ -75,7 +75,7 @@ struct fd_merge_io<float> {
 template <typename E>
 __device__ __forceinline__ const E *fd_merge_row(const fd_merge_input &in, int s, long long row) {
     const int i = min(s, in.num_ptrs - 1);
-    return static_cast<const E *>(in.ptrs[i]) + (s - i) * in.state_stride + row;
+    return fd_ptr<const E>(in.ptrs[i]) + (s - i) * in.state_stride + row;
 }
 
 template <typename T>
@@ -136,14 +136,14 @@ __device__ __forceinline__ void fd_merge_states(const fd_merge_params &p) {
         }
     }
     const float inv = fd_state_norm(st);  // every state empty: output 0
-    T *out = static_cast<T *>(p.out) + i0 * p.out_strides[0] + i1 * p.out_strides[1] + i2 * p.out_strides[2];
+    T *out = fd_ptr<T>(p.out) + i0 * p.out_strides[0] + i1 * p.out_strides[1] + i2 * p.out_strides[2];
 #pragma unroll
     for (int i = 0; i < FD_MERGE_SLICES; ++i) {
         const int d = lane * 4 + 128 * i;
         if (d < p.head_dim) fd_merge_io<T>::store(out + d, fd_scale4(acc[i], inv));
     }
-    if (lane == 0 && p.lse != nullptr)
-        p.lse[i0 * p.lse_strides[0] + i1 * p.lse_strides[1] + i2 * p.lse_strides[2]] = fd_state_lse2(st) * CUDART_LN2_F;
+    if (lane == 0 && p.lse != 0)
+        fd_ptr<float>(p.lse)[i0 * p.lse_strides[0] + i1 * p.lse_strides[1] + i2 * p.lse_strides[2]] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 #endif  // FLASHDECODE_MERGE_STATES_CUH

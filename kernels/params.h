@@ -3,7 +3,10 @@
 // The Go core (core/cuda) fills it through cgo from this very header, so the
 // layout is shared by construction. Tensors are addressed by explicit strides
 // counted in elements; only the last (head_dim) dimension must be contiguous,
-// so a cache may be a slice of a larger buffer.
+// so a cache may be a slice of a larger buffer. Device addresses are
+// integers (fd_devptr, as CUdeviceptr), never pointers: the Go side keeps the
+// struct on its stack, where a pointer-typed field holding a device address
+// would be taken for a Go pointer. Kernels convert them at use (fd_ptr).
 #ifndef FLASHDECODE_PARAMS_H
 #define FLASHDECODE_PARAMS_H
 
@@ -11,22 +14,24 @@
 extern "C" {
 #endif
 
+typedef unsigned long long fd_devptr;  // a device address; 0: none
+
 typedef struct fd_params {
     // Inputs, in the variant's dtype (fp16 or bf16).
-    const void *q;          // (batch, seqlen_q, heads_q, head_dim)
-    const void *k;          // (batch, seqlen_cache, heads_kv, head_dim)
-    const void *v;          // (batch, seqlen_cache, heads_kv, head_dim)
-    const int *cache_seqlens; // (batch,) int32 valid lengths, or NULL: every batch uses `seqlen`
+    fd_devptr q;            // const T: (batch, seqlen_q, heads_q, head_dim)
+    fd_devptr k;            // const T: (batch, seqlen_cache, heads_kv, head_dim)
+    fd_devptr v;            // const T: (batch, seqlen_cache, heads_kv, head_dim)
+    fd_devptr cache_seqlens; // const int: (batch,) valid lengths, or 0: every batch uses `seqlen`
 
     // Outputs.
-    void *out;              // (batch, seqlen_q, heads_q, head_dim), q's dtype
-    float *lse;             // (batch, heads_q, seqlen_q) contiguous natural-log LSE, or NULL
+    fd_devptr out;          // T: (batch, seqlen_q, heads_q, head_dim), q's dtype
+    fd_devptr lse;          // float: (batch, heads_q, seqlen_q) contiguous natural-log LSE, or 0
 
-    // Workspace for num_splits > 1 (NULL when num_splits == 1: stage 1 then
+    // Workspace for num_splits > 1 (0 when num_splits == 1: stage 1 then
     // writes out/lse itself and no combine runs). Rows are ordered
     // (batch, head_q, query), the same order as lse, from combine_row0 on.
-    float *o_partial;       // [num_splits][batch * heads_q * seqlen_q - combine_row0][head_dim], normalized per split
-    float *lse_partial;     // [num_splits][batch * heads_q * seqlen_q - combine_row0], -inf for a split that saw no key
+    fd_devptr o_partial;    // float: [num_splits][batch * heads_q * seqlen_q - combine_row0][head_dim], normalized per split
+    fd_devptr lse_partial;  // float: [num_splits][batch * heads_q * seqlen_q - combine_row0], -inf for a split that saw no key
 
     // Strides in elements.
     long long q_batch_stride, q_seq_stride, q_head_stride;
@@ -41,7 +46,7 @@ typedef struct fd_params {
     int group;              // heads_q / heads_kv: query heads sharing one K/V head
     int head_dim;           // actual head dim (<= the variant's compiled head dim, multiple of 8)
     int seqlen_cache;       // rows of K/V per sequence; lengths are clamped to [0, seqlen_cache]
-    int seqlen;             // length used when cache_seqlens is NULL
+    int seqlen;             // length used when cache_seqlens is 0
     int num_splits;         // splits of each sequence's length (grid.x of stage 1; see whole_items)
     int row_tiles;          // ceil(group * seqlen_q / variant rows): grid.y = heads_kv * row_tiles
     int causal;             // 1: query i sees keys j <= len - seqlen_q + i (bottom-right aligned)
@@ -68,7 +73,7 @@ typedef struct fd_params {
     // Serving features: read by the fd_split_kv_serving_* and fd_append_kv_* kernels only.
     // With block_table, k and v are (num_pages, page_size, heads_kv, head_dim):
     // k/v_batch_stride is then the page stride, k/v_seq_stride the row stride in a page.
-    const int *block_table;        // (batch, max_pages) int32, or NULL: contiguous cache
+    fd_devptr block_table;         // const int: (batch, max_pages), or 0: contiguous cache
     long long block_table_stride;  // elements between sequences in block_table
     int page_size;                 // keys per page when block_table is set
     int num_pages;                 // pages in k/v (ids clamped to [0, num_pages - 1] on read)
@@ -76,25 +81,33 @@ typedef struct fd_params {
     // (the round-up method of Granlund and Montgomery; set by the core with page_size).
     unsigned int page_div_m;
     int page_div_l;
-    const int *cache_batch_idx;    // (batch,) int32, or NULL: sequence b uses cache row b
+    fd_devptr cache_batch_idx;     // const int: (batch,), or 0: sequence b uses cache row b
     int cache_batch;               // k/v's batch dimension (cache rows) for clamping it
-    const int *cache_leftpad;      // (batch,) int32, or NULL: keys start at 0
+    fd_devptr cache_leftpad;       // const int: (batch,), or 0: keys start at 0
     int window_left, window_right; // -1: unbounded
     float softcap;                 // > 0: s = softcap * tanh(s / softcap)
     float softcap_log2;            // softcap * log2(e)
-    const float *alibi_slopes;     // fp32 (heads_q,) or (batch, heads_q), or NULL
+    fd_devptr alibi_slopes;        // const float: (heads_q,) or (batch, heads_q), or 0
     long long alibi_batch_stride;  // 0 for (heads_q,)
-    const void *k_new, *v_new;     // (batch, seqlen_new, heads_kv, head_dim), or NULL
+    fd_devptr k_new, v_new;        // const T: (batch, seqlen_new, heads_kv, head_dim), or 0
     long long k_new_batch_stride, k_new_seq_stride, k_new_head_stride;
     long long v_new_batch_stride, v_new_seq_stride, v_new_head_stride;
     int seqlen_new;                // 0: no append
-    const void *rotary_cos, *rotary_sin; // (rotary_rows, rotary_dim / 2), q's dtype, or NULL
+    fd_devptr rotary_cos, rotary_sin; // const T: (rotary_rows, rotary_dim / 2), or 0
     long long rotary_stride;       // elements between rows of cos / sin
     int rotary_dim, rotary_rows, rotary_interleaved;
-    void *q_rot;                   // rotated q (batch, seqlen_q, heads_q, head_dim) contiguous, in the workspace; stage 1 reads it when rotary_cos != NULL
+    fd_devptr q_rot;               // T: rotated q (batch, seqlen_q, heads_q, head_dim) contiguous, in the workspace; stage 1 reads it when rotary_cos != 0
 } fd_params;
 
 #ifdef __cplusplus
+}
+#endif
+
+#ifdef __CUDACC__
+// A device address as a pointer to T.
+template <typename T>
+__device__ __forceinline__ T *fd_ptr(fd_devptr a) {
+    return reinterpret_cast<T *>(a);
 }
 #endif
 

@@ -1,11 +1,17 @@
 // split_kv_config.cuh: the compile-time shape of a stage-1 variant and its
-// dynamic shared memory, shared by split_kv.cuh and cluster_merge.cuh.
+// dynamic shared memory, shared by the stage-1 files and cluster_merge.cuh.
 #ifndef FLASHDECODE_SPLIT_KV_CONFIG_CUH
 #define FLASHDECODE_SPLIT_KV_CONFIG_CUH
 
 // Stage 1's dynamic shared memory: the cp.async pipeline (kSharedBytes),
 // then, in a push-merge cluster launch, the inbox (kInboxBytes).
 extern __shared__ __align__(128) unsigned char fd_dynamic_smem[];
+
+// A compile-time flag passed as an argument, for a generic lambda to branch on.
+template <bool B>
+struct fd_bool {
+    static constexpr bool value = B;
+};
 
 // Compile-time shape of a stage-1 variant.
 template <int D, int ROWS>

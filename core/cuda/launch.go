@@ -178,31 +178,31 @@ func setCall(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) 
 	if p.Seqlen >= 0 {
 		k.seqlen = C.int(p.Seqlen)
 	}
-	setPtr(unsafe.Pointer(&k.q), p.Q.Ptr)
-	setPtr(unsafe.Pointer(&k.k), p.K.Ptr)
-	setPtr(unsafe.Pointer(&k.v), p.V.Ptr)
-	setPtr(unsafe.Pointer(&k.cache_seqlens), p.CacheSeqlens)
-	setPtr(unsafe.Pointer(&k.out), p.Out.Ptr)
-	setPtr(unsafe.Pointer(&k.lse), p.LSE)
+	k.q = C.fd_devptr(p.Q.Ptr)
+	k.k = C.fd_devptr(p.K.Ptr)
+	k.v = C.fd_devptr(p.V.Ptr)
+	k.cache_seqlens = C.fd_devptr(p.CacheSeqlens)
+	k.out = C.fd_devptr(p.Out.Ptr)
+	k.lse = C.fd_devptr(p.LSE)
 	if pl.CombineGrid > 0 {
-		setPtr(unsafe.Pointer(&k.o_partial), workspace)
-		setPtr(unsafe.Pointer(&k.lse_partial), workspace+uintptr(pl.LSEPartialOffset))
+		k.o_partial = C.fd_devptr(workspace)
+		k.lse_partial = C.fd_devptr(workspace + uintptr(pl.LSEPartialOffset))
 	}
 	if !pl.Variant.Form.Serving() {
 		return
 	}
-	setPtr(unsafe.Pointer(&k.block_table), p.BlockTable)
-	setPtr(unsafe.Pointer(&k.cache_batch_idx), p.CacheBatchIdx)
-	setPtr(unsafe.Pointer(&k.cache_leftpad), p.CacheLeftpad)
-	setPtr(unsafe.Pointer(&k.alibi_slopes), p.AlibiSlopes)
+	k.block_table = C.fd_devptr(p.BlockTable)
+	k.cache_batch_idx = C.fd_devptr(p.CacheBatchIdx)
+	k.cache_leftpad = C.fd_devptr(p.CacheLeftpad)
+	k.alibi_slopes = C.fd_devptr(p.AlibiSlopes)
 	if p.New.Seqlen > 0 {
-		setPtr(unsafe.Pointer(&k.k_new), p.New.K.Ptr)
-		setPtr(unsafe.Pointer(&k.v_new), p.New.V.Ptr)
+		k.k_new = C.fd_devptr(p.New.K.Ptr)
+		k.v_new = C.fd_devptr(p.New.V.Ptr)
 	}
 	if p.Rotary.Dim > 0 {
-		setPtr(unsafe.Pointer(&k.rotary_cos), p.Rotary.Cos)
-		setPtr(unsafe.Pointer(&k.rotary_sin), p.Rotary.Sin)
-		setPtr(unsafe.Pointer(&k.q_rot), workspace+uintptr(pl.QRotOffset))
+		k.rotary_cos = C.fd_devptr(p.Rotary.Cos)
+		k.rotary_sin = C.fd_devptr(p.Rotary.Sin)
+		k.q_rot = C.fd_devptr(workspace + uintptr(pl.QRotOffset))
 	}
 }
 
@@ -290,9 +290,6 @@ func servingParams(k *C.fd_params, p *core.Problem) {
 		}
 	}
 }
-
-// setPtr stores a device address in a pointer field of a C struct.
-func setPtr(field unsafe.Pointer, addr uintptr) { *(*uintptr)(field) = addr }
 
 func strides(t core.Tensor) (C.longlong, C.longlong, C.longlong) {
 	return C.longlong(t.BatchStride), C.longlong(t.SeqStride), C.longlong(t.HeadStride)

@@ -116,8 +116,8 @@ func mergeParams(p *core.MergeProblem) C.fd_merge_params {
 	var k C.fd_merge_params
 	mergeInput(&k.outs, &p.Outs)
 	mergeInput(&k.lses, &p.LSEs)
-	setPtr(unsafe.Pointer(&k.out), p.Out.Ptr)
-	setPtr(unsafe.Pointer(&k.lse), p.LSE.Ptr)
+	k.out = C.fd_devptr(p.Out.Ptr)
+	k.lse = C.fd_devptr(p.LSE.Ptr)
 	for i := range core.MergeRowDims {
 		k.out_strides[i] = C.longlong(p.Out.Strides[i])
 		k.lse_strides[i] = C.longlong(p.LSE.Strides[i])
@@ -130,7 +130,7 @@ func mergeParams(p *core.MergeProblem) C.fd_merge_params {
 
 func mergeInput(k *C.fd_merge_input, in *core.MergeInput) {
 	for i, ptr := range in.Ptrs[:in.NumPtrs] {
-		setPtr(unsafe.Pointer(&k.ptrs[i]), ptr)
+		k.ptrs[i] = C.fd_devptr(ptr)
 	}
 	k.num_ptrs = C.int(in.NumPtrs)
 	if in.NumPtrs == 1 { // stacked; with a pointer per state the stride stays 0

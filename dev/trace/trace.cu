@@ -2,7 +2,7 @@
 // not part of the library).
 //
 // It compiles the library's own stage-1 and combine code with the FD_TRACE
-// hooks of split_kv.cuh defined, launches them exactly as the Go core does
+// hooks of kernels/dev_hooks.h defined, launches them exactly as the Go core does
 // (programmatic dependent launch, the same grids, clusters or balanced splits
 // where asked) in a CUDA graph of 20 calls over rotating layers, as the
 // benchmark does, and records %globaltimer per block: entering, released from
@@ -378,13 +378,13 @@ static void run(const Scenario &sc) {
             return;
         }
         fd_params p = {};
-        p.q = q;
-        p.k = kv;
-        p.v = (char *)kv + cache_bytes / 2;
-        p.out = out;
+        p.q = (fd_devptr)q;
+        p.k = (fd_devptr)kv;
+        p.v = (fd_devptr)((char *)kv + cache_bytes / 2);
+        p.out = (fd_devptr)out;
         if (combine) {
-            p.o_partial = (float *)ws;
-            p.lse_partial = (float *)ws + (size_t)sc.splits * rows * d;
+            p.o_partial = (fd_devptr)ws;
+            p.lse_partial = (fd_devptr)((float *)ws + (size_t)sc.splits * rows * d);
         }
         p.q_batch_stride = (long long)sc.sq * hq * d;  // (b, s, h, d)
         p.q_seq_stride = hq * d;
@@ -410,7 +410,7 @@ static void run(const Scenario &sc) {
         p.early_dependents = early_dependents;
         p.combine_early_dependents = combine_early_dependents;
         p.prefetch_tiles = prefetch_tiles;
-        if (lens) p.cache_seqlens = lens;
+        if (lens) p.cache_seqlens = (fd_devptr)lens;
         if (sc.balance > 0) {
             p.balance_splits = sc.balance;
             p.balance_tile_keys = 64;
@@ -419,9 +419,9 @@ static void run(const Scenario &sc) {
         p.scale_log2 = 0.088f * 1.4427f;
         p.window_left = p.window_right = -1;
         p.cache_batch = sc.batch;
-        if (sc.serving == 1) p.cache_batch_idx = idx;
+        if (sc.serving == 1) p.cache_batch_idx = (fd_devptr)idx;
         if (sc.serving == 2) {  // (b, h, s, d) seen as pages of 16 keys of every head
-            p.block_table = idx;
+            p.block_table = (fd_devptr)idx;
             p.page_size = 16;
             p.num_pages = sc.L / 16;
             p.page_div_m = 1;  // n / 16 = (umulhi(n, 1) + n) >> 4
