@@ -21,6 +21,9 @@ reported, not failed). Tokens/s are printed for both runs.
     python examples/llama_decode.py --decode sdpa-paged      # CUDA without flash_decode
     python examples/llama_decode.py --device cpu --tokens 8  # CPU: everything in plain torch
 
+The first line printed names the decoder. Without a GPU the default is --device cpu, which
+decodes with the plain-torch stand-in, not flash_decode; --decode flash there is refused.
+
 ``--decode sdpa-paged`` replaces flash_decode by ``paged_decode_torch``, a plain
 torch function with the same arguments (rotate, write through the block table,
 gather the pages, SDPA), which is what makes the example run on a CPU; the
@@ -47,6 +50,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 PAGE_SIZE = 16
+DECODERS = {"flash": "flash_decode",
+            "sdpa-paged": "paged_decode_torch (plain torch, standing in for flash_decode)"}
 ATTN_NAME = "splitkv_decode"  # flash_decode's name in transformers' AttentionInterface
 
 
@@ -488,6 +493,11 @@ def main(argv=None):
         parser.error("--decode flash needs --device cuda")
     if args.dtype == "fp32" and (args.decode or ("flash" if args.device != "cpu" else "")) == "flash":
         parser.error("--dtype fp32 needs --decode sdpa-paged: flash_decode takes fp16 and bf16")
+    if args.device != "cpu" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device} needs a CUDA GPU, and torch sees none: "
+                     "--device cpu runs the example in plain torch (--decode sdpa-paged)")
+    decoder = args.decode or ("flash" if args.device != "cpu" else "sdpa-paged")
+    print(f"decoding with {DECODERS[decoder]}")
     dtype = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     result = run(args.device, args.decode, args.tokens, dtype, args.seed, tie_tol=args.tie_tol)
     ok = result["mismatches"] == 0

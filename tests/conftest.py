@@ -18,12 +18,14 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import standin
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# Where the stand-in libcuda.so.1 of python/build_backend/make_libcuda.py lies (FAKECUDA_DIR; .ci/run sets it).
-FAKECUDA = pathlib.Path(os.environ.get("FAKECUDA_DIR", ROOT / "tests" / "fakecuda"))
-# And its fake-device build (make_libcuda.py --fake-device: one device that launches nothing and
-# logs each launch; FAKEDEVICE_DIR, which .ci/run sets).
-FAKEDEVICE = pathlib.Path(os.environ.get("FAKEDEVICE_DIR", ROOT / "tests" / "fakedevice"))
+# Where the stand-in libcuda.so.1 of python/build_backend/make_libcuda.py lies (FAKECUDA_DIR; .ci/run
+# sets it, else tests/standin.py builds it), and its fake-device build (make_libcuda.py
+# --fake-device: one device that launches nothing and logs each launch; FAKEDEVICE_DIR).
+FAKECUDA = standin.driver_dir("FAKECUDA_DIR")
+FAKEDEVICE = standin.driver_dir("FAKEDEVICE_DIR", fake_device=True)
 
 if importlib.util.find_spec("flash_decode") is None:
     sys.path.insert(0, str(ROOT / "python"))

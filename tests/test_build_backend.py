@@ -3,6 +3,7 @@
 
 import importlib.util
 import pathlib
+import re
 
 import pytest
 
@@ -63,3 +64,15 @@ def test_this_checkouts_build_holds_the_gil_in_run():
     assert "PyEval_SaveThread" not in run
     workspace = source[source.index("\nfunc binding_Workspace("):]
     assert "PyEval_SaveThread" in workspace[:workspace.index("\n}\n")]
+
+
+def test_cgo_ldflags_allow_admits_exactly_the_interpreters_ldshared_flags(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "python" / "build_backend"))
+    import fd_gobuild
+    allow = fd_gobuild.ldshared_allow("gcc -pthread -shared -fwrapv -Wl,-rpath,/opt/py-3.11/lib "
+                                      "-Wl,-z,relro -bundle -fwrapv")
+    for flag in ("-pthread", "-shared", "-fwrapv", "-Wl,-rpath,/opt/py-3.11/lib", "-Wl,-z,relro"):
+        assert re.fullmatch(allow, flag), flag
+    for flag in ("gcc", "-bundle", "-Wl,--wrap=malloc", "-specs=/tmp/x", "-Wl,-rpath,/opt/py-3.11/libX", "-fwrapvx"):
+        assert not re.fullmatch(allow, flag), flag
+    assert fd_gobuild.ldshared_allow(None) == ""

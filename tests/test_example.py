@@ -74,6 +74,21 @@ def test_flash_needs_cuda(example):
         example.main(["--device", "cpu", "--decode", "flash"])
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+@pytest.mark.parametrize("argv", [["--device", "cuda"], ["--device", "cuda", "--decode", "flash"]])
+def test_flash_is_refused_without_a_gpu(example, argv, capsys):
+    with pytest.raises(SystemExit):
+        example.main(argv)
+    assert "--device cuda needs a CUDA GPU, and torch sees none" in capsys.readouterr().err
+
+
+def test_the_first_line_names_the_decoder(example, monkeypatch, capsys):
+    monkeypatch.setattr(example, "run", lambda *args, **kwargs: {"mismatches": 0})
+    assert example.main(["--device", "cpu", "--no-transformers"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == \
+        "decoding with paged_decode_torch (plain torch, standing in for flash_decode)"
+
+
 @pytest.mark.parametrize("argv", [["--device", "cuda", "--dtype", "fp32"],
                                   ["--device", "cuda", "--decode", "flash", "--dtype", "fp32"]])
 def test_fp32_needs_the_torch_decode(example, argv, capsys):

@@ -64,7 +64,7 @@ def test_plan_without_driver_and_decode_still_refuses():
                        FLASH_DECODE_FORCE_NATIVE=None)
     assert child.returncode == 0, child.stderr
     report = json.loads(child.stdout.splitlines()[-1])
-    # The README's answer to "what does num_splits=0 pick" for b=1, 32/8 heads, d128, 32K tokens.
+    # docs/api.md's answer to "what does num_splits=0 pick" for b=1, 32/8 heads, d128, 32K tokens.
     expected = {"num_splits": 16, "grid": [16, 8, 1], "cluster": 1, "workspace_bytes": 264192,
                 "kernel": "fd_split_kv_f16_d128_r16", "combine": "fd_combine_f16"}
     assert {k: report["plan"][k] for k in expected} == expected

