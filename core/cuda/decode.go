@@ -22,7 +22,43 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 	if err := p.Validate(); err != nil {
 		return core.Plan{}, err
 	}
+	if err := checkAddresses(p); err != nil {
+		return core.Plan{}, err
+	}
 	return run(p, workspace, workspaceBytes, device, stream)
+}
+
+// minAddress is the lowest device address a call takes: no allocation
+// lies below it, and the Go runtime throws where it finds such a value in
+// a pointer-typed word on a goroutine stack.
+const minAddress = 4096
+
+// checkAddresses refuses, by name, a nonzero device address of p below
+// minAddress.
+func checkAddresses(p *core.Problem) error {
+	for _, x := range [...]struct {
+		name string
+		ptr  uintptr
+	}{
+		{"q", p.Q.Ptr}, {"k_cache", p.K.Ptr}, {"v_cache", p.V.Ptr}, {"out", p.Out.Ptr}, {"lse", p.LSE},
+		{"cache_seqlens", p.CacheSeqlens}, {"block_table", p.BlockTable}, {"cache_batch_idx", p.CacheBatchIdx},
+		{"cache_leftpad", p.CacheLeftpad}, {"alibi_slopes", p.AlibiSlopes}, {"k", p.New.K.Ptr}, {"v", p.New.V.Ptr},
+		{"rotary_cos", p.Rotary.Cos}, {"rotary_sin", p.Rotary.Sin},
+	} {
+		if err := checkAddress("decode", x.name, x.ptr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkAddress refuses a nonzero address below minAddress.
+func checkAddress(op, name string, ptr uintptr) error {
+	if ptr != 0 && ptr < minAddress {
+		return &core.Error{Op: op, Arg: name, Err: core.ErrInvalid,
+			Msg: fmt.Sprintf("address %#x is not a device address (below %#x)", ptr, minAddress)}
+	}
+	return nil
 }
 
 // run plans (from the device's cache) and launches a problem whose layout
@@ -57,6 +93,9 @@ func checkWorkspace(p *core.Problem, pl *core.Plan, workspace uintptr, workspace
 	case pl.WorkspaceBytes > 0 && workspace == 0:
 		return &core.Error{Op: "decode", Arg: "workspace",
 			Msg: fmt.Sprintf("null device pointer; the plan needs %d bytes", pl.WorkspaceBytes), Err: core.ErrInvalid}
+	}
+	if err := checkAddress("decode", "workspace", workspace); err != nil {
+		return err
 	}
 	return p.CheckWorkspace(workspace, pl.WorkspaceBytes)
 }
