@@ -10,6 +10,7 @@ the first call, once a usable CUDA driver has been confirmed.
 
 from importlib import metadata as _metadata
 
+from . import _ops  # noqa: F401  (registers the custom ops torch.compile traces)
 from ._api import flash_decode, plan
 from ._merge import merge_state, merge_states
 
