@@ -24,10 +24,22 @@ _DTYPES = {torch.float16: 1, torch.bfloat16: 2}  # core.DType
 _INT64 = 1 << 63
 
 # The one cache: call signature -> [Run, handle, workspace bytes, device, lse shape,
-# q contiguous, binding]. The workspace is the largest a call of the layout needed so far.
+# q contiguous, binding]; the workspace is the largest a call of the layout needed so far.
+# _last is its last hit (the dict, the key, the entry): a loop over one layout compares
+# its key with that one instead of hashing it.
 _prepared = {}
+_last = (None, None, None)
 _PREPARED_LIMIT = 4096
-os.register_at_fork(after_in_child=lambda: _prepared.clear())
+
+
+def _forget():
+    """In a child forked from this process: no entry reaches the parent's Go runtime."""
+    global _last
+    _prepared.clear()
+    _last = (None, None, None)
+
+
+os.register_at_fork(after_in_child=_forget)
 
 
 # The return type follows return_softmax_lse: out, or (out, lse).
@@ -183,9 +195,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
              and window_size == (-1, -1))
-    # The layout's key. Options go in with their types: as dict keys True == 1 and
-    # 2.0 == 2, and every call must refuse what its first call would. An int
-    # cache_seqlens is "an int": its value comes with each call.
+    # The layout's key. Options go in with their types: as dict keys True == 1 and 2.0 == 2,
+    # and every call must refuse what its first call would. An int cache_seqlens is "an int".
+    global _last
     try:
         sig = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
                k_cache.get_device(), v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
@@ -195,10 +207,13 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
         if not plain:
             sig += (*map(_sig, (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
-                                alibi_slopes)), type(window_size), tuple(window_size),
-                    tuple(map(type, window_size)), type(softcap), softcap, type(rotary_interleaved),
-                    rotary_interleaved)
-        entry = _prepared.get(sig)
+                                alibi_slopes)), type(window_size), tuple(window_size), tuple(map(type, window_size)),
+                    type(softcap), softcap, type(rotary_interleaved), rotary_interleaved)
+        last = _last
+        if last[0] is _prepared and sig == last[1]:
+            entry = last[2]
+        elif (entry := _prepared.get(sig)) is not None:
+            _last = (_prepared, sig, entry)
     except (AttributeError, TypeError):  # not tensors, or unhashable: _prepare's checks say which
         sig = entry = None
     if entry is None:
@@ -206,8 +221,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                          rotary_interleaved, alibi_slopes, num_splits, out)
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, _ = entry
-
-    seqlen, seqlens = -1, 0  # -1: the whole cache, to the core
+    seqlen, seqlens = -1, 0  # -1: the whole cache
     if type(cache_seqlens) is int:
         seqlen = cache_seqlens
         if seqlen == -1 or max_seqlen_k is not None:
@@ -220,9 +234,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 _check_lengths(cache_seqlens, max_seqlen_k)
     elif max_seqlen_k is not None:
         _check_lengths(cache_seqlens, max_seqlen_k)
-    if out is None:
-        # empty_like keeps a contiguous q's strides (those registered, but maybe on a
-        # dimension of size 1, whose stride moves no address) and is the cheaper call.
+    if out is None:  # empty_like keeps a contiguous q's strides (those registered) and is the cheaper call
         out = torch.empty_like(q) if q_contiguous else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device) if return_softmax_lse else None
     stream = _current_stream(device)
@@ -253,11 +265,10 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _grown(entry, status, seqlen, given):
-    """After Run refused a call: the workspace bytes the call needs when it was given
-    fewer (kept as the layout's size from now on), else Run's error raised."""
+    """After Run refused a call: the workspace bytes the call needs when it was given fewer
+    (the layout's size from now on), else Run's error raised."""
     native, handle = entry[6], entry[1]
-    needed = native.Workspace(handle, seqlen)
-    if needed < 0:
+    if (needed := native.Workspace(handle, seqlen)) < 0:
         raise _native.error(native, needed)
     if needed <= given:
         raise _native.error(native, status)
@@ -272,14 +283,13 @@ def _sig(t):
 def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
              out):
-    """Check the call, have the Go core prepare its layout (which checks the rest) and
-    keep what the later calls of the layout need under sig."""
+    """Check a call, have the core prepare its layout (checking the rest) and keep what
+    the layout's later calls need under sig."""
     fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
                      num_splits, out)
     device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
-                            rotary_sin=rotary_sin,
-                            cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
+                            rotary_sin=rotary_sin, cache_seqlens=cache_seqlens if fields["device_lengths"] else None,
                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
                             alibi_slopes=alibi_slopes, out=out)
     native = _native.binding()
@@ -293,9 +303,8 @@ def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
 
 def _handle(native, fields, device):
-    """Prepare's handle of a layout on device; fields by name (see core.Layout), an
-    array's as a sequence, 0 for those not given. The record is packed in the order and
-    with the types LayoutFields gives."""
+    """Prepare's handle of a layout on device: fields by name (see core.Layout), an array's
+    as a tuple, 0 where not given, packed in the order and types LayoutFields gives."""
     names = [f.split(":") for f in native.LayoutFields().split(",")]
     record = struct.Struct("=" + "".join(kind for _, kind in names))
     flat = {}
@@ -305,8 +314,7 @@ def _handle(native, fields, device):
     if flat:
         raise RuntimeError(f"flash_decode's native extension has no layout fields {sorted(flat)}: reinstall it")
     buffer = ctypes.create_string_buffer(record.pack(*values), record.size)
-    handle = native.Prepare(ctypes.addressof(buffer), record.size, device)
-    if handle < 0:
+    if (handle := native.Prepare(ctypes.addressof(buffer), record.size, device)) < 0:
         raise _native.error(native, handle)
     return handle
 
@@ -314,15 +322,12 @@ def _handle(native, fields, device):
 def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
             out):
-    """Check what only Python sees in a call (not the devices) and return its layout fields."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(name, t)
-    cache_dims = ("(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else
-                  "(batch, seqlen_cache, nheads_kv, headdim)")
-    _check_rank("q", q, "(batch, seqlen_q, nheads_q, headdim)")
-    _check_rank("k_cache", k_cache, cache_dims)
-    _check_rank("v_cache", v_cache, cache_dims)
-    _check_dtypes(q, k_cache=k_cache, v_cache=v_cache)
+    """Check what only Python sees in a call (but the devices) and return its layout fields."""
+    _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
+    dims = "(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else \
+        "(batch, seqlen_cache, nheads_kv, headdim)"
+    _tensor("k_cache", k_cache, 4, dims, q.dtype)
+    _tensor("v_cache", v_cache, 4, dims, q.dtype)
     batch, seqlen_q, heads_q, head_dim = q.shape
     rows, seqlen_cache, heads_kv, _ = k_cache.shape
     if k_cache.shape[3] != head_dim or (rows != batch and block_table is None and cache_batch_idx is None):
@@ -331,42 +336,37 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     if isinstance(cache_seqlens, torch.Tensor):
-        _check_index("cache_seqlens", cache_seqlens, batch)
+        _index("cache_seqlens", cache_seqlens, batch)
     elif cache_seqlens is not None and type(cache_seqlens) is not int:
         raise TypeError(f"cache_seqlens must be None, an int or an int32 tensor, got {type(cache_seqlens).__name__}")
     if out is not None:
-        _check_tensor("out", out)
+        _tensor("out", out, 4, "(batch, seqlen_q, nheads_q, headdim)", q.dtype)
         if out.shape != q.shape:
             raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
-        if out.dtype != q.dtype:
-            raise TypeError(f"out must have q's dtype {q.dtype}, got {out.dtype}")
     _check_bool("causal", causal)
     scale = 0.0 if softmax_scale is None else _float("softmax_scale", softmax_scale)
     if scale == 0 and softmax_scale is not None:  # 0 is None to the core
         raise ValueError(f"softmax_scale={softmax_scale} must be positive (None: 1/sqrt(headdim))")
-    window_left, window_right = _check_window(window_size)
+    left, right = _window(window_size)
     fields = dict(dtype=_DTYPES[q.dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
                   head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=_check_int("num_splits", num_splits),
-                  device_lengths=int(isinstance(cache_seqlens, torch.Tensor)), causal=int(causal),
-                  scale=scale,
+                  device_lengths=int(isinstance(cache_seqlens, torch.Tensor)), causal=int(causal), scale=scale,
                   q=q.stride(), k_cache=k_cache.stride(), v_cache=v_cache.stride(),
                   out=_contiguous(q.shape) if out is None else out.stride(),
-                  window_left=window_left, window_right=window_right, softcap=_float("softcap", softcap))
+                  window_left=left, window_right=right, softcap=_float("softcap", softcap))
     if block_table is not None:
-        _check_index("block_table", block_table, batch, table=True)
+        _index("block_table", block_table, batch, table=True)
         pages = block_table.shape[1]
         fields.update(page_size=seqlen_cache, num_pages=rows, max_pages=pages, seqlen_cache=pages * seqlen_cache,
                       block_table=block_table.stride())
     if cache_batch_idx is not None:
-        _check_index("cache_batch_idx", cache_batch_idx, batch)
+        _index("cache_batch_idx", cache_batch_idx, batch)
         fields.update(cache_batch=rows)
     if cache_leftpad is not None:
-        _check_index("cache_leftpad", cache_leftpad, batch)
+        _index("cache_leftpad", cache_leftpad, batch)
         fields.update(leftpad=1)
     if alibi_slopes is not None:
-        _check_tensor("alibi_slopes", alibi_slopes)
-        if alibi_slopes.dtype != torch.float32:
-            raise TypeError(f"alibi_slopes must be a float32 tensor, got {alibi_slopes.dtype}")
+        _tensor("alibi_slopes", alibi_slopes, None, "", torch.float32)
         if alibi_slopes.shape not in ((heads_q,), (batch, heads_q)):
             raise ValueError(f"alibi_slopes must have shape (nheads_q,) = ({heads_q},) or (batch, nheads_q) = "
                              f"({batch}, {heads_q}), got {tuple(alibi_slopes.shape)}")
@@ -379,20 +379,16 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
             raise ValueError(f"{missing} is None but {other} is not: {what} together")
     if k is not None:
         dims = f"(batch={batch}, seqlen_new, nheads_kv={heads_kv}, headdim={head_dim})"
-        for name, t in (("k", k), ("v", v)):
-            _check_tensor(name, t)
-            _check_rank(name, t, dims)
-        _check_dtypes(q, k=k, v=v)
+        _tensor("k", k, 4, dims, q.dtype)
+        _tensor("v", v, 4, dims, q.dtype)
         if (k.shape[0], k.shape[2], k.shape[3]) != (batch, heads_kv, head_dim) or k.shape[1] < 1:
             raise ValueError(f"k must have shape {dims} with seqlen_new >= 1, got {tuple(k.shape)}")
         if v.shape != k.shape:
             raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
         fields.update(seqlen_new=k.shape[1], k_new=k.stride(), v_new=v.stride())
     if rotary_cos is not None:
-        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            _check_tensor(name, t)
-            _check_rank(name, t, "(seqlen_ro, rotary_dim / 2)")
-        _check_dtypes(q, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+        _tensor("rotary_cos", rotary_cos, 2, "(seqlen_ro, rotary_dim / 2)", q.dtype)
+        _tensor("rotary_sin", rotary_sin, 2, "(seqlen_ro, rotary_dim / 2)", q.dtype)
         if rotary_sin.shape != rotary_cos.shape:
             raise ValueError(f"rotary_sin must have rotary_cos's shape {tuple(rotary_cos.shape)}, "
                              f"got {tuple(rotary_sin.shape)}")
@@ -408,8 +404,8 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
             return_softmax_lse, out, max_seqlen_k):
     """flash_decode while torch.compile traces: the arguments checked as an eager call's
     first call checks them (the ops' schemas would turn True into 1, a wrong rank would
-    fail in the fake kernel, and out= is a copy that would cast or broadcast), then one
-    of the ops. Their kernels, the eager call, have the core check the values."""
+    fail in the fake kernel, and out= is a copy that would cast or broadcast), then one of
+    the ops, whose kernel, the eager call, has the core check the values."""
     _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out)
     _check_lengths(cache_seqlens, max_seqlen_k)
@@ -417,14 +413,15 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
         raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
     seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     left, right = window_size
-    ops = torch.ops.flash_decode
     if k is None and rotary_cos is None:
-        result, lse = ops.decode(q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table,
-                                 softmax_scale, causal, left, right, softcap, alibi_slopes, num_splits, max_seqlen_k)
+        result, lse = torch.ops.flash_decode.decode(
+            q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k)
     else:
-        result, lse = ops.decode_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen,
-                                        cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, left,
-                                        right, softcap, rotary_interleaved, alibi_slopes, num_splits, max_seqlen_k)
+        result, lse = torch.ops.flash_decode.decode_append(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
+            block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
+            max_seqlen_k)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result
@@ -509,36 +506,33 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             ("batch", batch), ("seqlen_q", seqlen_q), ("nheads_q", nheads_q), ("nheads_kv", nheads_kv),
             ("headdim", headdim), ("seqlen_cache", seqlen_cache), ("num_splits", num_splits),
             ("seqlen_new", seqlen_new), ("page_size", page_size)))
+    left, right = _window(window_size)
     if seqlen is not None and _check_int("seqlen", seqlen) < 0:  # to the core, -1 is the whole cache
         raise ValueError(f"seqlen={seqlen} must not be negative (None: the whole cache)")
-    window_left, window_right = _check_window(window_size)
     for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
         _check_bool(name, flag)
-    q = _contiguous((batch, seqlen_q, heads_q, head_dim))
-    cache = _contiguous((batch, seqlen_cache, heads_kv, head_dim))
+    q, cache = _contiguous((batch, seqlen_q, heads_q, head_dim)), _contiguous((batch, seqlen_cache, heads_kv, head_dim))
     fields = dict(dtype=_DTYPES[dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
                   head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=num_splits, device_lengths=int(lengths),
-                  q=q, k_cache=cache, v_cache=cache, out=q, window_left=window_left, window_right=window_right,
-                  page_size=page_size)
+                  q=q, k_cache=cache, v_cache=cache, out=q, window_left=left, window_right=right, page_size=page_size)
     if page_size > 0:
-        pages = -(-seqlen_cache // page_size)
-        paged = (page_size * cache[1], cache[1], cache[2], 1)
+        pages, paged = -(-seqlen_cache // page_size), (page_size * cache[1], *cache[1:])
         fields.update(seqlen_cache=pages * page_size, num_pages=batch * pages, max_pages=pages, block_table=(pages, 1),
                       k_cache=paged, v_cache=paged)
     if seqlen_new:
         new = _contiguous((batch, seqlen_new, heads_kv, head_dim))
         fields.update(seqlen_new=seqlen_new, k_new=new, v_new=new)
-    if rotary:
-        dim = max(16, head_dim // 16 * 16)  # rotary_dim: a multiple of 16
+    if rotary:  # tables for a rotary_dim of a multiple of 16, as the kernels take
+        dim = max(16, head_dim // 16 * 16)
         fields.update(rotary_dim=dim, rotary_rows=seqlen_cache + seqlen_new, rotary_cos=(dim // 2, 1),
                       rotary_sin=(dim // 2, 1))
-    if serving and not (seqlen_new or page_size or rotary or (window_left, window_right) != (-1, -1)):
-        fields.update(cache_batch=batch)  # a serving argument that leaves the plan alone (cache_batch_idx)
+    if serving and not (seqlen_new or page_size or rotary or (left, right) != (-1, -1)):
+        fields.update(cache_batch=batch)  # cache_batch_idx: a serving argument that leaves the plan alone
+    if seqlen is None:  # the whole cache: with an int length and new tokens, the cache they fill
+        seqlen = -1 if lengths or not seqlen_new else max(0, fields["seqlen_cache"] - seqlen_new)
     device = _device_index(device)
     native = _native.binding(planner_only=device < 0)  # device -1 plans without a GPU or driver
     handle = _handle(native, fields, device)
-    if seqlen is None:  # the whole cache: with an int length and new tokens, the cache they fill
-        seqlen = -1 if lengths or not seqlen_new else max(0, fields["seqlen_cache"] - seqlen_new)
     try:
         if (status := native.Workspace(handle, seqlen)) < 0:
             raise _native.error(native, status)
@@ -562,8 +556,7 @@ def _device_index(device):
         if device < -1:
             raise ValueError(f"device={device} must be a CUDA device index, or -1 for the default device")
         return device
-    device = torch.device(device)
-    if device.type != "cuda":
+    if (device := torch.device(device)).type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
     return torch.cuda.current_device() if device.index is None else device.index
 
@@ -572,7 +565,7 @@ def _device_index(device):
 
 def _check_lengths(cache_seqlens, max_seqlen_k):
     """Refuse the lengths the core cannot be told: an int cache_seqlens of -1 (the whole
-    cache, to the core), or a max_seqlen_k that is not an int, is -1, or comes without a
+    cache, to the core), a max_seqlen_k that is not an int, is -1 or comes without a
     cache_seqlens tensor."""
     if type(cache_seqlens) is int and cache_seqlens == -1:
         raise ValueError("cache_seqlens=-1 must not be negative (None: the whole cache)")
@@ -583,24 +576,43 @@ def _check_lengths(cache_seqlens, max_seqlen_k):
     if type(cache_seqlens) is int:
         raise ValueError("max_seqlen_k is for a cache_seqlens tensor: an int cache_seqlens is planned by itself")
     if cache_seqlens is None:
-        raise ValueError("max_seqlen_k needs cache_seqlens as a tensor: without cache_seqlens every sequence "
-                         "attends the whole cache")
+        raise ValueError("max_seqlen_k needs cache_seqlens as a tensor: without it every sequence attends the "
+                         "whole cache")
     if max_seqlen_k == -1:
         raise ValueError("max_seqlen_k=-1 must not be negative")
 
 
-def _check_window(window_size):
-    """window_size as two ints (the core checks their values)."""
-    if not isinstance(window_size, (tuple, list)):
-        raise TypeError(f"window_size must be a tuple of two ints (left, right), got {type(window_size).__name__}")
-    if len(window_size) != 2:
-        raise ValueError(f"window_size must be a tuple of two ints (left, right), got {tuple(window_size)}")
-    return [_check_int("window_size", w) for w in window_size]
-
-
-def _check_tensor(name, t):
+def _tensor(name, t, ndim, dims, dtype):
+    """Refuse t unless it is a tensor of ndim dimensions (None: any), named dims, and of
+    dtype (None: float16 or bfloat16, q's)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension{'s' * (ndim > 1)} {dims}, got shape {tuple(t.shape)}")
+    if dtype is None and t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must have q's dtype {dtype}, got {t.dtype}" if dtype in _DTYPES else
+                        f"{name} must be a {dtype} tensor, got {t.dtype}")
+
+
+def _index(name, t, batch, table=False):
+    """Refuse t unless it is an int32 (batch,) tensor, contiguous (the layout has no stride
+    for it), or a table (batch, max_blocks)."""
+    dims = f"(batch={batch}, max_blocks)" if table else f"(batch,) = ({batch},)"
+    _tensor(name, t, 1 + table, dims, torch.int32)
+    if t.shape[0] != batch:
+        raise ValueError(f"{name} must have shape {dims}, got {tuple(t.shape)}")
+    if not table and batch > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.stride()}")
+
+
+def _window(window_size):
+    """window_size as two ints (left, right)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        error = ValueError if isinstance(window_size, (tuple, list)) else TypeError
+        raise error(f"window_size must be a tuple of two ints (left, right), got {window_size!r}")
+    return [_check_int("window_size", w) for w in window_size]
 
 
 def _check_bool(name, value):
@@ -614,8 +626,7 @@ def _check_int(name, value):
     # No try/except: torch.compile's tracer of torch 2.11 passes on operator.index's own error.
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = operator.index(value)
-    if not -_INT64 <= value < _INT64:
+    if not -_INT64 <= (value := operator.index(value)) < _INT64:
         raise ValueError(f"{name}={value} is out of range (a 64-bit int)")
     return value
 
@@ -631,36 +642,8 @@ def _float(name, value):
         return math.inf
 
 
-def _check_rank(name, t, dims):
-    """ValueError unless t has the dimensions dims (a tuple's text) names."""
-    if t.dim() != dims.count(",") + 1:
-        raise ValueError(f"{name} must have {dims.count(',') + 1} dimensions {dims}, got shape {tuple(t.shape)}")
-
-
-def _check_dtypes(q, **others):
-    """TypeError unless q is float16 or bfloat16 and the others have its dtype."""
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"q must be torch.float16 or torch.bfloat16, got {q.dtype}")
-    for name, t in others.items():
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-
-
-def _check_index(name, t, batch, table=False):
-    """Check an int32 index tensor: (batch,) and contiguous (the layout has no stride for
-    it), or a table (batch, max_blocks)."""
-    _check_tensor(name, t)
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
-    if t.dim() != 1 + table or t.shape[0] != batch:
-        dims = f"(batch={batch}, max_blocks)" if table else f"(batch,) = ({batch},)"
-        raise ValueError(f"{name} must have shape {dims}, got {tuple(t.shape)}")
-    if not table and batch > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous, got stride {t.stride()}")
-
-
 def _check_devices(q, **others):
-    """The device index of q, a CUDA tensor, which the others (None or tensors) share."""
+    """The device index of q, a CUDA tensor, which the others (tensors or None) share."""
     if q.device.type != "cuda":
         raise ValueError(f"q must be a CUDA tensor, got device {q.device}")
     for name, t in others.items():
@@ -671,7 +654,4 @@ def _check_devices(q, **others):
 
 def _contiguous(shape):
     """The strides of a contiguous tensor of shape."""
-    strides = [1]
-    for n in reversed(shape[1:]):
-        strides.insert(0, strides[0] * n)
-    return tuple(strides)
+    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
