@@ -16,65 +16,53 @@ _ROW_DIMS = 3  # the binding's row dimensions (core.MergeRowDims)
 
 def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...],
                  lses: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge attention states computed over disjoint key sets into the
-    attention over all their keys.
+    """Merge attention states computed over disjoint key sets into the attention over
+    all their keys.
 
-    Each state is the normalized output of attention over one set of keys and
-    its natural-log log-sum-exp (LSE), for the same query rows: a shared prefix
-    and each sequence's own keys (cascade attention), the parts of a cache held
-    by several GPUs, or flash_decode over several caches. Per row, with M the
-    largest LSE::
+    Each state is the normalized output of attention over one set of keys and its
+    natural-log log-sum-exp (LSE), for the same query rows: a shared prefix and each
+    sequence's own keys (cascade attention), the parts of a cache held by several
+    GPUs, or flash_decode over several caches. Per row, with M the largest LSE::
 
         lse = M + log(sum_s exp(lse_s - M)),  out = sum_s exp(lse_s - lse) * out_s
 
-    An LSE of -inf is an empty state (its keys were all masked): it weighs
-    nothing, whatever its output holds; a row whose states are all empty gets
-    out = 0 and lse = -inf. The merge accumulates in float32 and runs as one
-    kernel on ``torch.cuda.current_stream()`` of the inputs' device, with no
-    host synchronization and no allocation besides the two outputs (and a
-    stacked copy of a list that cannot be passed as it is), so it can be
-    captured in a CUDA graph. It is not differentiable. Under torch.compile it
-    is the custom op ``flash_decode::merge_states`` of stacked states, with no
-    graph break.
-
-    FlashInfer's ``merge_states(v, s)`` takes the states in dimension 1; here
-    they are dimension 0: pass ``v.movedim(1, 0), s.movedim(1, 0)``. LSEs here
-    are natural logs: multiply base-2 ones by ``math.log(2)``.
+    An LSE of -inf is an empty state: it weighs nothing, whatever its output holds; a
+    row whose states are all empty gets out = 0 and lse = -inf. The merge accumulates
+    in float32 in one kernel on ``torch.cuda.current_stream()`` of the inputs' device,
+    with no host synchronization and no allocation but the outputs (and a stacked copy
+    of a list that cannot be passed as it is), so it can be captured in a CUDA graph.
+    It is not differentiable. Under torch.compile it is the custom op
+    ``flash_decode::merge_states`` of stacked states, with no graph break. FlashInfer's
+    ``merge_states(v, s)`` takes the states in dimension 1: pass ``v.movedim(1, 0),
+    s.movedim(1, 0)``; multiply base-2 LSEs by ``math.log(2)``.
 
     Args:
-        outs: the states' outputs: a tensor ``(num_states, *rows, headdim)``,
-            or a list or tuple of num_states tensors ``(*rows, headdim)`` of one
-            shape; float16, bfloat16 or float32, on one CUDA device. headdim: a
-            multiple of 4 from 4 to 256, contiguous (stride 1). rows: any shape
-            whose strides form at most 3 dimensions once dimensions that step
-            together are joined (any contiguous or transposed layout of up to 3
-            dimensions does); strides that are multiples of 4 elements and
-            addresses aligned to 4 elements (a fresh tensor is; a view at an
-            odd offset may not be, and its .clone() is). A list of more than 8
-            tensors, or of tensors with different strides, is stacked first.
-        lses: their float32 LSEs, natural log: a tensor ``(num_states, *rows)``
-            or a list or tuple of num_states tensors ``(*rows)``, any strides,
-            on outs' device. For flash_decode's results, whose out is ``(batch,
-            seqlen_q, nheads_q, headdim)`` and lse ``(batch, nheads_q,
-            seqlen_q)``, pass ``lse.transpose(1, 2)``.
+        outs: the states' outputs: a tensor ``(num_states, *rows, headdim)``, or a list
+            or tuple of num_states tensors ``(*rows, headdim)`` of one shape; float16,
+            bfloat16 or float32, on one CUDA device. headdim: a multiple of 4 from 4 to
+            256, contiguous. rows: any shape whose strides form at most 3 dimensions once
+            dimensions that step together are joined (any contiguous or transposed
+            layout of up to 3 does), strides multiples of 4 elements and addresses
+            aligned to 4 (a view at an odd offset may not be; its .clone() is). A list
+            of more than 8 tensors, or of different strides, is stacked first.
+        lses: their float32 natural-log LSEs: a tensor ``(num_states, *rows)`` or a list
+            or tuple of tensors ``(*rows)``, any strides, on outs' device. For
+            flash_decode's out ``(batch, seqlen_q, nheads_q, headdim)`` and lse ``(batch,
+            nheads_q, seqlen_q)``, pass ``lse.transpose(1, 2)``.
 
     Returns:
-        ``(out, lse)``: out ``(*rows, headdim)`` in outs' dtype and lse
-        ``(*rows)`` float32, both new contiguous tensors.
+        ``(out, lse)``: out ``(*rows, headdim)`` in outs' dtype and lse ``(*rows)``
+        float32, new contiguous tensors.
 
     Raises:
-        TypeError: outs or lses is not a tensor or a list of tensors, or of a
-            wrong dtype.
-        ValueError: shapes that do not match, no states, a non-contiguous
-            headdim, CPU tensors or several devices; the message names the
-            argument.
-        NotImplementedError: an unsupported headdim, more than 3 row
-            dimensions that cannot be joined, or strides and addresses the
-            kernel cannot load 4 elements at a time from.
+        TypeError: outs or lses not a tensor or a list of tensors, or of a wrong dtype.
+        ValueError: shapes that do not match, no states, a non-contiguous headdim, CPU
+            tensors or several devices; the message names the argument.
+        NotImplementedError: an unsupported headdim, more than 3 row dimensions that do
+            not join, or strides and addresses the kernel cannot load 4 elements from.
         RuntimeError: no usable CUDA driver, or a failure in the native code.
 
-    Example (cascade attention: a prefix every sequence shares, then each
-    sequence's own keys)::
+    Example (cascade attention: a prefix every sequence shares, then each one's keys)::
 
         >>> import torch, flash_decode
         >>> q = torch.randn(8, 1, 32, 128, dtype=torch.float16, device="cuda")
@@ -93,19 +81,10 @@ def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, .
 
 def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                 lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge two attention states: :func:`merge_states` of ``[out_a, out_b]``
-    and ``[lse_a, lse_b]``.
-
-    Args:
-        out_a, out_b: ``(*rows, headdim)``, float16, bfloat16 or float32, one
-            shape, dtype and CUDA device.
-        lse_a, lse_b: ``(*rows)`` float32 natural-log LSEs (-inf: an empty
-            state), on the same device.
-
-    Returns:
-        ``(out, lse)`` as :func:`merge_states` does. Errors name out_a, lse_a,
-        out_b or lse_b (those the Go core finds name outs or lses and the
-        state: 0 for a, 1 for b).
+    """Merge two attention states: :func:`merge_states` of ``[out_a, out_b]`` and
+    ``[lse_a, lse_b]``: out_a and out_b ``(*rows, headdim)`` of one shape, dtype and
+    device, lse_a and lse_b ``(*rows)`` float32 (-inf: an empty state). Errors name the
+    argument (the Go core's name outs or lses and the state: 0 for a, 1 for b).
 
     Example::
 
@@ -156,58 +135,48 @@ def _merge(outs, lses, out_names, lse_names):
 
 
 class _States:
-    """One input of every state, checked (no device but that they share one): a stacked
-    tensor, or a list or tuple of tensors of one shape (names: their names, None for
-    name[i]). Outputs (of None): a dtype the kernel takes and a contiguous last
-    dimension. LSEs (of: the outputs): float32, of the outputs' rows and count."""
+    """One input of every state, checked but for the device they share: a stacked tensor,
+    or a list or tuple of tensors of one shape (names: theirs; None: name[i]). Outputs (of
+    None): a dtype the kernel takes, a contiguous last dimension. LSEs (of: the outputs):
+    float32, of the outputs' rows and count."""
 
     def __init__(self, name, x, names, of):
         layout = "(num_states, *rows)" if of else "(num_states, *rows, headdim)"
         self.stacked = isinstance(x, torch.Tensor)
-        if self.stacked:
-            if x.dim() < (1 if of else 2):
-                raise ValueError(f"{name} must have at least {1 if of else 2} dimensions {layout}, "
-                                 f"got shape {tuple(x.shape)}")
-            if x.shape[0] < 1:
-                raise ValueError(f"{name} must hold at least one state, got shape {tuple(x.shape)}")
-            self.tensors, names = [x], [name]
-        elif isinstance(x, (list, tuple)):
-            if not x:
-                raise ValueError(f"{name} must hold at least one state, got an empty {type(x).__name__}")
-            names = names or [f"{name}[{i}]" for i in range(len(x))]
-            for item, t in zip(names, x):
-                if not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{item} must be a torch.Tensor, got {type(t).__name__}")
-            self.tensors, name = list(x), names[0]
-        else:
+        if self.stacked and (x.dim() < (1 if of else 2) or x.shape[0] < 1):
+            raise ValueError(f"{name} must hold at least one state {layout}, got shape {tuple(x.shape)}")
+        if not self.stacked and not isinstance(x, (list, tuple)):
             raise TypeError(f"{name} must be a torch.Tensor {layout} or a list or tuple of tensors, "
                             f"got {type(x).__name__}")
-        first = self.tensors[0]
-        self.name, self.dtype = name, first.dtype
-        self.count = first.shape[0] if self.stacked else len(self.tensors)
-        shape = tuple(first.shape[1:] if self.stacked else first.shape)  # one state's
-        if of is None:
-            if not self.stacked and first.dim() < 1:
-                raise ValueError(f"{name} must have at least 1 dimension (*rows, headdim), got a 0-d tensor")
-            if self.dtype not in _DTYPES:
-                raise TypeError(f"{name} must be torch.float16, torch.bfloat16 or torch.float32, got {self.dtype}")
-            self.rows, self.headdim = shape[:-1], shape[-1]
-        else:
-            self.rows = shape
+        if not self.stacked and not x:
+            raise ValueError(f"{name} must hold at least one state, got an empty {type(x).__name__}")
+        names = [name] if self.stacked else names or [f"{name}[{i}]" for i in range(len(x))]
+        self.tensors = [x] if self.stacked else list(x)
         for item, t in zip(names, self.tensors):
-            if of is None and t is not first and t.shape != first.shape:
-                raise ValueError(f"{item} must have {name}'s shape {tuple(first.shape)}, got {tuple(t.shape)}")
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{item} must be a torch.Tensor, got {type(t).__name__}")
+        first, self.name = self.tensors[0], names[0]
+        self.dtype, self.count = first.dtype, first.shape[0] if self.stacked else len(self.tensors)
+        if of is None and first.dim() < 1:
+            raise ValueError(f"{names[0]} must have at least 1 dimension (*rows, headdim), got a 0-d tensor")
+        if of is None and self.dtype not in _DTYPES:
+            raise TypeError(f"{names[0]} must be torch.float16, torch.bfloat16 or torch.float32, got {self.dtype}")
+        shape = tuple(first.shape[self.stacked:])  # one state's
+        self.rows, self.headdim = (shape, None) if of else (shape[:-1], shape[-1])
+        for item, t in zip(names, self.tensors):
+            if of is None and t.shape != first.shape:
+                raise ValueError(f"{item} must have {names[0]}'s shape {tuple(first.shape)}, got {tuple(t.shape)}")
             if of is None and t.dtype != first.dtype:
-                raise TypeError(f"{item} must have {name}'s dtype {first.dtype}, got {t.dtype}")
+                raise TypeError(f"{item} must have {names[0]}'s dtype {first.dtype}, got {t.dtype}")
             if of is None and t.shape[-1] > 1 and t.stride(-1) != 1:
                 raise ValueError(f"{item} must be contiguous in its last dimension (headdim), got strides {t.stride()}")
-            if of is not None and tuple(t.shape[1:] if self.stacked else t.shape) != of.rows:
+            if of is not None and tuple(t.shape[self.stacked:]) != of.rows:
                 want = (t.shape[0],) + of.rows if self.stacked else of.rows
                 raise ValueError(f"{item} must have shape {want} to match {of.name}, got {tuple(t.shape)}")
             if of is not None and t.dtype != torch.float32:
                 raise TypeError(f"{item} must be torch.float32, got {t.dtype}")
             if t.device != first.device:
-                raise ValueError(f"{item} must be on the device of {name}, {first.device}, got {t.device}")
+                raise ValueError(f"{item} must be on the device of {names[0]}, {first.device}, got {t.device}")
         if of is not None and self.count != of.count:
             raise ValueError(f"lses must hold num_states={of.count} states to match outs, got {self.count}")
 

@@ -1,18 +1,12 @@
-"""The gopy-built Go extension: loaded only once it is safe to, and its errors.
+"""The gopy-built Go extension, loaded once it is safe to, and its errors.
 
-The extension links gorgonia.org/cu, whose init calls ``cuInit`` and exits the
-process if it fails, and it needs a libcuda.so.1 to load at all. So
-:func:`binding` first asks the driver itself (ctypes, leaving torch's CUDA
-state alone). ``binding(planner_only=True)`` is for what never touches a GPU
-(a layout prepared for device -1, ``Version``): where no libcuda.so.1 loads,
-or its ``cuInit`` sees no device, the stand-in the wheel carries (:data:`STANDIN`,
-python/build_backend/make_libcuda.py: no device) is loaded globally first and
-answers for libcuda.so.1 in this process. A driver whose ``cuInit`` fails
-otherwise is broken: both raise. Each outcome is kept, and a failure is
-raised again on every later call.
-
-Go's runtime does not survive ``fork`` without ``exec``: in a child forked
-from the process that loaded the extension, every call raises at once.
+gorgonia.org/cu's init calls ``cuInit`` and exits the process if it fails, and the
+extension needs a libcuda.so.1 to load: :func:`binding` asks the driver first
+(ctypes, leaving torch's CUDA state alone). With ``planner_only`` (layouts prepared
+for device -1, no GPU) a missing driver, or one that sees no device, is stood in for
+by the wheel's :data:`STANDIN` (no device), loaded globally first. Each outcome is
+kept; a failure is raised again on every call. Go's runtime does not survive fork
+without exec: in a child forked after the extension loaded, every call raises.
 """
 
 import ctypes
@@ -25,21 +19,20 @@ import torch
 
 BINDING_MODULE = "flash_decode._binding.binding"
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_binding", "libcuda_standin.so")
-# 1 skips the device count (cuInit must still succeed): CI's stand-in reports no device.
-FORCE_NATIVE_ENV = "FLASH_DECODE_FORCE_NATIVE"
+FORCE_NATIVE_ENV = "FLASH_DECODE_FORCE_NATIVE"  # 1: no device count (CI's stand-in has no device)
 
 _NO_DRIVER = "flash_decode needs an NVIDIA GPU with a CUDA driver: "
-_FORKED = ("flash_decode was loaded in the parent of this forked process, and its Go runtime does not "
-           "survive fork without exec: start worker processes with the spawn start method "
+_FORKED = ("flash_decode was loaded in the parent of this forked process, and its Go runtime does not survive "
+           "fork without exec: start worker processes with the spawn start method "
            "(multiprocessing.get_context('spawn'), or torch.multiprocessing.set_start_method('spawn'))")
-_CUDA_ERROR_NO_DEVICE = 100  # cuInit's answer where every GPU is hidden (CUDA_VISIBLE_DEVICES="")
+_NO_DEVICE = 100  # cuInit's CUDA_ERROR_NO_DEVICE: every GPU hidden (CUDA_VISIBLE_DEVICES="")
 _INVALID, _UNSUPPORTED = 1, 2  # the binding's error kinds (capi's fd_status)
 
 _lock = threading.Lock()
 _module = None
 _errors = {}     # planner_only -> why binding() raises
 _loaded = set()  # the planner_only values binding() returns the module for
-_driver = None   # (libcuda_error, cuinit_error, device_error, no_device), once probed
+_driver = None   # (libcuda error, cuInit error, device error, cuInit saw no device), once probed
 
 
 def current_stream(device):
@@ -51,12 +44,8 @@ current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", current_stream) 
 
 
 def binding(planner_only=False):
-    """The Go extension module, imported on first use.
-
-    Raises:
-        RuntimeError: no usable CUDA driver or device (unless planner_only),
-            a broken driver, a missing extension, or a forked child.
-    """
+    """The Go extension module, imported on first use; RuntimeError (the reason in the
+    message) where it cannot serve."""
     planner_only = bool(planner_only)
     if planner_only in _loaded:
         return _module
@@ -69,16 +58,15 @@ def binding(planner_only=False):
 
 
 def function(native, name):
-    """native's function name, called past gopy's module-level wrapper, which only forwards."""
+    """native's function name, past gopy's module-level wrapper, which only forwards."""
     return getattr(getattr(native, "_binding", None), "binding_" + name, None) or getattr(native, name)
 
 
 def error(native, status):
-    """The exception for a negative result of the binding, by its kind: ValueError,
-    NotImplementedError or RuntimeError, with the Go core's message."""
+    """The exception of a negative result of the binding, by its kind, with the core's message."""
     kind = native.ErrorKind(status)
-    cls = ValueError if kind == _INVALID else NotImplementedError if kind == _UNSUPPORTED else RuntimeError
-    return cls(native.ErrorMessage(status))
+    return (ValueError if kind == _INVALID else NotImplementedError if kind == _UNSUPPORTED else
+            RuntimeError)(native.ErrorMessage(status))
 
 
 def _load(planner_only):
@@ -90,7 +78,12 @@ def _load(planner_only):
         error = _load_standin(libcuda_error or cuinit_error) if libcuda_error or no_device else cuinit_error
     else:
         error = libcuda_error or cuinit_error or device_error
-    error = error or _other_go_runtime()
+    try:
+        with open("/proc/self/maps") as maps:  # capi's library carries a Go runtime of its own
+            if error is None and "libflashdecode.so" in maps.read():
+                error = "libflashdecode.so (the C library, with its own Go runtime) is loaded: use one or the other"
+    except OSError:
+        pass
     if error is not None:
         _errors[planner_only] = _NO_DRIVER + error
         return
@@ -101,7 +94,10 @@ def _load(planner_only):
             _errors[False] = _errors[True] = (f"flash_decode's native extension {BINDING_MODULE} could not be "
                                               f"imported ({err}); reinstall the package with `pip install .`")
             return
-        _remove_gopy_gc_callbacks()
+        # gopy's modules add hooks that run a full Go GC after every Python collection; the
+        # binding holds no Go object for them to reclaim.
+        gc.callbacks[:] = [cb for cb in gc.callbacks if "_gopy_gc_cb" not in (
+            getattr(cb, "__name__", ""), getattr(cb, "__qualname__", ""))]
         os.register_at_fork(after_in_child=_forked)
         _module = module
     _loaded.add(planner_only)
@@ -113,28 +109,28 @@ def _forked():
 
 
 def _probe_driver(force):
-    """Load libcuda.so.1, call cuInit(0) and, unless force, count devices."""
+    """libcuda.so.1 loaded, cuInit(0) called and, unless force, the devices counted:
+    the errors of each, and whether cuInit saw no device."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as err:
         return f"libcuda.so.1 could not be loaded ({err})", None, None, False
-    status = cuda.cuInit(0)
-    if status == _CUDA_ERROR_NO_DEVICE:
+    if (status := cuda.cuInit(0)) == _NO_DEVICE:
         return None, f"cuInit(0) found no CUDA device (CUresult {status})", None, True
     if status != 0:
         return None, f"cuInit(0) failed with CUresult {status}", None, False
+    count = ctypes.c_int(0)
     if force:
         return None, None, None, False
-    count = ctypes.c_int(0)
     if (status := cuda.cuDeviceGetCount(ctypes.byref(count))) != 0:
         return None, None, f"cuDeviceGetCount failed with CUresult {status}", False
     if count.value < 1:
-        return None, None, f"the driver reports no CUDA device (set {FORCE_NATIVE_ENV}=1 to load the extension anyway)", False
+        return None, None, f"the driver reports no CUDA device ({FORCE_NATIVE_ENV}=1 loads the extension anyway)", False
     return None, None, None, False
 
 
 def _load_standin(why):
-    """Load STANDIN globally; None, or why planning cannot run either."""
+    """STANDIN loaded globally: None, or why planning cannot run either."""
     if not os.path.isfile(STANDIN):
         return f"{why}, and this installation has no stand-in for planning ({STANDIN})"
     try:
@@ -142,22 +138,3 @@ def _load_standin(why):
     except OSError as err:
         return f"{why}, and the stand-in for planning could not be loaded ({err})"
     return None
-
-
-def _other_go_runtime():
-    """Why not, if capi's libflashdecode.so (with a Go runtime of its own) is in this process."""
-    try:
-        with open("/proc/self/maps") as maps:
-            if "libflashdecode.so" in maps.read():
-                return ("libflashdecode.so (the C library, with its own Go runtime) is already loaded in this "
-                        "process; use one or the other")
-    except OSError:
-        pass
-    return None
-
-
-def _remove_gopy_gc_callbacks():
-    """Drop the hooks gopy's modules add to gc.callbacks: each runs a full Go GC after
-    every Python collection, and the binding holds no Go object to reclaim."""
-    gc.callbacks[:] = [cb for cb in gc.callbacks
-                       if "_gopy_gc_cb" not in (getattr(cb, "__name__", ""), getattr(cb, "__qualname__", ""))]
