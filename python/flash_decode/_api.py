@@ -1,8 +1,7 @@
 """flash_decode and plan: tensors turned into the Go core's layout record and call
-arguments. Python checks what only it sees (types, ranks, that the tensors agree
-in shape, which arguments go together, devices); the core checks every value,
-names the argument at fault and decides the plan. Under torch.compile the call
-is a custom op (_ops registers them)."""
+arguments. Python checks what only it sees (types, ranks, that the tensors agree in
+shape, which go together, devices); the core checks every value, names the argument
+at fault and decides the plan. Under torch.compile the call is a custom op (_ops)."""
 
 from __future__ import annotations
 
@@ -81,100 +80,92 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  max_seqlen_k: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
-    The arguments are FlashAttention 2's ``flash_attn_with_kvcache``, with the
-    same names and meanings: switching a call to this function is a rename.
-    Runs on ``torch.cuda.current_stream()`` of q's device: a split-KV kernel
-    spreads each sequence's keys over all SMs, and the splits' partial outputs
-    are merged by their log-sum-exp, inside that kernel when a sequence's
-    splits fit one thread-block cluster, else by a combine kernel. With ``k``
-    and ``v`` the new tokens are first written into the cache. There is no
-    host/device synchronization, and the call can be captured in a CUDA
-    graph: launch shapes depend on tensor shapes only, so a replay after new
-    values are written into ``cache_seqlens`` (or the block table, or the new
-    tokens) is right. The first call with a new layout (shapes, strides,
-    dtypes, devices, options) has the Go core check it; later calls pass only
-    the addresses (and an int ``cache_seqlens``). Under ``torch.compile`` the
-    call is the custom op ``flash_decode::decode`` (``decode_append`` with k
-    and v), with no graph break.
+    The arguments are FlashAttention 2's ``flash_attn_with_kvcache``, with the same
+    names and meanings: switching a call to this function is a rename. Runs on
+    ``torch.cuda.current_stream()`` of q's device: a split-KV kernel spreads each
+    sequence's keys over all SMs, and the splits' partial outputs are merged by their
+    log-sum-exp, inside that kernel when a sequence's splits fit one thread-block
+    cluster, else by a combine kernel; with ``k`` and ``v`` the new tokens are first
+    written into the cache. No host/device synchronization, and the call can be
+    captured in a CUDA graph: launch shapes depend on tensor shapes only, so a replay
+    after new values are written into ``cache_seqlens`` (or the block table, or the new
+    tokens) is right. The first call with a layout (shapes, strides, dtypes, devices,
+    options) has the Go core check it; later ones pass only the addresses (and an int
+    ``cache_seqlens``). Under ``torch.compile`` the call is the custom op
+    ``flash_decode::decode`` (``decode_append`` with k and v), with no graph break.
 
-    Positions are key indices of the sequence's cache. Sequence b attends
-    keys ``[cache_leftpad[b], len)`` with ``len = cache_seqlens[b] +
-    seqlen_new``; query row i sits at position ``len - seqlen_q + i``
-    (bottom-right aligned), which the causal mask and the window count from.
+    Positions are key indices of the sequence's cache. Sequence b attends keys
+    ``[cache_leftpad[b], len)``, ``len = cache_seqlens[b] + seqlen_new``; query row i
+    sits at position ``len - seqlen_q + i`` (bottom-right aligned), which the causal
+    mask and the window count from.
 
     Args:
-        q: ``(batch, seqlen_q, nheads_q, headdim)``, float16 or bfloat16, with
-            1 <= seqlen_q <= 16 (more query tokens is prefill's work).
+        q: ``(batch, seqlen_q, nheads_q, headdim)``, float16 or bfloat16, with 1 <=
+            seqlen_q <= 16 (more query tokens is prefill's work).
         k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_kv, headdim)``
             (batch_cache = batch unless ``cache_batch_idx`` is given), or with
             ``block_table`` a paged cache ``(num_blocks, page_size, nheads_kv,
-            headdim)`` of any page_size >= 1; q's dtype and device; nheads_q a
-            multiple of nheads_kv (MHA, GQA, MQA). headdim: any multiple of 8
-            up to 256 (64, 128 and 256 fastest); seqlen_cache: 0 to 2**30;
-            batch * nheads_q * seqlen_q below 2**31. Every tensor needs a
-            contiguous last dimension; other strides are free.
-        k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)`` in q's
-            dtype, both or neither, with cache_seqlens: token t of sequence b
-            is written at key ``cache_seqlens[b] + t`` (writes past the cache
-            are skipped; an int cache_seqlens plus seqlen_new must fit the
-            cache), then attended. The caller advances cache_seqlens.
-        rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)`` in q's dtype,
-            both or neither, only with k and v: the first rotary_dim (a
-            multiple of 16, at most headdim) channels of the new keys (at
-            their positions) and of q are rotated, q's row i at
-            ``cache_seqlens[b] + i`` when causal or a window is set, else all
-            at ``cache_seqlens[b]``. Positions past seqlen_ro are clamped.
-        cache_seqlens: valid keys per sequence before the new tokens: None
-            (the whole cache), an int in [0, seqlen_cache], or an int32 tensor
-            ``(batch,)`` whose values the kernels clamp to [0, seqlen_cache].
-        cache_batch_idx: int32 ``(batch,)``: sequence b uses row
-            ``cache_batch_idx[b]`` of the caches (clamped to their rows). Not
-            with block_table.
+            headdim)``, any page_size >= 1; q's dtype and device; nheads_q a multiple
+            of nheads_kv. headdim: any multiple of 8 up to 256 (64, 128 and 256
+            fastest); seqlen_cache: 0 to 2**30; batch * nheads_q * seqlen_q below
+            2**31. Every tensor needs a contiguous last dimension; other strides are
+            free.
+        k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)`` in q's dtype,
+            both or neither, with cache_seqlens: token t of sequence b is written at
+            key ``cache_seqlens[b] + t`` (writes past the cache are skipped; an int
+            cache_seqlens plus seqlen_new must fit), then attended. The caller
+            advances cache_seqlens.
+        rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)`` in q's dtype, both or
+            neither, with k and v: the first rotary_dim (a multiple of 16) channels of
+            the new keys (at their positions) and of q are rotated, q's row i at
+            ``cache_seqlens[b] + i`` when causal or a window is set, else all at
+            ``cache_seqlens[b]``. Positions past seqlen_ro are clamped.
+        cache_seqlens: keys per sequence before the new tokens: None (the whole
+            cache), an int in [0, seqlen_cache], or an int32 tensor ``(batch,)`` whose
+            values the kernels clamp to [0, seqlen_cache].
+        cache_batch_idx: int32 ``(batch,)``: sequence b uses cache row
+            ``cache_batch_idx[b]`` (clamped to the rows). Not with block_table.
         cache_leftpad: int32 ``(batch,)``: sequence b's keys start there.
-        block_table: int32 ``(batch, max_blocks)``: key j of sequence b is row
-            ``j % page_size`` of block ``block_table[b, j // page_size]``;
-            seqlen_cache is ``max_blocks * page_size``. Block ids outside
-            ``[0, num_blocks)`` are clamped on read and skipped on write.
-        softmax_scale: scale of q.k before the softmax, a positive normal
-            float32; None: 1/sqrt(headdim).
-        causal: a bool; query row i sees keys up to its own position.
-        window_size: ``(left, right)`` ints: the row at position p sees keys
-            ``[p - left, p + right]``; -1 leaves a side unbounded. causal sets
-            right to 0.
-        softcap: a float; > 0 caps the scores: ``softcap * tanh(s /
-            softcap)``; 0 turns it off.
-        rotary_interleaved: a bool: rotate channel pairs (2m, 2m + 1)
-            (GPT-J); False: pairs (m, m + rotary_dim / 2) (GPT-NeoX).
-        alibi_slopes: float32 ``(nheads_q,)`` or ``(batch, nheads_q)``: adds
-            ``-slope * |p - j|`` to the score of row position p and key j,
-            after the softcap.
-        num_splits: 0 lets the Go core's planner choose (see :func:`plan`);
-            n > 0 asks for n, clamped to [1, min(cap, key tiles of the cache)].
+        block_table: int32 ``(batch, max_blocks)``: key j of sequence b is row ``j %
+            page_size`` of block ``block_table[b, j // page_size]``; seqlen_cache is
+            ``max_blocks * page_size``. Block ids outside ``[0, num_blocks)`` are
+            clamped on read and skipped on write.
+        softmax_scale: scale of q.k, a positive normal float32; None: 1/sqrt(headdim).
+        causal: a bool; row i sees keys up to its own position.
+        window_size: ``(left, right)`` ints: the row at position p sees keys ``[p -
+            left, p + right]``; -1 leaves a side unbounded; causal sets right to 0.
+        softcap: a float; > 0 caps the scores: ``softcap * tanh(s / softcap)``.
+        rotary_interleaved: a bool: rotate channel pairs (2m, 2m + 1) (GPT-J); False:
+            pairs (m, m + rotary_dim / 2) (GPT-NeoX).
+        alibi_slopes: float32 ``(nheads_q,)`` or ``(batch, nheads_q)``: adds ``-slope *
+            |p - j|`` to the score of row position p and key j, after the softcap.
+        num_splits: 0 lets the Go core's planner choose (see :func:`plan`); n > 0 asks
+            for n, clamped to [1, min(cap, key tiles of the cache)].
         return_softmax_lse: also return the natural-log LSE of each row.
-        out: optional tensor of q's shape, dtype and device to write into; it
-            must not share memory with any input.
-        max_seqlen_k: with a cache_seqlens tensor, an int bound the caller
-            knows on the keys a sequence attends (its cache_seqlens plus the
-            new tokens), e.g. the batch's longest. The split is planned for it,
-            rounded up to a power of two, instead of the cache's capacity: a
-            128K cache that holds 1K runs the 1K plan. Each sequence is still
-            split by its own length on the GPU, so any bound is right; one
-            below the real lengths only costs speed.
+        out: a tensor of q's shape, dtype and device to write into, sharing memory
+            with no input.
+        max_seqlen_k: with a cache_seqlens tensor, an int bound on the keys a sequence
+            attends (its cache_seqlens plus the new tokens), e.g. the batch's longest:
+            the split is planned for it, rounded up to a power of two, not for the
+            cache's capacity (a 128K cache holding 1K runs the 1K plan). Each sequence
+            is still split by its own length, so any bound is right; one below the
+            lengths only costs speed.
 
     Returns:
         ``out`` ``(batch, seqlen_q, nheads_q, headdim)`` in q's dtype, and with
-        return_softmax_lse ``(out, lse)``, lse float32 ``(batch, nheads_q,
-        seqlen_q)``. A row that sees no key gives out = 0 and lse = -inf.
+        return_softmax_lse ``(out, lse)``, lse float32 ``(batch, nheads_q, seqlen_q)``.
+        A row that sees no key gives out = 0 and lse = -inf.
 
     Raises:
         TypeError: an argument of the wrong type or dtype.
-        ValueError: wrong rank, shape, device, stride or value, arguments
-            that do not go together, or out sharing memory with an input; the
-            message names the argument. A refused call writes nothing.
-        NotImplementedError: a size or stride the kernels do not support
-            (such as headdim 100 or seqlen_q > 16); the message says what is.
-        RuntimeError: no usable CUDA driver, a failure in the native code, or
-            a call in a process forked from one that had loaded it.
+        ValueError: wrong rank, shape, device, stride or value, arguments that do not
+            go together, or out sharing memory with an input. A refused call writes
+            nothing.
+        NotImplementedError: a size or stride the kernels do not support (headdim 100,
+            seqlen_q > 16); the message says what is.
+        RuntimeError: no usable CUDA driver, a failure in the native code, or a call in
+            a process forked from one that had loaded it.
+        Messages name the argument at fault.
 
     Example::
 
@@ -432,59 +423,44 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
          seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
          window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0,
          lengths: bool = False) -> dict[str, Any]:
-    """What :func:`flash_decode` would launch for these shapes, from the Go core.
-
-    This answers "what does num_splits=0 pick": the planner's split count,
-    grid, kernel and workspace size for the shapes and the device's SMs.
+    """What :func:`flash_decode` would launch for these shapes, from the Go core: what
+    num_splits=0 picks, the grid, the kernels and the workspace, for the shapes and the
+    device's SMs.
 
     Args:
-        batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache: the shapes
-            of q ``(batch, seqlen_q, nheads_q, headdim)`` and the caches
-            ``(batch, seqlen_cache, nheads_kv, headdim)``.
+        batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache: the shapes of q
+            ``(batch, seqlen_q, nheads_q, headdim)`` and the caches ``(batch,
+            seqlen_cache, nheads_kv, headdim)``.
         dtype: torch.float16 or torch.bfloat16.
         num_splits: as in :func:`flash_decode` (0: the planner chooses).
-        device: a CUDA device (index, ``"cuda:1"`` or torch.device); None is the
-            current one (RuntimeError where torch sees no GPU); -1 plans for a
-            default H200-like device (132 SMs) without asking a GPU.
-        seqlen: the valid length the planner assumes (an int cache_seqlens);
-            None plans for the whole cache. With ``lengths`` it is the bound a
-            call passes as max_seqlen_k, planned as there.
-        serving: plan the serving kernels (``fd_split_kv_serving_*``), which a
-            call with any serving argument runs (block_table, cache_batch_idx,
-            cache_leftpad, softcap, alibi_slopes, a window or k/v). Of those
-            only the next three change the plan, and any of them implies it.
+        device: a CUDA device (index, ``"cuda:1"``, torch.device); None: the current
+            one (RuntimeError where torch sees no GPU); -1: a default H200-like
+            device (132 SMs), without a GPU.
+        seqlen: the length an int cache_seqlens gives; None: the whole cache. With
+            ``lengths``, the bound a call passes as max_seqlen_k, planned as there.
+        serving: plan the serving kernels (``fd_split_kv_serving_*``), which a call
+            with any serving argument runs; only the next three change the plan, and
+            any of them implies it.
         seqlen_new: the tokens a call appends (k.shape[1]).
-        window_size: as in :func:`flash_decode`; a left bound caps the keys the
-            split is planned for.
-        rotary: rotary tables given (with seqlen_new): the workspace also holds
-            the rotated q.
-        page_size: > 0 for a paged cache (block_table) of pages of that many
-            keys (seqlen_cache rounded up to whole pages); implies serving.
-            Pages of a multiple of 8 keys and no window run the paged form
-            (``fd_split_kv_paged_*``), given no cache_batch_idx, cache_leftpad,
-            softcap or alibi_slopes, which plan() takes the call not to have
-            (nor for a contiguous cache's appending form).
-        lengths: the call passes a cache_seqlens tensor (and no cache_leftpad):
-            a batch's plan may then balance its splits by the lengths on the
-            GPU (``balance_splits``).
+        window_size: as in :func:`flash_decode`; a left bound caps the keys planned for.
+        rotary: rotary tables given (with seqlen_new): the workspace holds the rotated q.
+        page_size: > 0: a paged cache (block_table) of pages of that many keys
+            (seqlen_cache rounded up to whole pages). Pages of a multiple of 8 keys and
+            no window run the paged form (``fd_split_kv_paged_*``) when the call has no
+            cache_batch_idx, cache_leftpad, softcap or alibi_slopes, as plan() takes it.
+        lengths: the call passes a cache_seqlens tensor (and no cache_leftpad): a
+            batch's plan may then balance its splits by the lengths on the GPU.
 
     Returns:
-        dict: the core's plan, with at least ``num_splits``, ``grid``,
-        ``cluster`` (the thread-block cluster when the splits merge inside the
-        split kernel, else 1), ``workspace_bytes`` (0 unless the combine kernel
-        runs), ``kernel`` (stage 1's name), ``combine`` (the combine kernel's:
-        ``_c32`` above 32 splits, a block for each 32 columns of a row;
-        ``combine_rows`` 4 or 16 rows a block up to 8 splits; "" when none
-        runs), ``whole_items`` (> 0 for a grid of more items than the GPU
-        holds at once: that many batch x K/V head items run unsplit, the rest in
-        ``num_splits`` splits each) and ``balance_splits`` (> 0 with
-        ``lengths``: the split count for equal lengths, each sequence taking
-        its own, at most ``num_splits``). An append shows its kernel as
-        ``append``, or, where stage 1 writes the new tokens itself (at most 16
-        without rotary, into pages of a multiple of 8 keys or a contiguous
-        cache with no other serving argument), ``fused_append`` True.
-        ``variant["form"]`` says which stage 1 runs: "plain", "serving",
-        "paged", "paged_append" or "append".
+        dict: the core's plan: ``num_splits``, ``grid``, ``cluster`` (the
+        thread-block cluster when the splits merge inside the split kernel, else 1),
+        ``workspace_bytes``, ``kernel`` (stage 1's), ``combine`` (its kernel, "" when
+        none runs; ``_c32`` above 32 splits; ``combine_rows`` rows a block up to 8),
+        ``whole_items`` (> 0: that many batch x K/V head items run unsplit, for a grid
+        of more than the GPU holds), ``balance_splits`` (> 0 with ``lengths``: the
+        count for equal lengths, each sequence taking its own), ``append`` (the append
+        kernel) or ``fused_append`` (stage 1 writes the new tokens), and
+        ``variant["form"]``: "plain", "serving", "paged", "paged_append" or "append".
 
     Example (on an H200)::
 
@@ -492,10 +468,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 32768)
         >>> p["num_splits"], p["grid"], p["cluster"], p["workspace_bytes"], p["combine"]  # doctest: +SKIP
         (16, [16, 8, 1], 1, 264192, 'fd_combine_f16')
-        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024)
-        >>> p["num_splits"], p["cluster"], p["workspace_bytes"]  # doctest: +SKIP
-        (8, 8, 0)
-        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16)  # a paged call appending a token
+        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16)  # appends a token
         >>> p["kernel"], p.get("append"), p["fused_append"]  # doctest: +SKIP
         ('fd_split_kv_paged_append_f16_d128_r16', None, True)
     """
