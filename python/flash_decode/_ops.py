@@ -1,15 +1,8 @@
-"""flash_decode's custom ops, which torch.compile puts in the graph (the traced
-calls of _api and _merge call them by name, through torch.ops):
-
-- ``flash_decode::decode``: attention only; writes nothing it is given.
-- ``flash_decode::decode_append``: with k and v (and rotary): writes the new
-  tokens into k_cache and v_cache (declared mutated), then attends.
-- ``flash_decode::merge_states``: merge_states of stacked states.
-
-Each returns ``(out, lse)``, fresh contiguous tensors. Their CUDA kernels are
-the eager calls; their fake kernels give the shapes and dtypes the compiler
-traces with. flash_decode's optional arguments map onto the schemas: tensors
-as ``Tensor?``, an int cache_seqlens as ``seqlen``, window_size as two ints.
+"""The custom ops torch.compile puts in the graph (_api and _merge call them by name,
+through torch.ops): ``flash_decode::decode`` (attention only), ``decode_append`` (writes
+k and v into the caches, declared mutated, then attends) and ``merge_states`` (of
+stacked states). Each returns ``(out, lse)``, fresh contiguous tensors; the CUDA kernels
+are the eager calls, the fake kernels give the shapes and dtypes the compiler traces.
 """
 
 from typing import Optional
@@ -56,23 +49,14 @@ def merge_states(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
     return _merge.merge_states(outs, lses)
 
 
-@decode.register_fake
-def _decode_fake(q, *_):
-    return _results(q)
-
-
-@decode_append.register_fake
-def _decode_append_fake(q, *_):
-    return _results(q)
-
-
-@merge_states.register_fake
-def _merge_states_fake(outs, lses):
-    return outs.new_empty(outs.shape[1:]), outs.new_empty(outs.shape[1:-1], dtype=torch.float32)
-
-
-def _results(q):
-    """Empty (out, lse) as the kernels return them: out contiguous in q's shape and
-    dtype, lse float32 (batch, nheads_q, seqlen_q)."""
+def _results(q, *_):
+    """Empty (out, lse) as the kernels return them: out contiguous in q's shape and dtype,
+    lse float32 (batch, nheads_q, seqlen_q)."""
     batch, seqlen_q, nheads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
+
+
+decode.register_fake(_results)
+decode_append.register_fake(_results)
+merge_states.register_fake(lambda outs, lses: (outs.new_empty(outs.shape[1:]),
+                                               outs.new_empty(outs.shape[1:-1], dtype=torch.float32)))
