@@ -25,6 +25,9 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 	if err := checkAddresses(p); err != nil {
 		return core.Plan{}, err
 	}
+	if err := checkAddress("decode", "workspace", workspace); err != nil {
+		return core.Plan{}, err
+	}
 	return run(p, workspace, workspaceBytes, device, stream)
 }
 
@@ -93,9 +96,6 @@ func checkWorkspace(p *core.Problem, pl *core.Plan, workspace uintptr, workspace
 	case pl.WorkspaceBytes > 0 && workspace == 0:
 		return &core.Error{Op: "decode", Arg: "workspace",
 			Msg: fmt.Sprintf("null device pointer; the plan needs %d bytes", pl.WorkspaceBytes), Err: core.ErrInvalid}
-	}
-	if err := checkAddress("decode", "workspace", workspace); err != nil {
-		return err
 	}
 	return p.CheckWorkspace(workspace, pl.WorkspaceBytes)
 }

@@ -55,10 +55,13 @@ var ErrLimit = errors.New("limit reached")
 // Prepare returns the handle of layout l on device (see the package
 // function Prepare), holding it once more.
 func (t *Handles) Prepare(l *core.Layout, device int) (int64, error) {
-	if l == nil {
-		return 0, &core.Error{Op: "prepare", Arg: "layout", Msg: "nil", Err: core.ErrInvalid}
+	r, err := Prepare(l, device)
+	if err != nil {
+		return 0, err
 	}
-	key := handleKey{*l, max(device, -1)}
+	// Layouts that differ only where it makes no difference (the stride of
+	// a size-1 dimension, say) are one layout.
+	key := handleKey{core.LayoutOf(&r.p), r.device}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if h, ok := t.byKey[key]; ok {
@@ -66,10 +69,6 @@ func (t *Handles) Prepare(l *core.Layout, device int) (int64, error) {
 		u.refs++
 		t.held[h] = u
 		return h, nil
-	}
-	r, err := Prepare(l, device)
-	if err != nil {
-		return 0, err
 	}
 	var slot int
 	switch {
