@@ -120,3 +120,22 @@ func PlanFor(s core.Shape, device int) (core.Plan, error) {
 	pd, err := d.plan(s)
 	return pd.plan, err
 }
+
+// PlanLayout returns the plan of a call of layout l with this seqlen (see
+// core.Problem.CallSeqlen) on GPU device (< 0: core.H200, as PlanFor),
+// holding nothing and reading none of the tensors' strides
+// (core.Layout.Sizes): for one-shot callers that plan before they have
+// the tensors.
+func PlanLayout(l *core.Layout, device, seqlen int) (core.Plan, error) {
+	if l == nil {
+		return core.Plan{}, &core.Error{Op: "plan", Arg: "layout", Msg: "nil", Err: core.ErrInvalid}
+	}
+	p, err := l.Sizes()
+	if err != nil {
+		return core.Plan{}, err
+	}
+	if p.Seqlen, err = p.CallSeqlen(seqlen); err != nil {
+		return core.Plan{}, err
+	}
+	return PlanFor(p.PlanShape(), device)
+}
