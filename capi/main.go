@@ -183,7 +183,8 @@ func fdgo_run(h C.int64_t, ptrs *C.fd_ptrs, ptrsSize C.size_t, seqlen C.int64_t,
 		VNew: uintptr(p.v_new), RotaryCos: uintptr(p.rotary_cos), RotarySin: uintptr(p.rotary_sin),
 		Workspace: uintptr(workspace), WorkspaceBytes: sizeArg(workspaceBytes)}
 	if _, err := r.Run(&a, int(seqlen), uintptr(stream)); err != nil {
-		return finish(renamed(err, layoutNames, p.cache_seqlens != 0))
+		// cache_seqlens is the seqlen argument's only where the layout takes no array.
+		return finish(renamed(err, layoutNames, p.cache_seqlens != 0 || r.Problem().DeviceLengths))
 	}
 	return finish(nil)
 }
