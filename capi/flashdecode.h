@@ -364,7 +364,8 @@ const char *fd_version(void);
 #define FD_LAST_ERROR_MAX 1024
 
 /* The message of the last failed fd_* call on the calling thread, naming the field at
- * fault as fd_args, fd_serving or fd_merge_args call it (e.g. "flashdecode: plan:
+ * fault as fd_layout, fd_ptrs, fd_args, fd_serving or fd_merge_args call it (or the
+ * function's argument: seqlen, workspace, handle, ...) (e.g. "flashdecode: plan:
  * heads_q: invalid argument: 12 is not a multiple of nheads_kv=5"; the details after
  * the field may use PyTorch's names: nheads_kv is heads_kv, k_cache.shape[0] is
  * num_pages); "" after a successful call. Valid until the thread's next fd_* call; it
