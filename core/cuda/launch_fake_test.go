@@ -232,6 +232,15 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 			t.Errorf("%s: Run allocates %v times a call", tc.name, allocs)
 		}
 	}
+	// The one-shot path of a layout (capi's fd_decode) allocates nothing either.
+	p, _, _ := preparedSplitCall(t, 4096)
+	l := core.LayoutOf(&p)
+	if _, err := DecodeLayout(&l, 0, &args, -1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { DecodeLayout(&l, 0, &args, -1, 0) }); allocs != 0 {
+		t.Errorf("DecodeLayout allocates %v times a call", allocs)
+	}
 	// Sizing hints in turn (max_seqlen_k buckets of interleaved batches): each is
 	// planned once, then kept.
 	hints := []int{-1, 512, 1024, 4096}
