@@ -22,6 +22,7 @@ type Handles struct {
 	held   map[int64]handleUse
 	gens   []uint32 // generation of each slot used so far
 	free   []int    // freed slots
+	limit  int      // the most slots, if below maxHandles (tests)
 	chunks [maxHandles / handleChunk]atomic.Pointer[[handleChunk]atomic.Pointer[handleSlot]]
 }
 
@@ -75,12 +76,12 @@ func (t *Handles) Prepare(l *core.Layout, device int) (int64, error) {
 	case len(t.free) > 0:
 		slot = t.free[len(t.free)-1]
 		t.free = t.free[:len(t.free)-1]
-	case len(t.gens) < maxHandles:
+	case len(t.gens) < maxHandles && (t.limit == 0 || len(t.gens) < t.limit):
 		slot = len(t.gens)
 		t.gens = append(t.gens, 0)
 	default:
 		return 0, &core.Error{Op: "prepare", Err: ErrLimit,
-			Msg: fmt.Sprintf("%d layouts are held (one per distinct layout and device), the most one process holds; release some", maxHandles)}
+			Msg: fmt.Sprintf("%d layouts are held (one per distinct layout and device), the most one process holds; release some", len(t.gens))}
 	}
 	t.gens[slot]++
 	h := int64(t.gens[slot])<<handleBits | int64(slot)

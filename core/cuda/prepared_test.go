@@ -212,6 +212,19 @@ func TestHandles(t *testing.T) {
 	if h4, err := hs.Prepare(&l, -1); err != nil || h4 == h || h4&(maxHandles-1) != h&(maxHandles-1) {
 		t.Errorf("Prepare after Release = %#x, %v; the old handle was %#x", h4, err, h)
 	}
+	// Full: a new layout is refused as a limit of the library; held ones still answer.
+	full := Handles{limit: 2}
+	a, errA := full.Prepare(&l, -1)
+	_, errB := full.Prepare(&causal, -1)
+	other := l
+	other.SeqlenCache, other.KCache[0], other.VCache[0] = 2048, 2048*8*128, 2048*8*128
+	_, err = full.Prepare(&other, -1)
+	if errA != nil || errB != nil || !errors.Is(err, ErrLimit) || KindOf(err) != KindLimit {
+		t.Errorf("a third layout in a table of 2: %v (%v, %v)", err, errA, errB)
+	}
+	if again, err := full.Prepare(&l, -1); again != a || err != nil {
+		t.Errorf("a held layout in a full table: %d, %v", again, err)
+	}
 	_, err = hs.Prepare(&core.Layout{}, -1)
 	checkErr(t, "an empty layout", err, "dtype", core.ErrUnsupported)
 	_, err = hs.Prepare(nil, -1)
