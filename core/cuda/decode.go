@@ -32,8 +32,8 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 }
 
 // minAddress is the lowest device address a call takes: no allocation
-// lies below it, and the Go runtime throws where it finds such a value in
-// a pointer-typed word on a goroutine stack.
+// lies below it, so a value there is the caller's mistake (and one in a
+// pointer-typed word on a goroutine stack makes the Go runtime throw).
 const minAddress = 4096
 
 // checkAddresses refuses, by name, a nonzero device address of p below
