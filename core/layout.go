@@ -134,18 +134,18 @@ func LayoutOf(p *Problem) Layout {
 	l := Layout{
 		DType: int64(p.DType), Batch: int64(p.Batch), SeqlenQ: int64(p.SeqlenQ), HeadsQ: int64(p.HeadsQ),
 		HeadsKV: int64(p.HeadsKV), HeadDim: int64(p.HeadDim), SeqlenCache: int64(p.SeqlenCache),
-		NumSplits: int64(p.NumSplits), DeviceLengths: flag(p.DeviceLengths), Causal: flag(p.Causal),
+		NumSplits: int64(p.NumSplits), DeviceLengths: layoutFlag(p.DeviceLengths), Causal: layoutFlag(p.Causal),
 		Scale: float64(p.Scale),
-		Q:     strides4(p.Q), KCache: strides4(p.K), VCache: strides4(p.V), Out: strides4(p.Out),
+		Q:     layoutStrides(p.Q), KCache: layoutStrides(p.K), VCache: layoutStrides(p.V), Out: layoutStrides(p.Out),
 		PageSize: int64(p.PageSize), NumPages: int64(p.NumPages), MaxPages: int64(p.MaxPages),
 		BlockTable: [2]int64{p.BlockTableStride, 1},
-		CacheBatch: int64(p.CacheBatch), Leftpad: flag(p.Leftpad),
+		CacheBatch: int64(p.CacheBatch), Leftpad: layoutFlag(p.Leftpad),
 		WindowLeft: -1, WindowRight: -1,
-		Softcap: float64(p.Softcap), Alibi: flag(p.Alibi), AlibiSlopes: [2]int64{p.AlibiBatchStride, 1},
-		SeqlenNew: int64(p.New.Seqlen), KNew: strides4(p.New.K), VNew: strides4(p.New.V),
+		Softcap: float64(p.Softcap), Alibi: layoutFlag(p.Alibi), AlibiSlopes: [2]int64{p.AlibiBatchStride, 1},
+		SeqlenNew: int64(p.New.Seqlen), KNew: layoutStrides(p.New.K), VNew: layoutStrides(p.New.V),
 		RotaryDim: int64(p.Rotary.Dim), RotaryRows: int64(p.Rotary.Rows),
 		RotaryCos: [2]int64{p.Rotary.Stride, 1}, RotarySin: [2]int64{p.Rotary.Stride, 1},
-		RotaryInterleaved: flag(p.Rotary.Interleaved),
+		RotaryInterleaved: layoutFlag(p.Rotary.Interleaved),
 	}
 	if p.Window.Enabled {
 		l.WindowLeft, l.WindowRight = int64(p.Window.Left), int64(p.Window.Right)
@@ -153,14 +153,14 @@ func LayoutOf(p *Problem) Layout {
 	return l
 }
 
-func flag(b bool) int64 {
+func layoutFlag(b bool) int64 {
 	if b {
 		return 1
 	}
 	return 0
 }
 
-func strides4(t Tensor) [4]int64 { return [4]int64{t.BatchStride, t.SeqStride, t.HeadStride, 1} }
+func layoutStrides(t Tensor) [4]int64 { return [4]int64{t.BatchStride, t.SeqStride, t.HeadStride, 1} }
 
 // Problem converts l, for every door, into the Problem it describes, with
 // no device addresses and the whole cache as its length (Seqlen -1; a call

@@ -25,12 +25,15 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 	if err := checkAddresses(p); err != nil {
 		return core.Plan{}, err
 	}
+	if err := checkAddress("decode", "workspace", workspace); err != nil {
+		return core.Plan{}, err
+	}
 	return run(p, workspace, workspaceBytes, device, stream)
 }
 
 // minAddress is the lowest device address a call takes: no allocation
-// lies below it, and the Go runtime throws where it finds such a value in
-// a pointer-typed word on a goroutine stack.
+// lies below it, so a value there is the caller's mistake (and one in a
+// pointer-typed word on a goroutine stack makes the Go runtime throw).
 const minAddress = 4096
 
 // checkAddresses refuses, by name, a nonzero device address of p below
@@ -94,9 +97,6 @@ func checkWorkspace(p *core.Problem, pl *core.Plan, workspace uintptr, workspace
 		return &core.Error{Op: "decode", Arg: "workspace",
 			Msg: fmt.Sprintf("null device pointer; the plan needs %d bytes", pl.WorkspaceBytes), Err: core.ErrInvalid}
 	}
-	if err := checkAddress("decode", "workspace", workspace); err != nil {
-		return err
-	}
 	return p.CheckWorkspace(workspace, pl.WorkspaceBytes)
 }
 
@@ -119,4 +119,23 @@ func PlanFor(s core.Shape, device int) (core.Plan, error) {
 	}
 	pd, err := d.plan(s)
 	return pd.plan, err
+}
+
+// PlanLayout returns the plan of a call of layout l with this seqlen (see
+// core.Problem.CallSeqlen) on GPU device (< 0: core.H200, as PlanFor),
+// holding nothing and reading none of the tensors' strides
+// (core.Layout.Sizes): for one-shot callers that plan before they have
+// the tensors.
+func PlanLayout(l *core.Layout, device, seqlen int) (core.Plan, error) {
+	if l == nil {
+		return core.Plan{}, &core.Error{Op: "plan", Arg: "layout", Msg: "nil", Err: core.ErrInvalid}
+	}
+	p, err := l.Sizes()
+	if err != nil {
+		return core.Plan{}, err
+	}
+	if p.Seqlen, err = p.CallSeqlen(seqlen); err != nil {
+		return core.Plan{}, err
+	}
+	return PlanFor(p.PlanShape(), device)
 }

@@ -22,6 +22,7 @@ type Handles struct {
 	held   map[int64]handleUse
 	gens   []uint32 // generation of each slot used so far
 	free   []int    // freed slots
+	limit  int      // the most slots, if below maxHandles (tests)
 	chunks [maxHandles / handleChunk]atomic.Pointer[[handleChunk]atomic.Pointer[handleSlot]]
 }
 
@@ -55,10 +56,13 @@ var ErrLimit = errors.New("limit reached")
 // Prepare returns the handle of layout l on device (see the package
 // function Prepare), holding it once more.
 func (t *Handles) Prepare(l *core.Layout, device int) (int64, error) {
-	if l == nil {
-		return 0, &core.Error{Op: "prepare", Arg: "layout", Msg: "nil", Err: core.ErrInvalid}
+	r, err := Prepare(l, device)
+	if err != nil {
+		return 0, err
 	}
-	key := handleKey{*l, max(device, -1)}
+	// Layouts that differ only where it makes no difference (the stride of
+	// a size-1 dimension, say) are one layout.
+	key := handleKey{core.LayoutOf(&r.p), r.device}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if h, ok := t.byKey[key]; ok {
@@ -67,21 +71,17 @@ func (t *Handles) Prepare(l *core.Layout, device int) (int64, error) {
 		t.held[h] = u
 		return h, nil
 	}
-	r, err := Prepare(l, device)
-	if err != nil {
-		return 0, err
-	}
 	var slot int
 	switch {
 	case len(t.free) > 0:
 		slot = t.free[len(t.free)-1]
 		t.free = t.free[:len(t.free)-1]
-	case len(t.gens) < maxHandles:
+	case len(t.gens) < maxHandles && (t.limit == 0 || len(t.gens) < t.limit):
 		slot = len(t.gens)
 		t.gens = append(t.gens, 0)
 	default:
 		return 0, &core.Error{Op: "prepare", Err: ErrLimit,
-			Msg: fmt.Sprintf("%d layouts are held (one per distinct layout and device), the most one process holds; release some", maxHandles)}
+			Msg: fmt.Sprintf("%d layouts are held (one per distinct layout and device), the most one process holds; release some", len(t.gens))}
 	}
 	t.gens[slot]++
 	h := int64(t.gens[slot])<<handleBits | int64(slot)

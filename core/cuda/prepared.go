@@ -120,7 +120,7 @@ func (r *Prepared) Run(a *Args, seqlen int, stream uintptr) (core.Plan, error) {
 	if p.Seqlen, err = p.CallSeqlen(seqlen); err != nil {
 		return core.Plan{}, err
 	}
-	if err := checkCall(&p); err != nil {
+	if err := checkCall(&p, a.Workspace); err != nil {
 		return core.Plan{}, err
 	}
 	w, err := r.at(p.Seqlen)
@@ -153,7 +153,7 @@ func DecodeLayout(l *core.Layout, device int, a *Args, seqlen int, stream uintpt
 	if p.Seqlen, err = p.CallSeqlen(seqlen); err != nil {
 		return core.Plan{}, err
 	}
-	if err := checkCall(&p); err != nil {
+	if err := checkCall(&p, a.Workspace); err != nil {
 		return core.Plan{}, err
 	}
 	return run(&p, a.Workspace, a.WorkspaceBytes, device, stream)
@@ -166,15 +166,19 @@ func setArgs(p *core.Problem, a *Args) {
 	p.New.K.Ptr, p.New.V.Ptr, p.Rotary.Cos, p.Rotary.Sin = a.KNew, a.VNew, a.RotaryCos, a.RotarySin
 }
 
-// checkCall checks the device addresses of a call of a valid layout p: a
-// device lengths layout is called with its array, and the core's checks
+// checkCall checks the device addresses of a call of a valid layout p and
+// its workspace's: a device lengths layout is called with its array, no
+// address is below minAddress, and the core's checks
 // (core.Problem.CheckPointers).
-func checkCall(p *core.Problem) error {
+func checkCall(p *core.Problem, workspace uintptr) error {
 	if p.DeviceLengths && p.CacheSeqlens == 0 {
 		return &core.Error{Op: "decode", Arg: "cache_seqlens", Err: core.ErrInvalid,
 			Msg: "null device pointer; the layout has device lengths (device_lengths=1)"}
 	}
 	if err := checkAddresses(p); err != nil {
+		return err
+	}
+	if err := checkAddress("decode", "workspace", workspace); err != nil {
 		return err
 	}
 	return p.CheckPointers()
