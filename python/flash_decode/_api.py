@@ -23,7 +23,8 @@ _DTYPES = {torch.float16: 1, torch.bfloat16: 2}  # core.DType
 _INT64 = 1 << 63
 
 # The one cache: call signature -> [Run, handle, workspace bytes, device, lse shape,
-# q contiguous, binding]; the workspace is the largest a call of the layout needed so far.
+# q contiguous, an int cache_seqlens, binding]; the workspace is the largest a call of the
+# layout needed so far.
 # _last is its last hit (the dict, the key, the entry): a loop over one layout compares
 # its key with that one instead of hashing it.
 _prepared = {}
@@ -211,9 +212,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                          rotary_interleaved, alibi_slopes, num_splits, out)
-    run, handle, workspace_bytes, device, lse_shape, q_contiguous, _ = entry
+    run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
-    if type(cache_seqlens) is int:
+    if int_length:
         seqlen = cache_seqlens
         if seqlen == -1 or max_seqlen_k is not None:
             _check_lengths(cache_seqlens, max_seqlen_k)
@@ -258,7 +259,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def _grown(entry, status, seqlen, given):
     """After Run refused a call: the workspace bytes the call needs when it was given fewer
     (the layout's size from now on), else Run's error raised."""
-    native, handle = entry[6], entry[1]
+    native, handle = entry[7], entry[1]
     if (needed := native.Workspace(handle, seqlen)) < 0:
         raise _native.error(native, needed)
     if needed <= given:
@@ -285,7 +286,8 @@ def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                             alibi_slopes=alibi_slopes, out=out)
     native = _native.binding()
     entry = [_native.function(native, "Run"), _handle(native, fields, device), 0, device,
-             (fields["batch"], fields["heads_q"], fields["seqlen_q"]), q.is_contiguous(), native]
+             (fields["batch"], fields["heads_q"], fields["seqlen_q"]), q.is_contiguous(), type(cache_seqlens) is int,
+             native]
     if sig is not None:
         if len(_prepared) >= _PREPARED_LIMIT:
             _prepared.clear()  # the core keeps the handles: preparing again is a lookup
