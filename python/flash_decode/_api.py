@@ -1,7 +1,6 @@
-"""flash_decode and plan: tensors turned into the Go core's layout record and call
-arguments. Python checks what only it sees (types, ranks, that the tensors agree in
-shape, which go together, devices); the core checks every value, names the argument
-at fault and decides the plan. Under torch.compile the call is a custom op (_ops)."""
+"""flash_decode and plan: tensors turned into the Go core's layout record and call arguments.
+Python checks what the layout cannot say (types, ranks, agreeing shapes, devices); the core
+checks every value, names the argument at fault and plans."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import math
 import operator
 import os
 import struct
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 
@@ -42,33 +41,6 @@ def _forget():
 os.register_at_fork(after_in_child=_forget)
 
 
-# The return type follows return_softmax_lse: out, or (out, lse).
-@overload
-def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
-                 rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
-                 cache_seqlens: int | torch.Tensor | None = None, cache_batch_idx: torch.Tensor | None = None,
-                 cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                 softmax_scale: float | None = None, causal: bool = False,
-                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                 rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
-                 num_splits: int = 0, return_softmax_lse: Literal[False] = False,
-                 out: torch.Tensor | None = None, max_seqlen_k: int | None = None) -> torch.Tensor: ...
-
-
-@overload
-def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
-                 rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
-                 cache_seqlens: int | torch.Tensor | None = None, cache_batch_idx: torch.Tensor | None = None,
-                 cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                 softmax_scale: float | None = None, causal: bool = False,
-                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                 rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
-                 num_splits: int = 0, return_softmax_lse: Literal[True],
-                 out: torch.Tensor | None = None, max_seqlen_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
 def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k: torch.Tensor | None = None, v: torch.Tensor | None = None, *,
                  rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
@@ -81,92 +53,40 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  max_seqlen_k: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
-    The arguments are FlashAttention 2's ``flash_attn_with_kvcache``, with the same
-    names and meanings: switching a call to this function is a rename. Runs on
-    ``torch.cuda.current_stream()`` of q's device: a split-KV kernel spreads each
-    sequence's keys over all SMs, and the splits' partial outputs are merged by their
-    log-sum-exp, inside that kernel when a sequence's splits fit one thread-block
-    cluster, else by a combine kernel; with ``k`` and ``v`` the new tokens are first
-    written into the cache. No host/device synchronization, and the call can be
-    captured in a CUDA graph: launch shapes depend on tensor shapes only, so a replay
-    after new values are written into ``cache_seqlens`` (or the block table, or the new
-    tokens) is right. The first call with a layout (shapes, strides, dtypes, devices,
-    options) has the Go core check it; later ones pass only the addresses (and an int
-    ``cache_seqlens``). Under ``torch.compile`` the call is the custom op
-    ``flash_decode::decode`` (``decode_append`` with k and v), with no graph break.
-
-    Positions are key indices of the sequence's cache. Sequence b attends keys
-    ``[cache_leftpad[b], len)``, ``len = cache_seqlens[b] + seqlen_new``; query row i
-    sits at position ``len - seqlen_q + i`` (bottom-right aligned), which the causal
-    mask and the window count from.
+    FlashAttention 2's ``flash_attn_with_kvcache``, same names and meanings. Runs on q's
+    device's current stream with no host sync (CUDA-graph safe); with k and v the new
+    tokens are first written into the cache. Under torch.compile it is the custom op
+    ``flash_decode::decode`` (``decode_append`` with k and v). Full reference: docs/api.md.
 
     Args:
-        q: ``(batch, seqlen_q, nheads_q, headdim)``, float16 or bfloat16, with 1 <=
-            seqlen_q <= 16 (more query tokens is prefill's work).
-        k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_kv, headdim)``
-            (batch_cache = batch unless ``cache_batch_idx`` is given), or with
-            ``block_table`` a paged cache ``(num_blocks, page_size, nheads_kv,
-            headdim)``, any page_size >= 1; q's dtype and device; nheads_q a multiple
-            of nheads_kv. headdim: any multiple of 8 up to 256 (64, 128 and 256
-            fastest); seqlen_cache: 0 to 2**30; batch * nheads_q * seqlen_q below
-            2**31. Every tensor needs a contiguous last dimension; other strides are
-            free.
-        k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)`` in q's dtype,
-            both or neither, with cache_seqlens: token t of sequence b is written at
-            key ``cache_seqlens[b] + t`` (writes past the cache are skipped; an int
-            cache_seqlens plus seqlen_new must fit), then attended. The caller
-            advances cache_seqlens.
-        rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)`` in q's dtype, both or
-            neither, with k and v: the first rotary_dim (a multiple of 16) channels of
-            the new keys (at their positions) and of q are rotated, q's row i at
-            ``cache_seqlens[b] + i`` when causal or a window is set, else all at
-            ``cache_seqlens[b]``. Positions past seqlen_ro are clamped.
-        cache_seqlens: keys per sequence before the new tokens: None (the whole
-            cache), an int in [0, seqlen_cache], or an int32 tensor ``(batch,)`` whose
-            values the kernels clamp to [0, seqlen_cache].
-        cache_batch_idx: int32 ``(batch,)``: sequence b uses cache row
-            ``cache_batch_idx[b]`` (clamped to the rows). Not with block_table.
-        cache_leftpad: int32 ``(batch,)``: sequence b's keys start there.
-        block_table: int32 ``(batch, max_blocks)``: key j of sequence b is row ``j %
-            page_size`` of block ``block_table[b, j // page_size]``; seqlen_cache is
-            ``max_blocks * page_size``. Block ids outside ``[0, num_blocks)`` are
-            clamped on read and skipped on write.
-        softmax_scale: scale of q.k, a positive normal float32; None: 1/sqrt(headdim).
-        causal: a bool; row i sees keys up to its own position.
-        window_size: ``(left, right)`` ints: the row at position p sees keys ``[p -
-            left, p + right]``; -1 leaves a side unbounded; causal sets right to 0.
-        softcap: a float; > 0 caps the scores: ``softcap * tanh(s / softcap)``.
-        rotary_interleaved: a bool: rotate channel pairs (2m, 2m + 1) (GPT-J); False:
-            pairs (m, m + rotary_dim / 2) (GPT-NeoX).
-        alibi_slopes: float32 ``(nheads_q,)`` or ``(batch, nheads_q)``: adds ``-slope *
-            |p - j|`` to the score of row position p and key j, after the softcap.
-        num_splits: 0 lets the Go core's planner choose (see :func:`plan`); n > 0 asks
-            for n, clamped to [1, min(cap, key tiles of the cache)].
-        return_softmax_lse: also return the natural-log LSE of each row.
-        out: a tensor of q's shape, dtype and device to write into, sharing memory
-            with no input.
-        max_seqlen_k: with a cache_seqlens tensor, an int bound on the keys a sequence
-            attends (its cache_seqlens plus the new tokens), e.g. the batch's longest:
-            the split is planned for it, rounded up to a power of two, not for the
-            cache's capacity (a 128K cache holding 1K runs the 1K plan). Each sequence
-            is still split by its own length, so any bound is right; one below the
-            lengths only costs speed.
+        q: ``(batch, seqlen_q <= 16, nheads_q, headdim)``, float16 or bfloat16.
+        k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_kv, headdim)``, or with
+            block_table pages ``(num_blocks, page_size, nheads_kv, headdim)``.
+        k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)``, both or neither.
+        rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)``, with k and v.
+        cache_seqlens: keys per sequence before the new tokens: None (all), an int or an
+            int32 ``(batch,)`` tensor.
+        cache_batch_idx, cache_leftpad: int32 ``(batch,)``: each sequence's cache row; its first key.
+        block_table: int32 ``(batch, max_blocks)``: each sequence's pages.
+        softmax_scale: scale of q.k; None: 1/sqrt(headdim).
+        causal, window_size: row i sees keys up to its position; ``(left, right)`` of it (-1: unbounded).
+        softcap: > 0 caps the scores at ``softcap * tanh(s / softcap)``.
+        rotary_interleaved: GPT-J pairs (True) or GPT-NeoX halves (False).
+        alibi_slopes: float32 ``(nheads_q,)`` or ``(batch, nheads_q)``.
+        num_splits: 0 lets the planner choose (see :func:`plan`); n > 0 asks for n.
+        return_softmax_lse: also return each row's natural-log LSE.
+        out: a tensor of q's shape, dtype and device to write into.
+        max_seqlen_k: with a cache_seqlens tensor, a bound on the keys a sequence attends, to
+            plan for instead of the cache's capacity.
 
     Returns:
-        ``out`` ``(batch, seqlen_q, nheads_q, headdim)`` in q's dtype, and with
-        return_softmax_lse ``(out, lse)``, lse float32 ``(batch, nheads_q, seqlen_q)``.
-        A row that sees no key gives out = 0 and lse = -inf.
+        out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32
+        ``(batch, nheads_q, seqlen_q)``.
 
     Raises:
-        TypeError: an argument of the wrong type or dtype.
-        ValueError: wrong rank, shape, device, stride or value, arguments that do not
-            go together, or out sharing memory with an input. A refused call writes
-            nothing.
-        NotImplementedError: a size or stride the kernels do not support (headdim 100,
-            seqlen_q > 16); the message says what is.
-        RuntimeError: no usable CUDA driver, a failure in the native code, or a call in
-            a process forked from one that had loaded it.
-        Messages name the argument at fault.
+        TypeError, ValueError, NotImplementedError (a size the kernels lack) or RuntimeError
+        (no driver, native failure, forked process), naming the argument; a refused call
+        writes nothing.
 
     Example::
 
@@ -425,44 +345,26 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
          seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
          window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0,
          lengths: bool = False) -> dict[str, Any]:
-    """What :func:`flash_decode` would launch for these shapes, from the Go core: what
-    num_splits=0 picks, the grid, the kernels and the workspace, for the shapes and the
-    device's SMs.
+    """What :func:`flash_decode` would launch for these shapes on a device, from the Go
+    core: the split count num_splits=0 picks, the grid, the kernels and the workspace.
+    The full reference is docs/api.md.
 
     Args:
-        batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache: the shapes of q
-            ``(batch, seqlen_q, nheads_q, headdim)`` and the caches ``(batch,
-            seqlen_cache, nheads_kv, headdim)``.
+        batch, seqlen_q, nheads_q, nheads_kv, headdim, seqlen_cache: q's and the caches' shapes.
         dtype: torch.float16 or torch.bfloat16.
         num_splits: as in :func:`flash_decode` (0: the planner chooses).
-        device: a CUDA device (index, ``"cuda:1"``, torch.device); None: the current
-            one (RuntimeError where torch sees no GPU); -1: a default H200-like
-            device (132 SMs), without a GPU.
-        seqlen: the length an int cache_seqlens gives; None: the whole cache. With
-            ``lengths``, the bound a call passes as max_seqlen_k, planned as there.
-        serving: plan the serving kernels (``fd_split_kv_serving_*``), which a call
-            with any serving argument runs; only the next three change the plan, and
-            any of them implies it.
+        device: a CUDA device; None: the current one; -1: a default H200-like device, no GPU needed.
+        seqlen: an int cache_seqlens (None: the whole cache); with lengths, max_seqlen_k.
+        serving: plan the serving kernels, as a call with any serving argument runs.
         seqlen_new: the tokens a call appends (k.shape[1]).
-        window_size: as in :func:`flash_decode`; a left bound caps the keys planned for.
-        rotary: rotary tables given (with seqlen_new): the workspace holds the rotated q.
-        page_size: > 0: a paged cache (block_table) of pages of that many keys
-            (seqlen_cache rounded up to whole pages). Pages of a multiple of 8 keys and
-            no window run the paged form (``fd_split_kv_paged_*``) when the call has no
-            cache_batch_idx, cache_leftpad, softcap or alibi_slopes, as plan() takes it.
-        lengths: the call passes a cache_seqlens tensor (and no cache_leftpad): a
-            batch's plan may then balance its splits by the lengths on the GPU.
+        window_size: as in :func:`flash_decode`.
+        rotary: rotary tables given (with seqlen_new).
+        page_size: > 0: a paged cache of pages of that many keys.
+        lengths: the call passes a cache_seqlens tensor.
 
     Returns:
-        dict: the core's plan: ``num_splits``, ``grid``, ``cluster`` (the
-        thread-block cluster when the splits merge inside the split kernel, else 1),
-        ``workspace_bytes``, ``kernel`` (stage 1's), ``combine`` (its kernel, "" when
-        none runs; ``_c32`` above 32 splits; ``combine_rows`` rows a block up to 8),
-        ``whole_items`` (> 0: that many batch x K/V head items run unsplit, for a grid
-        of more than the GPU holds), ``balance_splits`` (> 0 with ``lengths``: the
-        count for equal lengths, each sequence taking its own), ``append`` (the append
-        kernel) or ``fused_append`` (stage 1 writes the new tokens), and
-        ``variant["form"]``: "plain", "serving", "paged", "paged_append" or "append".
+        dict: the core's plan (``num_splits``, ``grid``, ``cluster``, ``workspace_bytes``,
+        ``kernel``, ``combine``, ...).
 
     Example (on an H200)::
 
@@ -470,9 +372,6 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         >>> p = flash_decode.plan(1, 1, 32, 8, 128, 32768)
         >>> p["num_splits"], p["grid"], p["cluster"], p["workspace_bytes"], p["combine"]  # doctest: +SKIP
         (16, [16, 8, 1], 1, 264192, 'fd_combine_f16')
-        >>> p = flash_decode.plan(1, 1, 32, 8, 128, 1024, seqlen_new=1, page_size=16)  # appends a token
-        >>> p["kernel"], p.get("append"), p["fused_append"]  # doctest: +SKIP
-        ('fd_split_kv_paged_append_f16_d128_r16', None, True)
     """
     if dtype not in _DTYPES:
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")

@@ -1,7 +1,5 @@
-"""merge_states and merge_state: the combine stage on its own, for attention
-computed in parts (cascade / shared-prefix attention, keys split across
-devices). Python checks the types, shapes and devices and fits the states to the
-binding's arguments; the Go core checks the values."""
+"""merge_states and merge_state: attention computed in parts merged by LSE. Python
+checks types, shapes and devices and fits the states to the binding; the Go core checks the values."""
 
 from __future__ import annotations
 
@@ -17,74 +15,39 @@ _ROW_DIMS = 3  # the binding's row dimensions (core.MergeRowDims)
 def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...],
                  lses: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge attention states computed over disjoint key sets into the attention over
-    all their keys.
-
-    Each state is the normalized output of attention over one set of keys and its
-    natural-log log-sum-exp (LSE), for the same query rows: a shared prefix and each
-    sequence's own keys (cascade attention), the parts of a cache held by several
-    GPUs, or flash_decode over several caches. Per row, with M the largest LSE::
-
-        lse = M + log(sum_s exp(lse_s - M)),  out = sum_s exp(lse_s - lse) * out_s
-
-    An LSE of -inf is an empty state: it weighs nothing, whatever its output holds; a
-    row whose states are all empty gets out = 0 and lse = -inf. The merge accumulates
-    in float32 in one kernel on ``torch.cuda.current_stream()`` of the inputs' device,
-    with no host synchronization and no allocation but the outputs (and a stacked copy
-    of a list that cannot be passed as it is), so it can be captured in a CUDA graph.
-    It is not differentiable. Under torch.compile it is the custom op
-    ``flash_decode::merge_states`` of stacked states, with no graph break. FlashInfer's
-    ``merge_states(v, s)`` takes the states in dimension 1: pass ``v.movedim(1, 0),
-    s.movedim(1, 0)``; multiply base-2 LSEs by ``math.log(2)``.
+    all their keys (cascade attention, a cache split across devices): per row,
+    ``lse = logsumexp(lse_s)`` and ``out = sum_s exp(lse_s - lse) * out_s``; an LSE of
+    -inf is an empty state. One float32 kernel on the current stream, no host sync.
+    The full reference is docs/api.md.
 
     Args:
-        outs: the states' outputs: a tensor ``(num_states, *rows, headdim)``, or a list
-            or tuple of num_states tensors ``(*rows, headdim)`` of one shape; float16,
-            bfloat16 or float32, on one CUDA device. headdim: a multiple of 4 from 4 to
-            256, contiguous. rows: any shape whose strides form at most 3 dimensions once
-            dimensions that step together are joined (any contiguous or transposed
-            layout of up to 3 does), strides multiples of 4 elements and addresses
-            aligned to 4 (a view at an odd offset may not be; its .clone() is). A list
-            of more than 8 tensors, or of different strides, is stacked first.
-        lses: their float32 natural-log LSEs: a tensor ``(num_states, *rows)`` or a list
-            or tuple of tensors ``(*rows)``, any strides, on outs' device. For
-            flash_decode's out ``(batch, seqlen_q, nheads_q, headdim)`` and lse ``(batch,
-            nheads_q, seqlen_q)``, pass ``lse.transpose(1, 2)``.
+        outs: ``(num_states, *rows, headdim)``, or a list or tuple of ``(*rows,
+            headdim)`` tensors; float16, bfloat16 or float32 on one CUDA device.
+        lses: their float32 natural-log LSEs, ``(num_states, *rows)`` or a list or
+            tuple; for flash_decode's lse pass ``lse.transpose(1, 2)``.
 
     Returns:
-        ``(out, lse)``: out ``(*rows, headdim)`` in outs' dtype and lse ``(*rows)``
-        float32, new contiguous tensors.
+        ``(out, lse)``: out ``(*rows, headdim)`` in outs' dtype, lse ``(*rows)`` float32.
 
     Raises:
-        TypeError: outs or lses not a tensor or a list of tensors, or of a wrong dtype.
-        ValueError: shapes that do not match, no states, a non-contiguous headdim, CPU
-            tensors or several devices; the message names the argument.
-        NotImplementedError: an unsupported headdim, more than 3 row dimensions that do
-            not join, or strides and addresses the kernel cannot load 4 elements from.
-        RuntimeError: no usable CUDA driver, or a failure in the native code.
+        TypeError, ValueError, NotImplementedError (a layout the kernel cannot load) or
+        RuntimeError (no driver, native failure), naming the argument.
 
-    Example (cascade attention: a prefix every sequence shares, then each one's keys)::
+    Example::
 
         >>> import torch, flash_decode
-        >>> q = torch.randn(8, 1, 32, 128, dtype=torch.float16, device="cuda")
-        >>> k_prefix = torch.randn(1, 4096, 8, 128, dtype=torch.float16, device="cuda")
-        >>> v_prefix = torch.randn_like(k_prefix)
-        >>> k, v = (torch.randn(8, 512, 8, 128, dtype=torch.float16, device="cuda") for _ in "kv")
-        >>> o1, l1 = flash_decode.flash_decode(q, k_prefix.expand(8, -1, -1, -1),
-        ...                                    v_prefix.expand(8, -1, -1, -1), return_softmax_lse=True)
-        >>> o2, l2 = flash_decode.flash_decode(q, k, v, return_softmax_lse=True)
-        >>> out, lse = flash_decode.merge_states([o1, o2], [l1.transpose(1, 2), l2.transpose(1, 2)])
-        >>> out.shape, lse.shape
-        (torch.Size([8, 1, 32, 128]), torch.Size([8, 1, 32]))
+        >>> outs, lses = torch.randn(2, 4, 32, 128, device="cuda"), torch.randn(2, 4, 32, device="cuda")
+        >>> out, lse = flash_decode.merge_states(outs, lses)  # two states of 4 x 32 rows
+        >>> torch.allclose(lse, torch.logsumexp(lses, 0), atol=1e-5)
+        True
     """
     return _merge(outs, lses, None, None)
 
 
 def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                 lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge two attention states: :func:`merge_states` of ``[out_a, out_b]`` and
-    ``[lse_a, lse_b]``: out_a and out_b ``(*rows, headdim)`` of one shape, dtype and
-    device, lse_a and lse_b ``(*rows)`` float32 (-inf: an empty state). Errors name the
-    argument (the Go core's name outs or lses and the state: 0 for a, 1 for b).
+    """:func:`merge_states` of ``[out_a, out_b]`` and ``[lse_a, lse_b]``; errors name
+    the argument.
 
     Example::
 
@@ -92,8 +55,6 @@ def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
         >>> out_a, out_b = (torch.randn(4, 32, 128, device="cuda") for _ in "ab")
         >>> lse_a, lse_b = (torch.randn(4, 32, device="cuda") for _ in "ab")
         >>> out, lse = flash_decode.merge_state(out_a, lse_a, out_b, lse_b)
-        >>> torch.allclose(lse, torch.logaddexp(lse_a, lse_b), atol=1e-5)
-        True
     """
     return _merge((out_a, out_b), (lse_a, lse_b), ("out_a", "out_b"), ("lse_a", "lse_b"))
 
