@@ -1,13 +1,8 @@
-"""The gopy-built Go extension, loaded once it is safe to, and its errors.
-
-gorgonia.org/cu's init calls ``cuInit`` and exits the process if it fails, and the
-extension needs a libcuda.so.1 to load: :func:`binding` asks the driver first
-(ctypes, leaving torch's CUDA state alone). With ``planner_only`` (layouts prepared
-for device -1, no GPU) a missing driver, or one that sees no device, is stood in for
-by the wheel's :data:`STANDIN` (no device), loaded globally first. Each outcome is
-kept; a failure is raised again on every call. Go's runtime does not survive fork
-without exec: in a child forked after the extension loaded, every call raises.
-"""
+"""The gopy-built Go extension, loaded once it is safe to, and its errors. gorgonia.org/cu's
+init exits the process if cuInit fails, so :func:`binding` asks the driver through ctypes
+first; planning without a GPU (planner_only) loads the wheel's stand-in libcuda (STANDIN).
+Each outcome is kept; a child forked after loading refuses every call (Go's runtime does not
+survive fork without exec)."""
 
 import ctypes
 import gc
@@ -32,28 +27,22 @@ _lock = threading.Lock()
 _module = None
 _errors = {}     # planner_only -> why binding() raises
 _loaded = set()  # the planner_only values binding() returns the module for
-_driver = None   # (libcuda error, cuInit error, device error, cuInit saw no device), once probed
+_driver = None   # _probe_driver's answer, once asked
 
-
-def current_stream(device):
-    """The CUstream handle of torch's current stream on device (an index)."""
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", current_stream)  # noqa: F811 (no Python frame)
+# The CUstream handle of torch's current stream on a device index (torch's raw call has no Python frame).
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
 def binding(planner_only=False):
-    """The Go extension module, imported on first use; RuntimeError (the reason in the
-    message) where it cannot serve."""
+    """The Go extension module, imported on first use; RuntimeError saying why where it cannot serve."""
     planner_only = bool(planner_only)
-    if planner_only in _loaded:
-        return _module
-    with _lock:
-        if planner_only not in _loaded and planner_only not in _errors:
-            _load(planner_only)
-    if planner_only in _errors:
-        raise RuntimeError(_errors[planner_only])
+    if planner_only not in _loaded:
+        with _lock:
+            if planner_only not in _loaded and planner_only not in _errors:
+                _load(planner_only)
+        if planner_only in _errors:
+            raise RuntimeError(_errors[planner_only])
     return _module
 
 
@@ -73,11 +62,8 @@ def _load(planner_only):
     global _module, _driver
     if _driver is None:
         _driver = _probe_driver(force=os.environ.get(FORCE_NATIVE_ENV) == "1")
-    libcuda_error, cuinit_error, device_error, no_device = _driver
-    if planner_only:
-        error = _load_standin(libcuda_error or cuinit_error) if libcuda_error or no_device else cuinit_error
-    else:
-        error = libcuda_error or cuinit_error or device_error
+    error, device_error, standin = _driver
+    error = (_load_standin(error) if standin else error) if planner_only else error or device_error
     try:
         with open("/proc/self/maps") as maps:  # capi's library carries a Go runtime of its own
             if error is None and "libflashdecode.so" in maps.read():
@@ -94,8 +80,7 @@ def _load(planner_only):
             _errors[False] = _errors[True] = (f"flash_decode's native extension {BINDING_MODULE} could not be "
                                               f"imported ({err}); reinstall the package with `pip install .`")
             return
-        # gopy's modules add hooks that run a full Go GC after every Python collection; the
-        # binding holds no Go object for them to reclaim.
+        # gopy's hooks run a full Go GC after every Python collection; the binding holds no Go object.
         gc.callbacks[:] = [cb for cb in gc.callbacks if "_gopy_gc_cb" not in (
             getattr(cb, "__name__", ""), getattr(cb, "__qualname__", ""))]
         os.register_at_fork(after_in_child=_forked)
@@ -109,24 +94,22 @@ def _forked():
 
 
 def _probe_driver(force):
-    """libcuda.so.1 loaded, cuInit(0) called and, unless force, the devices counted:
-    the errors of each, and whether cuInit saw no device."""
+    """libcuda.so.1 loaded, cuInit(0) called and, unless force, the devices counted: why the
+    driver cannot serve, why it cannot serve a GPU call, and whether the stand-in may plan."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as err:
-        return f"libcuda.so.1 could not be loaded ({err})", None, None, False
+        return f"libcuda.so.1 could not be loaded ({err})", None, True
     if (status := cuda.cuInit(0)) == _NO_DEVICE:
-        return None, f"cuInit(0) found no CUDA device (CUresult {status})", None, True
+        return f"cuInit(0) found no CUDA device (CUresult {status})", None, True
     if status != 0:
-        return None, f"cuInit(0) failed with CUresult {status}", None, False
+        return f"cuInit(0) failed with CUresult {status}", None, False
     count = ctypes.c_int(0)
-    if force:
-        return None, None, None, False
-    if (status := cuda.cuDeviceGetCount(ctypes.byref(count))) != 0:
-        return None, None, f"cuDeviceGetCount failed with CUresult {status}", False
-    if count.value < 1:
-        return None, None, f"the driver reports no CUDA device ({FORCE_NATIVE_ENV}=1 loads the extension anyway)", False
-    return None, None, None, False
+    if not force and (status := cuda.cuDeviceGetCount(ctypes.byref(count))) != 0:
+        return None, f"cuDeviceGetCount failed with CUresult {status}", False
+    if not force and count.value < 1:
+        return None, f"the driver reports no CUDA device ({FORCE_NATIVE_ENV}=1 loads the extension anyway)", False
+    return None, None, False
 
 
 def _load_standin(why):
