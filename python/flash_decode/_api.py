@@ -21,11 +21,9 @@ _current_stream = _native.current_stream
 _DTYPES = {torch.float16: 1, torch.bfloat16: 2}  # core.DType
 _INT64 = 1 << 63
 
-# The one cache: call signature -> [Run, handle, workspace bytes, device, lse shape,
-# q contiguous, an int cache_seqlens, binding]; the workspace is the largest a call of the
-# layout needed so far.
-# _last is its last hit (the dict, the key, the entry): a loop over one layout compares
-# its key with that one instead of hashing it.
+# The one cache: call signature -> [Run, handle, workspace bytes (the largest needed so far), device,
+# lse shape, q contiguous, an int cache_seqlens, binding]. _last is its last hit (dict, key, entry):
+# a loop over one layout compares its key instead of hashing it.
 _prepared = {}
 _last = (None, None, None)
 _PREPARED_LIMIT = 4096
@@ -92,11 +90,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
         >>> import torch, flash_decode
         >>> q = torch.randn(2, 1, 32, 128, dtype=torch.float16, device="cuda")
-        >>> k = torch.randn(2, 4096, 8, 128, dtype=torch.float16, device="cuda")
-        >>> v = torch.randn_like(k)
+        >>> k, v = (torch.randn(2, 4096, 8, 128, dtype=torch.float16, device="cuda") for _ in "kv")
         >>> lens = torch.tensor([4096, 1000], dtype=torch.int32, device="cuda")
-        >>> out, lse = flash_decode.flash_decode(q, k, v, cache_seqlens=lens,
-        ...                                      causal=True, return_softmax_lse=True)
+        >>> out, lse = flash_decode.flash_decode(q, k, v, cache_seqlens=lens, causal=True, return_softmax_lse=True)
         >>> out.shape, lse.shape
         (torch.Size([2, 1, 32, 128]), torch.Size([2, 32, 1]))
     """
@@ -177,8 +173,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _grown(entry, status, seqlen, given):
-    """After Run refused a call: the workspace bytes the call needs when it was given fewer
-    (the layout's size from now on), else Run's error raised."""
+    """After Run refused a call: the larger workspace it needs (the layout's from now on), else Run's error."""
     native, handle = entry[7], entry[1]
     if (needed := native.Workspace(handle, seqlen)) < 0:
         raise _native.error(native, needed)
@@ -195,8 +190,7 @@ def _sig(t):
 def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
              out):
-    """Check a call, have the core prepare its layout (checking the rest) and keep what
-    the layout's later calls need under sig."""
+    """Check a call, have the core prepare its layout and keep what later calls need under sig."""
     fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
                      num_splits, out)
@@ -216,8 +210,7 @@ def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
 
 def _handle(native, fields, device):
-    """Prepare's handle of a layout on device: fields by name (see core.Layout), an array's
-    as a tuple, 0 where not given, packed in the order and types LayoutFields gives."""
+    """Prepare's handle of fields (core.Layout's by name, arrays as tuples, 0 where not given) on device."""
     names = [f.split(":") for f in native.LayoutFields().split(",")]
     record = struct.Struct("=" + "".join(kind for _, kind in names))
     flat = {}
@@ -315,10 +308,8 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
 def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
             return_softmax_lse, out, max_seqlen_k):
-    """flash_decode while torch.compile traces: the arguments checked as an eager call's
-    first call checks them (the ops' schemas would turn True into 1, a wrong rank would
-    fail in the fake kernel, and out= is a copy that would cast or broadcast), then one of
-    the ops, whose kernel, the eager call, has the core check the values."""
+    """flash_decode while torch.compile traces: the eager call's first checks (the ops' schemas would
+    turn True into 1, and out= is a copy that would cast or broadcast), then an op."""
     _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out)
     _check_lengths(cache_seqlens, max_seqlen_k)
@@ -438,27 +429,22 @@ def _device_index(device):
 # ---- checks of what the Go core cannot see ----
 
 def _check_lengths(cache_seqlens, max_seqlen_k):
-    """Refuse the lengths the core cannot be told: an int cache_seqlens of -1 (the whole
-    cache, to the core), a max_seqlen_k that is not an int, is -1 or comes without a
-    cache_seqlens tensor."""
+    """Refuse lengths the core cannot be told: -1 (its whole cache), a max_seqlen_k without a cache_seqlens tensor."""
     if type(cache_seqlens) is int and cache_seqlens == -1:
         raise ValueError("cache_seqlens=-1 must not be negative (None: the whole cache)")
-    if max_seqlen_k is None:
-        return
-    if type(max_seqlen_k) is not int:
-        raise TypeError(f"max_seqlen_k must be an int, got {type(max_seqlen_k).__name__}")
-    if type(cache_seqlens) is int:
-        raise ValueError("max_seqlen_k is for a cache_seqlens tensor: an int cache_seqlens is planned by itself")
-    if cache_seqlens is None:
-        raise ValueError("max_seqlen_k needs cache_seqlens as a tensor: without it every sequence attends the "
-                         "whole cache")
-    if max_seqlen_k == -1:
-        raise ValueError("max_seqlen_k=-1 must not be negative")
+    if max_seqlen_k is not None:
+        if type(max_seqlen_k) is not int:
+            raise TypeError(f"max_seqlen_k must be an int, got {type(max_seqlen_k).__name__}")
+        if not isinstance(cache_seqlens, torch.Tensor):
+            raise ValueError("max_seqlen_k is for a cache_seqlens tensor: an int cache_seqlens is planned by itself"
+                             if cache_seqlens is not None else "max_seqlen_k needs cache_seqlens as a tensor: "
+                             "without it every sequence attends the whole cache")
+        if max_seqlen_k == -1:
+            raise ValueError("max_seqlen_k=-1 must not be negative")
 
 
 def _tensor(name, t, ndim, dims, dtype):
-    """Refuse t unless it is a tensor of ndim dimensions (None: any), named dims, and of
-    dtype (None: float16 or bfloat16, q's)."""
+    """Refuse t unless a tensor of ndim dimensions (None: any) dims, of dtype (None: float16 or bfloat16)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if ndim is not None and t.dim() != ndim:
@@ -471,8 +457,7 @@ def _tensor(name, t, ndim, dims, dtype):
 
 
 def _index(name, t, batch, table=False):
-    """Refuse t unless it is an int32 (batch,) tensor, contiguous (the layout has no stride
-    for it), or a table (batch, max_blocks)."""
+    """Refuse t unless an int32 (batch,) tensor, contiguous (no stride in the layout), or table (batch, max_blocks)."""
     dims = f"(batch={batch}, max_blocks)" if table else f"(batch,) = ({batch},)"
     _tensor(name, t, 1 + table, dims, torch.int32)
     if t.shape[0] != batch:

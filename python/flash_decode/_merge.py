@@ -60,8 +60,8 @@ def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
 
 
 def _merge(outs, lses, out_names, lse_names):
-    """merge_states, with names for the list items in messages (None: outs[i] and lses[i]).
-    While torch.compile traces: the checks that need no device, then the op."""
+    """merge_states, naming list items out_names, lse_names (None: outs[i], lses[i]); while
+    torch.compile traces, the checks that need no device, then the op."""
     o = _States("outs", outs, out_names, None)
     lse_in = _States("lses", lses, lse_names, o)
     if torch.compiler.is_compiling():
@@ -78,8 +78,7 @@ def _merge(outs, lses, out_names, lse_names):
     for x in (o, lse_in):  # the binding takes a pointer each of at most 8 tensors of one layout
         if not x.stacked and (len(x.tensors) > _POINTERS or len({t.stride() for t in x.tensors}) > 1):
             x.tensors, x.stacked = [x.stack()], True
-    # Join the row dimensions every tensor steps through as one (the outputs are
-    # contiguous: the inputs decide); the binding takes three.
+    # Row dimensions every tensor steps through as one, joined (the inputs decide); the binding takes three.
     sizes, strides = _join(rows, o.row_strides(), lse_in.row_strides(), out.stride()[:-1], lse.stride())
     if len(sizes) > _ROW_DIMS:
         raise NotImplementedError(f"{o.name} and {lse_in.name}: the strides of the {len(rows)} row dimensions "
@@ -96,27 +95,25 @@ def _merge(outs, lses, out_names, lse_names):
 
 
 class _States:
-    """One input of every state, checked but for the device they share: a stacked tensor,
-    or a list or tuple of tensors of one shape (names: theirs; None: name[i]). Outputs (of
-    None): a dtype the kernel takes, a contiguous last dimension. LSEs (of: the outputs):
-    float32, of the outputs' rows and count."""
+    """One input of every state, checked but for the device they share: a stacked tensor or a list
+    or tuple of tensors of one shape (names: the items'; None: name[i]). Outputs (of None): a dtype
+    the kernel takes, a contiguous last dimension; LSEs (of: the outputs): float32, their rows and count."""
 
     def __init__(self, name, x, names, of):
         layout = "(num_states, *rows)" if of else "(num_states, *rows, headdim)"
         self.stacked = isinstance(x, torch.Tensor)
-        if self.stacked and (x.dim() < (1 if of else 2) or x.shape[0] < 1):
-            raise ValueError(f"{name} must hold at least one state {layout}, got shape {tuple(x.shape)}")
         if not self.stacked and not isinstance(x, (list, tuple)):
             raise TypeError(f"{name} must be a torch.Tensor {layout} or a list or tuple of tensors, "
                             f"got {type(x).__name__}")
-        if not self.stacked and not x:
-            raise ValueError(f"{name} must hold at least one state, got an empty {type(x).__name__}")
+        if self.stacked and (x.dim() < (1 if of else 2) or x.shape[0] < 1) or not self.stacked and not x:
+            raise ValueError(f"{name} must hold at least one state {layout}, got "
+                             + (f"shape {tuple(x.shape)}" if self.stacked else f"an empty {type(x).__name__}"))
         names = [name] if self.stacked else names or [f"{name}[{i}]" for i in range(len(x))]
-        self.tensors = [x] if self.stacked else list(x)
+        self.tensors, self.name = [x] if self.stacked else list(x), names[0]
         for item, t in zip(names, self.tensors):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{item} must be a torch.Tensor, got {type(t).__name__}")
-        first, self.name = self.tensors[0], names[0]
+        first = self.tensors[0]
         self.dtype, self.count = first.dtype, first.shape[0] if self.stacked else len(self.tensors)
         if of is None and first.dim() < 1:
             raise ValueError(f"{names[0]} must have at least 1 dimension (*rows, headdim), got a 0-d tensor")
@@ -156,8 +153,7 @@ class _States:
 
 
 def _join(sizes, *strides):
-    """Drop dimensions of size 1 and join neighbours that every stride set steps through
-    as one (outer stride = inner stride * inner size); the sizes and the stride sets."""
+    """The sizes and stride sets without dimensions of size 1, neighbours every set steps through as one joined."""
     dims = []  # (size, [stride per set])
     for i, n in enumerate(sizes):
         if n == 1:

@@ -1,9 +1,6 @@
-"""The custom ops torch.compile puts in the graph (_api and _merge call them by name,
-through torch.ops): ``flash_decode::decode`` (attention only), ``decode_append`` (writes
-k and v into the caches, declared mutated, then attends) and ``merge_states`` (of
-stacked states). Each returns ``(out, lse)``, fresh contiguous tensors; the CUDA kernels
-are the eager calls, the fake kernels give the shapes and dtypes the compiler traces.
-"""
+"""The custom ops torch.compile puts in the graph: ``flash_decode::decode``, ``decode_append``
+(writes k and v into the caches, declared mutated) and ``merge_states`` (of stacked states), each
+returning fresh ``(out, lse)``; the CUDA kernels are the eager calls, the fake ones give shapes."""
 
 from typing import Optional
 
@@ -44,14 +41,12 @@ def decode_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
 
 @torch.library.custom_op("flash_decode::merge_states", mutates_args=(), device_types="cuda")
 def merge_states(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
-    """merge_states of stacked states (num_states, *rows, headdim) and their LSEs
-    (num_states, *rows); returns (out, lse)."""
+    """merge_states of stacked states (num_states, *rows, headdim) and LSEs (num_states, *rows)."""
     return _merge.merge_states(outs, lses)
 
 
 def _results(q, *_):
-    """Empty (out, lse) as the kernels return them: out contiguous in q's shape and dtype,
-    lse float32 (batch, nheads_q, seqlen_q)."""
+    """Empty (out, lse) as the kernels return them: out like q, contiguous; lse float32 (batch, nheads_q, seqlen_q)."""
     batch, seqlen_q, nheads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
 
