@@ -78,13 +78,11 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             plan for instead of the cache's capacity.
 
     Returns:
-        out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32
-        ``(batch, nheads_q, seqlen_q)``.
+        out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32 (batch, nheads_q, seqlen_q).
 
     Raises:
-        TypeError, ValueError, NotImplementedError (a size the kernels lack) or RuntimeError
-        (no driver, native failure, forked process), naming the argument; a refused call
-        writes nothing.
+        TypeError, ValueError, NotImplementedError (a size the kernels lack) or RuntimeError (no driver, native
+        failure, forked process), naming the argument; a refused call writes nothing.
 
     Example::
 
@@ -354,8 +352,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         lengths: the call passes a cache_seqlens tensor.
 
     Returns:
-        dict: the core's plan (``num_splits``, ``grid``, ``cluster``, ``workspace_bytes``,
-        ``kernel``, ``combine``, ...).
+        dict: the core's plan (``num_splits``, ``grid``, ``cluster``, ``workspace_bytes``, ``kernel``, ...).
 
     Example (on an H200)::
 
@@ -410,20 +407,17 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
 
 def _device_index(device):
     """plan()'s device as an index (-1: the default H200-like device)."""
-    if device is None:
-        if not torch.cuda.is_available():  # torch's own error would not name the way out
-            raise RuntimeError("plan(device=None) plans for the current CUDA device, and torch sees none; "
-                               "device=-1 plans for a default H200-like device (132 SMs) without a GPU")
-        return torch.cuda.current_device()
-    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+    if device is None and not torch.cuda.is_available():  # torch's own error would not name the way out
+        raise RuntimeError("plan(device=None) plans for the current CUDA device, and torch sees none; "
+                           "device=-1 plans for a default H200-like device (132 SMs) without a GPU")
+    if device is not None and (isinstance(device, bool) or not isinstance(device, (int, str, torch.device))):
         raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}")
-    if isinstance(device, int):
-        if device < -1:
-            raise ValueError(f"device={device} must be a CUDA device index, or -1 for the default device")
-        return device
-    if (device := torch.device(device)).type != "cuda":
+    if isinstance(device, int) and device < -1:
+        raise ValueError(f"device={device} must be a CUDA device index, or -1 for the default device")
+    if isinstance(device, (str, torch.device)) and (device := torch.device(device)).type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
-    return torch.cuda.current_device() if device.index is None else device.index
+    index = device if isinstance(device, int) else getattr(device, "index", None)
+    return torch.cuda.current_device() if index is None else index
 
 
 # ---- checks of what the Go core cannot see ----

@@ -63,7 +63,14 @@ def _load(planner_only):
     if _driver is None:
         _driver = _probe_driver(force=os.environ.get(FORCE_NATIVE_ENV) == "1")
     error, device_error, standin = _driver
-    error = (_load_standin(error) if standin else error) if planner_only else error or device_error
+    if not planner_only:
+        error = error or device_error
+    elif standin:  # the stand-in libcuda, loaded globally, serves the extension's planning
+        try:
+            ctypes.CDLL(STANDIN, mode=ctypes.RTLD_GLOBAL)
+            error = None
+        except OSError as err:
+            error = f"{error}, and the stand-in for planning could not be loaded ({err})"
     try:
         with open("/proc/self/maps") as maps:  # capi's library carries a Go runtime of its own
             if error is None and "libflashdecode.so" in maps.read():
@@ -110,14 +117,3 @@ def _probe_driver(force):
     if not force and count.value < 1:
         return None, f"the driver reports no CUDA device ({FORCE_NATIVE_ENV}=1 loads the extension anyway)", False
     return None, None, False
-
-
-def _load_standin(why):
-    """STANDIN loaded globally: None, or why planning cannot run either."""
-    if not os.path.isfile(STANDIN):
-        return f"{why}, and this installation has no stand-in for planning ({STANDIN})"
-    try:
-        ctypes.CDLL(STANDIN, mode=ctypes.RTLD_GLOBAL)
-    except OSError as err:
-        return f"{why}, and the stand-in for planning could not be loaded ({err})"
-    return None
