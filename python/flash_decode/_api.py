@@ -51,10 +51,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  max_seqlen_k: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
-    FlashAttention 2's ``flash_attn_with_kvcache``, same names and meanings. Runs on q's
-    device's current stream with no host sync (CUDA-graph safe); with k and v the new
-    tokens are first written into the cache. Under torch.compile it is the custom op
-    ``flash_decode::decode`` (``decode_append`` with k and v). Full reference: docs/api.md.
+    FlashAttention 2's ``flash_attn_with_kvcache``, same names and meanings. Runs on q's device's current
+    stream with no host sync (CUDA-graph safe); with k and v the new tokens are first written into the cache.
+    Under torch.compile it is the op ``flash_decode::decode`` (``decode_append`` with k and v). See docs/api.md.
 
     Args:
         q: ``(batch, seqlen_q <= 16, nheads_q, headdim)``, float16 or bfloat16.
@@ -62,8 +61,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_table pages ``(num_blocks, page_size, nheads_kv, headdim)``.
         k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)``, both or neither.
         rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)``, with k and v.
-        cache_seqlens: keys per sequence before the new tokens: None (all), an int or an
-            int32 ``(batch,)`` tensor.
+        cache_seqlens: keys per sequence before the new tokens: None (all), an int or int32 ``(batch,)``.
         cache_batch_idx, cache_leftpad: int32 ``(batch,)``: each sequence's cache row; its first key.
         block_table: int32 ``(batch, max_blocks)``: each sequence's pages.
         softmax_scale: scale of q.k; None: 1/sqrt(headdim).
@@ -74,8 +72,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         num_splits: 0 lets the planner choose (see :func:`plan`); n > 0 asks for n.
         return_softmax_lse: also return each row's natural-log LSE.
         out: a tensor of q's shape, dtype and device to write into.
-        max_seqlen_k: with a cache_seqlens tensor, a bound on the keys a sequence attends, to
-            plan for instead of the cache's capacity.
+        max_seqlen_k: with a cache_seqlens tensor, a bound on the keys a sequence attends, planned for.
 
     Returns:
         out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32 (batch, nheads_q, seqlen_q).
