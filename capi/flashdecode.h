@@ -7,15 +7,21 @@
  * Go core (github.com/flash-decode/flash-decode/core) built with
  * `go build -buildmode=c-shared -o libflashdecode.so ./capi`.
  *
- * Usage:
- *     fd_args a = {0};
- *     a.dtype = FD_FLOAT16; a.batch = 1; a.seqlen_q = 1; a.heads_q = 32; a.heads_kv = 8;
- *     a.head_dim = 128; a.seqlen_cache = 4096; a.seqlen = -1; a.device = 0;
- *     a.q = (fd_tensor){q_ptr, 1*32*128, 32*128, 128};   ... k, v, out likewise
+ * Usage: describe the layout once (shapes, strides, options), then run it on each
+ * step's device addresses:
+ *     fd_layout l = {0};
+ *     l.dtype = FD_FLOAT16; l.batch = 1; l.seqlen_q = 1; l.heads_q = 32; l.heads_kv = 8;
+ *     l.head_dim = 128; l.seqlen_cache = 4096; l.window_left = l.window_right = -1;
+ *     l.q[0] = 32*128; l.q[1] = 32*128; l.q[2] = 128; l.q[3] = 1;   ... k_cache, v_cache, out
+ *     fd_handle h;
+ *     if (fd_prepare(&l, sizeof l, 0, &h) != FD_OK) puts(fd_last_error());
  *     size_t ws_bytes;
- *     if (fd_workspace_size(&a, &ws_bytes) != FD_OK) puts(fd_last_error());
- *     ... cuMemAlloc a workspace of ws_bytes (none when 0) ...
- *     if (fd_decode(&a, ws, ws_bytes, stream) != FD_OK) puts(fd_last_error());
+ *     fd_workspace_size(h, -1, &ws_bytes);    ... cuMemAlloc a workspace of ws_bytes
+ *     fd_ptrs p = {0};
+ *     p.q = q_ptr; p.k_cache = k_ptr; p.v_cache = v_ptr; p.out = out_ptr;
+ *     if (fd_run(h, &p, sizeof p, -1, ws, ws_bytes, stream) != FD_OK) puts(fd_last_error());
+ *     fd_release(h);
+ * fd_decode (fd_args) does the same in one call, validating everything each time.
  *
  * Device memory and streams are the CUDA driver API's (CUdeviceptr, CUstream); the
  * library uses the primary context of args->device, the one the CUDA runtime and
@@ -56,6 +62,10 @@ typedef enum fd_status {
     FD_ERR_CUDA = 3,        /* the driver failed: a launch error, out of resources, ... */
     FD_ERR_BUFFER = 4,      /* a caller buffer is too small (fd_plan_json) */
     FD_ERR_INTERNAL = 5,    /* a bug in flash-decode; please report fd_last_error() */
+    FD_ERR_LIMIT = 6,       /* a limit of the library: 65536 layouts held at once (fd_prepare) */
+    FD_ERR_FORKED = 7,      /* called in a child forked (without exec) from the process that
+                               loaded the library: its Go runtime does not survive fork; start
+                               workers with spawn, or exec */
 } fd_status;
 
 /* A 4-D (batch, seq, heads, head_dim) tensor in device memory. Strides count
@@ -131,6 +141,119 @@ typedef struct fd_plan_info {
                    combine_row0, balance_splits and the append kernel, are in
                    fd_plan_json and fd_plan_json_serving only) */
 
+/* ---- The prepared API: fd_prepare once, fd_run each step ----------------------------
+ *
+ * A layout is every fact of a decode but its device addresses and lengths: the same in
+ * Go (core.Layout), in C (fd_layout) and in Python, one 8-byte field after another, so
+ * fd_layout_fields() lists them. fd_prepare validates it once and returns a handle;
+ * fd_run checks only the new addresses and launches. Strides count elements, in
+ * (batch, seq, head, head_dim) order for a 4-D tensor, (row, column) for a 2-D table;
+ * the stride of a dimension of size 1 is never read (any value is taken), the last
+ * one must be 1 otherwise. Flags are 0 or 1. Zero-initialize, then set (and set the
+ * window to -1, -1: a zeroed window is (0, 0)). */
+typedef struct fd_layout {
+    int64_t dtype;          /* fd_dtype of q, k_cache, v_cache, out (and k_new, v_new, rotary) */
+    int64_t batch;          /* sequences, >= 1 */
+    int64_t seqlen_q;       /* new query tokens per sequence, 1..16 */
+    int64_t heads_q;        /* query heads: a multiple of heads_kv */
+    int64_t heads_kv;       /* key/value heads, >= 1 */
+    int64_t head_dim;       /* a multiple of 8, at most 256 */
+    int64_t seqlen_cache;   /* keys per sequence the cache holds (max_pages * page_size when paged) */
+    int64_t num_splits;     /* 0: the planner chooses; n > 0: asks for n (clamped) */
+    int64_t device_lengths; /* 1: each fd_run passes cache_seqlens, an int32 (batch,) array of
+                               lengths, and its seqlen is a bound on them (max_seqlen_k) */
+    int64_t causal;         /* 1: query i sees keys j <= len - seqlen_q + i (bottom-right) */
+    double scale;           /* softmax scale: 0 for 1/sqrt(head_dim), else a positive normal float32 */
+    int64_t q[4];           /* strides of q (batch, seqlen_q, heads_q, head_dim) */
+    int64_t k_cache[4];     /* of the caches (batch, seqlen_cache, heads_kv, head_dim), or
+                               (cache_batch, ...), or paged (num_pages, page_size, ...) */
+    int64_t v_cache[4];
+    int64_t out[4];         /* of out, like q; written */
+    int64_t page_size;      /* keys per page of a paged cache (block_table); 0: contiguous */
+    int64_t num_pages;      /* pages in k_cache and v_cache */
+    int64_t max_pages;      /* pages per sequence: block_table is (batch, max_pages) int32 */
+    int64_t block_table[2]; /* its strides */
+    int64_t cache_batch;    /* > 0: k_cache has this many rows, cache_batch_idx picks each
+                               sequence's (contiguous caches only); 0: row b is sequence b */
+    int64_t leftpad;        /* 1: fd_run passes cache_leftpad, int32 (batch,) first valid keys */
+    int64_t window_left;    /* keys before a query's position it sees; -1: unbounded */
+    int64_t window_right;   /* keys after it (causal makes it 0); -1: unbounded */
+    double softcap;         /* > 0: scores become softcap * tanh(score / softcap); 0: off */
+    int64_t alibi;          /* 1: fd_run passes alibi_slopes, float32 (batch, heads_q) or (heads_q,) */
+    int64_t alibi_slopes[2]; /* its strides; a batch stride of 0: one slope per head */
+    int64_t seqlen_new;     /* tokens k_new and v_new append to each sequence before attention; 0: none */
+    int64_t k_new[4];       /* strides of k_new (batch, seqlen_new, heads_kv, head_dim) */
+    int64_t v_new[4];
+    int64_t rotary_dim;     /* with an append: rotate the first rotary_dim channels of q and the new
+                               keys (a multiple of 16); 0: none */
+    int64_t rotary_rows;    /* positions in the tables (rotary_rows, rotary_dim / 2) */
+    int64_t rotary_cos[2];  /* strides of the tables, which share one layout */
+    int64_t rotary_sin[2];
+    int64_t rotary_interleaved; /* 1: pairs (2m, 2m+1) (GPT-J); 0: (m, m + rotary_dim / 2) */
+} fd_layout;
+
+/* One call's device addresses (CUdeviceptr): q, k_cache, v_cache and out always (the
+ * caches may be 0 with seqlen_cache 0), the others exactly where the layout has them
+ * (lse is optional). What a call writes (out, lse, with an append the caches) must
+ * share no byte with the other tensors or the workspace. Zero-initialize, then set. */
+typedef struct fd_ptrs {
+    uint64_t q, k_cache, v_cache, out;
+    uint64_t lse;            /* float32 (batch, heads_q, seqlen_q), contiguous, receiving the
+                                natural-log LSE; 0: not wanted */
+    uint64_t cache_seqlens;  /* int32 (batch,) lengths: with device_lengths (or instead of a
+                                seqlen); clamped to [0, seqlen_cache] on the device */
+    uint64_t block_table, cache_batch_idx, cache_leftpad, alibi_slopes;
+    uint64_t k_new, v_new, rotary_cos, rotary_sin;
+} fd_ptrs;
+
+/* A prepared layout: nonzero id, from fd_prepare, until its fd_release. */
+typedef struct fd_handle {
+    int64_t id;
+} fd_handle;
+
+/* Validates *layout (layout_size: sizeof(fd_layout) of the caller's header, so that the
+ * struct can grow) for CUDA device `device` and sets *out to its handle. A negative
+ * device plans for an H200 (132 SMs) without a GPU: fd_workspace_size and fd_plan work,
+ * fd_run is refused. The same layout and device give the same handle; each fd_prepare
+ * holds it once more, each fd_release once less. Touches no GPU. */
+int fd_prepare(const fd_layout *layout, size_t layout_size, int device, fd_handle *out);
+
+/* Sets *bytes to the workspace fd_run needs with this seqlen. seqlen: -1 for the whole
+ * cache; without device_lengths, every sequence's length (0..seqlen_cache; with new
+ * tokens the cached ones before them); with device_lengths, a bound on the lengths
+ * (max_seqlen_k), which the library rounds up to a power of two for its plan. The first
+ * call for a device opens it (retains its primary context, loads the kernels). */
+int fd_workspace_size(fd_handle h, int64_t seqlen, size_t *bytes);
+
+/* Launches the prepared decode on ptrs (ptrs_size: sizeof(fd_ptrs)) with this seqlen
+ * (see fd_workspace_size) on stream (a CUstream; NULL is the legacy default stream).
+ * workspace: at least fd_workspace_size bytes of device memory (NULL when 0), 16-byte
+ * aligned; its contents need no initialization. Never synchronizes, never allocates:
+ * outputs are ready when the stream reaches this point. */
+int fd_run(fd_handle h, const fd_ptrs *ptrs, size_t ptrs_size, int64_t seqlen, void *workspace,
+           size_t workspace_bytes, void *stream);
+
+/* Fills *plan with the launch fd_run makes with this seqlen. */
+int fd_plan(fd_handle h, int64_t seqlen, fd_plan_info *plan);
+
+/* Writes that plan as a NUL-terminated JSON object (the fields of core.Plan, snake_case)
+ * into buf. *needed (if not NULL) receives the bytes it takes, NUL included; returns
+ * FD_ERR_BUFFER, writing nothing, when buf_size is smaller (buf NULL with buf_size 0 asks
+ * for the size only). */
+int fd_plan_json(fd_handle h, int64_t seqlen, char *buf, size_t buf_size, size_t *needed);
+
+/* Holds h once less: after its last fd_release the handle is refused. */
+int fd_release(fd_handle h);
+
+/* fd_layout's fields in order, "name:q,name:d,..." (q int64_t, d double; an array's
+ * elements are name[0], name[1], ...): for callers that build the record by name. */
+const char *fd_layout_fields(void);
+
+/* ---- One-shot calls: fd_args ----------------------------------------------------------
+ *
+ * fd_decode and its kin take the whole call in one struct and validate all of it each
+ * time; they run the same code as fd_prepare and fd_run. */
+
 /* The serving features of one call, flash_attn_with_kvcache's arguments beyond
  * fd_args (mirrors core.Problem's serving fields). Zero-initialize, then set: a
  * zeroed fd_serving (or NULL) turns every feature off. Positions are key indices
@@ -177,8 +300,6 @@ typedef struct fd_serving {
     int32_t rotary_interleaved;  /* nonzero: pairs (2m, 2m+1) (GPT-J); 0: (m, m + rotary_dim/2) */
 } fd_serving;
 
-#ifndef FD_CGO_EXPORTS /* capi's Go code declares these itself (cgo has no const) */
-
 /* Flash decoding for args on device args->device, launched on stream (a CUstream;
  * NULL is the legacy default stream). workspace: device memory of at least
  * fd_workspace_size bytes (may be NULL when that is 0), 16-byte aligned and sharing
@@ -187,11 +308,13 @@ typedef struct fd_serving {
 int fd_decode(const fd_args *args, void *workspace, size_t workspace_bytes, void *stream);
 
 /* Sets *bytes to the workspace fd_decode needs for args' shapes (pointers are not
- * read, but whether cache_seqlens is 0 counts; args->device -1 plans without a GPU). */
-int fd_workspace_size(const fd_args *args, size_t *bytes);
+ * read, but whether cache_seqlens is 0 counts; args->device -1 plans without a GPU).
+ * fd_workspace_size(args, bytes) calls it (see below). */
+int fd_args_workspace_size(const fd_args *args, size_t *bytes);
 
-/* Fills *plan with the launch fd_decode would run for args' shapes. */
-int fd_plan(const fd_args *args, fd_plan_info *plan);
+/* Fills *plan with the launch fd_decode would run for args' shapes; fd_plan(args, plan)
+ * calls it. */
+int fd_args_plan(const fd_args *args, fd_plan_info *plan);
 
 /* fd_decode with the serving features of serving (NULL: none): a paged or
  * batch-indexed cache, leftpad, a window, softcap, ALiBi, and new tokens appended
@@ -209,27 +332,40 @@ int fd_workspace_size_serving(const fd_args *args, const fd_serving *serving, si
 /* fd_plan for fd_decode_serving (the serving kernels when a feature is on). */
 int fd_plan_serving(const fd_args *args, const fd_serving *serving, fd_plan_info *plan);
 
-/* Writes the plan as a NUL-terminated JSON object (the fields of core.Plan, snake_case)
- * into buf. *needed (if not NULL) receives the bytes it takes, NUL included; returns
- * FD_ERR_BUFFER, writing nothing, when buf_size is smaller (buf NULL with buf_size 0
- * asks for the size only). */
-int fd_plan_json(const fd_args *args, char *buf, size_t buf_size, size_t *needed);
+/* fd_plan_json for fd_decode; fd_plan_json(args, buf, buf_size, needed) calls it. */
+int fd_args_plan_json(const fd_args *args, char *buf, size_t buf_size, size_t *needed);
 
 /* fd_plan_json for fd_decode_serving: the whole plan of a serving call, its append
  * kernel and rotated q's offset (q_rot_offset) included. */
 int fd_plan_json_serving(const fd_args *args, const fd_serving *serving, char *buf, size_t buf_size,
                          size_t *needed);
 
+/* fd_workspace_size, fd_plan and fd_plan_json take an fd_handle; given an fd_args
+ * pointer instead (as before the prepared API), they call the fd_args_ function. */
+#ifdef __cplusplus
+}
+static inline int fd_workspace_size(const fd_args *args, size_t *bytes) { return fd_args_workspace_size(args, bytes); }
+static inline int fd_plan(const fd_args *args, fd_plan_info *plan) { return fd_args_plan(args, plan); }
+static inline int fd_plan_json(const fd_args *args, char *buf, size_t buf_size, size_t *needed) {
+    return fd_args_plan_json(args, buf, buf_size, needed);
+}
+extern "C" {
+#elif !defined(FD_NO_ARGS_OVERLOADS)
+#define fd_workspace_size(x, ...) \
+    _Generic((x), fd_handle: fd_workspace_size, default: fd_args_workspace_size)((x), __VA_ARGS__)
+#define fd_plan(x, ...) _Generic((x), fd_handle: fd_plan, default: fd_args_plan)((x), __VA_ARGS__)
+#define fd_plan_json(x, ...) _Generic((x), fd_handle: fd_plan_json, default: fd_args_plan_json)((x), __VA_ARGS__)
+#endif
+
 /* The flash-decode release, e.g. "0.1.0". */
 const char *fd_version(void);
-
-#endif /* FD_CGO_EXPORTS */
 
 /* The longest fd_last_error message, NUL included (longer ones are cut). */
 #define FD_LAST_ERROR_MAX 1024
 
 /* The message of the last failed fd_* call on the calling thread, naming the field at
- * fault as fd_args, fd_serving or fd_merge_args call it (e.g. "flashdecode: plan:
+ * fault as fd_layout, fd_ptrs, fd_args, fd_serving or fd_merge_args call it (or the
+ * function's argument: seqlen, workspace, handle, ...) (e.g. "flashdecode: plan:
  * heads_q: invalid argument: 12 is not a multiple of nheads_kv=5"; the details after
  * the field may use PyTorch's names: nheads_kv is heads_kv, k_cache.shape[0] is
  * num_pages); "" after a successful call. Valid until the thread's next fd_* call; it
@@ -288,15 +424,11 @@ typedef struct fd_merge_args {
     int64_t lse_strides[3];
 } fd_merge_args;
 
-#ifndef FD_CGO_EXPORTS
-
 /* Merges args' states on device args->device, launched on stream (a CUstream; NULL is
  * the legacy default stream): one kernel launch, no host synchronization, no allocation
  * once the device is open (see fd_decode); it can then be captured in a CUDA graph. Returns FD_OK or an fd_status; fd_last_error()
  * names the argument at fault. The outputs are ready when the stream reaches this point. */
 int fd_merge_states(const fd_merge_args *args, void *stream);
-
-#endif /* FD_CGO_EXPORTS */
 
 #ifdef __cplusplus
 }

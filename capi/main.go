@@ -3,17 +3,18 @@
 //	go build -buildmode=c-shared -o libflashdecode.so ./capi
 //
 // it exports the functions declared in capi/flashdecode.h (the public header;
-// the libflashdecode.h Go writes beside the library is a build output). Each
-// function converts the C structs into core values and calls core/cuda, so C,
-// Go and Python callers share one planner and one launcher. No function
-// panics or exits: errors become an fd_status code plus a per-thread message
-// (fd_last_error, in lasterror.c).
+// the libflashdecode.h Go writes beside the library is a build output). The
+// public functions are C (entry.c): each refuses a call in a forked child
+// before it enters Go, then calls its fdgo_ function here, which reads the C
+// structs as core values and calls core/cuda, so C, Go and Python callers
+// share one converter (core.Layout), one planner and one launcher. No
+// function panics or exits: errors become an fd_status code plus a
+// per-thread message (fd_last_error, in lasterror.c).
 package main
 
 /*
 #cgo CFLAGS: -std=c11
 #include <stdlib.h>
-#define FD_CGO_EXPORTS
 #include "flashdecode.h"
 
 void fd_set_last_error(const char *msg);
@@ -31,99 +32,14 @@ import (
 	"github.com/flash-decode/flash-decode/core/cuda"
 )
 
-// version is fd_version's string, allocated once and never freed.
-var version = C.CString(core.Version)
+// Static strings, allocated once and never freed.
+var (
+	version      = C.CString(core.Version)
+	layoutFields = C.CString(core.LayoutFieldsText())
+)
 
-// shape converts the planner's part of a. C callers pass the same fd_args
-// to the workspace query as to the decode, so whether cache_seqlens is
-// given decides Shape.DeviceLengths for both.
-func shape(a *C.fd_args) core.Shape {
-	return core.Shape{
-		DType:         core.DType(a.dtype),
-		Batch:         int(a.batch),
-		SeqlenQ:       int(a.seqlen_q),
-		HeadsQ:        int(a.heads_q),
-		HeadsKV:       int(a.heads_kv),
-		HeadDim:       int(a.head_dim),
-		SeqlenCache:   int(a.seqlen_cache),
-		Seqlen:        int(a.seqlen),
-		NumSplits:     int(a.num_splits),
-		DeviceLengths: a.cache_seqlens != 0,
-	}
-}
-
-func tensor(t C.fd_tensor) core.Tensor {
-	return core.Tensor{Ptr: uintptr(t.ptr), BatchStride: int64(t.batch_stride),
-		SeqStride: int64(t.seq_stride), HeadStride: int64(t.head_stride)}
-}
-
-// problem converts a whole fd_args and, when not NULL, an fd_serving.
-func problem(a *C.fd_args, sv *C.fd_serving) core.Problem {
-	p := core.Problem{
-		Shape:        shape(a),
-		Q:            tensor(a.q),
-		K:            tensor(a.k),
-		V:            tensor(a.v),
-		Out:          tensor(a.out),
-		LSE:          uintptr(a.lse),
-		CacheSeqlens: uintptr(a.cache_seqlens),
-		Scale:        float32(a.scale),
-		Causal:       a.causal != 0,
-	}
-	if sv != nil {
-		serving(&p, sv)
-	}
-	return p
-}
-
-// serving sets p's serving features from sv: a feature of Go's with a flag
-// (leftpad, ALiBi) is on in C when its array is given.
-func serving(p *core.Problem, sv *C.fd_serving) {
-	p.BlockTable, p.BlockTableStride = uintptr(sv.block_table), int64(sv.block_table_stride)
-	p.PageSize, p.NumPages, p.MaxPages = int(sv.page_size), int(sv.num_pages), int(sv.max_pages)
-	p.CacheBatch, p.CacheBatchIdx = int(sv.cache_batch), uintptr(sv.cache_batch_idx)
-	p.Leftpad, p.CacheLeftpad = sv.cache_leftpad != 0, uintptr(sv.cache_leftpad)
-	p.Window = core.Window{Enabled: sv.window != 0, Left: int(sv.window_left), Right: int(sv.window_right)}
-	p.Softcap = float32(sv.softcap)
-	p.Alibi, p.AlibiSlopes, p.AlibiBatchStride = sv.alibi_slopes != 0, uintptr(sv.alibi_slopes), int64(sv.alibi_batch_stride)
-	p.New = core.Append{K: tensor(sv.k_new), V: tensor(sv.v_new), Seqlen: int(sv.seqlen_new)}
-	p.Rotary = core.Rotary{Cos: uintptr(sv.rotary_cos), Sin: uintptr(sv.rotary_sin), Stride: int64(sv.rotary_stride),
-		Dim: int(sv.rotary_dim), Rows: int(sv.rotary_rows), Interleaved: sv.rotary_interleaved != 0}
-}
-
-// cArgs maps the argument names core's errors use (PyTorch's, see
-// core.Error) to the fd_args and fd_serving fields a C caller sets: the
-// caches are fd_args.k and v, the new tokens fd_serving.k_new and v_new.
-var cArgs = map[string]string{
-	"k_cache": "k", "v_cache": "v", "k": "k_new", "v": "v_new",
-	"nheads_q": "heads_q", "nheads_kv": "heads_kv", "headdim": "head_dim",
-	"softmax_scale": "scale", "window_size": "window",
-}
-
-// forC renames the argument of a decode or plan error for a C caller of
-// args (see cArgs); without a cache_seqlens array the lengths are
-// fd_args.seqlen.
-func forC(err error, args *C.fd_args) error {
-	e, ok := err.(*core.Error)
-	if !ok {
-		return err
-	}
-	name, ok := cArgs[e.Arg]
-	if e.Arg == "cache_seqlens" && args.cache_seqlens == 0 {
-		name, ok = "seqlen", true
-	}
-	if !ok {
-		return err
-	}
-	c := *e
-	c.Arg = name
-	return &c
-}
-
-// errNilArgs reports a NULL fd_args pointer.
-func errNilArgs(op string) error {
-	return &core.Error{Op: op, Arg: "args", Msg: "NULL", Err: core.ErrInvalid}
-}
+// handles are the layouts fd_prepare holds.
+var handles cuda.Handles
 
 // finish records err as the thread's last error and returns its fd_status.
 func finish(err error) C.int {
@@ -139,18 +55,10 @@ func finish(err error) C.int {
 
 // status maps an error to its fd_status.
 func status(err error) C.int {
-	var buf *bufferError
-	switch {
-	case errors.Is(err, core.ErrInvalid):
-		return C.FD_ERR_INVALID
-	case errors.Is(err, core.ErrUnsupported):
-		return C.FD_ERR_UNSUPPORTED
-	case errors.As(err, &buf):
+	if errors.As(err, new(*bufferError)) {
 		return C.FD_ERR_BUFFER
-	case errors.As(err, new(*internalError)):
-		return C.FD_ERR_INTERNAL
 	}
-	return C.FD_ERR_CUDA
+	return C.int(cuda.KindOf(err))
 }
 
 type bufferError struct{ need, have int }
@@ -159,10 +67,11 @@ func (e *bufferError) Error() string {
 	return fmt.Sprintf("flashdecode: plan_json: buf: needs %d bytes, got %d", e.need, e.have)
 }
 
-type internalError struct{ v any }
-
-func (e *internalError) Error() string {
-	return fmt.Sprintf("flashdecode: internal error (please report): %v", e.v)
+// guard turns a panic into an FD_ERR_INTERNAL result: nothing crosses into C.
+func guard(ret *C.int) {
+	if v := recover(); v != nil {
+		*ret = finish(fmt.Errorf("flashdecode: %w: %v", cuda.ErrInternal, v))
+	}
 }
 
 // sizeArg converts a size_t capacity for the Go core, which counts bytes
@@ -172,105 +81,169 @@ func sizeArg(n C.size_t) int {
 	return int(min(uint64(n), math.MaxInt))
 }
 
-// guard turns a panic into an FD_ERR_INTERNAL result: nothing crosses into C.
-func guard(ret *C.int) {
-	if v := recover(); v != nil {
-		*ret = finish(&internalError{v})
-	}
+func errNull(op, arg string) error {
+	return &core.Error{Op: op, Arg: arg, Msg: "NULL", Err: core.ErrInvalid}
 }
 
-//export fd_decode
-func fd_decode(args *C.fd_args, workspace unsafe.Pointer, workspaceBytes C.size_t, stream unsafe.Pointer) (ret C.int) {
+// renamed returns err naming its argument as names says (core's names are
+// PyTorch's, see core.Error), and cache_seqlens as seqlen where the call
+// passed no such array (its length is then the seqlen argument's).
+func renamed(err error, names map[string]string, lengthsArray bool) error {
+	e, ok := err.(*core.Error)
+	if !ok {
+		return err
+	}
+	name, ok := names[e.Arg]
+	if e.Arg == "cache_seqlens" && !lengthsArray {
+		name, ok = "seqlen", true
+	}
+	if !ok {
+		return err
+	}
+	c := *e
+	c.Arg = name
+	return &c
+}
+
+// layoutNames are the fd_layout and fd_ptrs fields of core's argument names.
+var layoutNames = map[string]string{
+	"nheads_q": "heads_q", "nheads_kv": "heads_kv", "headdim": "head_dim", "softmax_scale": "scale",
+	"k": "k_new", "v": "v_new", "window_size": "window_left", "max_seqlen_k": "seqlen",
+}
+
+//export fdgo_prepare
+func fdgo_prepare(layout *C.fd_layout, layoutSize C.size_t, device C.int, out *C.fd_handle) (ret C.int) {
 	defer guard(&ret)
-	return decode(args, nil, workspace, workspaceBytes, stream)
-}
-
-//export fd_decode_serving
-func fd_decode_serving(args *C.fd_args, sv *C.fd_serving, workspace unsafe.Pointer, workspaceBytes C.size_t, stream unsafe.Pointer) (ret C.int) {
-	defer guard(&ret)
-	return decode(args, sv, workspace, workspaceBytes, stream)
-}
-
-// decode is fd_decode and fd_decode_serving.
-func decode(args *C.fd_args, sv *C.fd_serving, workspace unsafe.Pointer, workspaceBytes C.size_t, stream unsafe.Pointer) C.int {
-	if args == nil {
-		return finish(errNilArgs("decode"))
+	const op = "prepare"
+	switch {
+	case layout == nil:
+		return finish(errNull(op, "layout"))
+	case out == nil:
+		return finish(errNull(op, "out"))
+	case layoutSize > 1<<20:
+		return finish(&core.Error{Op: op, Arg: "layout_size", Err: core.ErrInvalid, Msg: fmt.Sprintf("%d bytes", uint64(layoutSize))})
 	}
-	p := problem(args, sv)
-	_, err := cuda.Decode(&p, uintptr(workspace), sizeArg(workspaceBytes), int(args.device), uintptr(stream))
-	return finish(forC(err, args))
-}
-
-// plan returns the plan for args' shapes (and sv's serving features, when
-// not NULL) on args.device; an error names fields as C knows them.
-func plan(op string, args *C.fd_args, sv *C.fd_serving) (core.Plan, error) {
-	if args == nil {
-		return core.Plan{}, errNilArgs(op)
-	}
-	pl, err := planFor(args, sv)
-	return pl, forC(err, args)
-}
-
-// planFor is plan's work.
-func planFor(args *C.fd_args, sv *C.fd_serving) (core.Plan, error) {
-	s := shape(args)
-	if sv != nil {
-		// What fd_decode_serving would refuse whatever the tensors: the
-		// serving features' sizes and options, and an append's start.
-		p := problem(args, sv)
-		if err := p.ValidateSizes(); err != nil {
-			return core.Plan{}, err
-		}
-		s = p.PlanShape()
-	}
-	return cuda.PlanFor(s, int(args.device))
-}
-
-//export fd_workspace_size
-func fd_workspace_size(args *C.fd_args, bytes *C.size_t) (ret C.int) {
-	defer guard(&ret)
-	return workspaceSize(args, nil, bytes)
-}
-
-//export fd_workspace_size_serving
-func fd_workspace_size_serving(args *C.fd_args, sv *C.fd_serving, bytes *C.size_t) (ret C.int) {
-	defer guard(&ret)
-	return workspaceSize(args, sv, bytes)
-}
-
-// workspaceSize is fd_workspace_size and fd_workspace_size_serving.
-func workspaceSize(args *C.fd_args, sv *C.fd_serving, bytes *C.size_t) C.int {
-	if bytes == nil {
-		return finish(&core.Error{Op: "workspace_size", Arg: "bytes", Msg: "NULL", Err: core.ErrInvalid})
-	}
-	pl, err := plan("workspace_size", args, sv)
-	if err == nil {
-		*bytes = C.size_t(pl.WorkspaceBytes)
-	}
-	return finish(err)
-}
-
-//export fd_plan
-func fd_plan(args *C.fd_args, out *C.fd_plan_info) (ret C.int) {
-	defer guard(&ret)
-	return planInfo(args, nil, out)
-}
-
-//export fd_plan_serving
-func fd_plan_serving(args *C.fd_args, sv *C.fd_serving, out *C.fd_plan_info) (ret C.int) {
-	defer guard(&ret)
-	return planInfo(args, sv, out)
-}
-
-// planInfo is fd_plan and fd_plan_serving.
-func planInfo(args *C.fd_args, sv *C.fd_serving, out *C.fd_plan_info) C.int {
-	if out == nil {
-		return finish(&core.Error{Op: "plan", Arg: "plan", Msg: "NULL", Err: core.ErrInvalid})
-	}
-	pl, err := plan("plan", args, sv)
+	l, err := core.ReadLayout(unsafe.Slice((*byte)(unsafe.Pointer(layout)), int(layoutSize)))
 	if err != nil {
 		return finish(err)
 	}
+	h, err := handles.Prepare(&l, int(device))
+	if err != nil {
+		return finish(renamed(err, layoutNames, true))
+	}
+	out.id = C.int64_t(h)
+	return finish(nil)
+}
+
+//export fdgo_release
+func fdgo_release(h C.int64_t) (ret C.int) {
+	defer guard(&ret)
+	return finish(handles.Release(int64(h)))
+}
+
+// prepared returns the layout of handle h.
+func prepared(h C.int64_t) (*cuda.Prepared, error) { return handles.Get(int64(h)) }
+
+//export fdgo_workspace_size
+func fdgo_workspace_size(h C.int64_t, seqlen C.int64_t, bytes *C.size_t) (ret C.int) {
+	defer guard(&ret)
+	if bytes == nil {
+		return finish(errNull("workspace_size", "bytes"))
+	}
+	r, err := prepared(h)
+	if err != nil {
+		return finish(err)
+	}
+	n, err := r.Workspace(int(seqlen))
+	if err != nil {
+		return finish(renamed(err, layoutNames, false))
+	}
+	*bytes = C.size_t(n)
+	return finish(nil)
+}
+
+//export fdgo_run
+func fdgo_run(h C.int64_t, ptrs *C.fd_ptrs, ptrsSize C.size_t, seqlen C.int64_t, workspace C.uintptr_t,
+	workspaceBytes C.size_t, stream C.uintptr_t) (ret C.int) {
+	defer guard(&ret)
+	if ptrs == nil {
+		return finish(errNull("decode", "ptrs"))
+	}
+	r, err := prepared(h)
+	if err != nil {
+		return finish(err)
+	}
+	var p C.fd_ptrs
+	if err := readPtrs(&p, ptrs, ptrsSize); err != nil {
+		return finish(err)
+	}
+	a := cuda.Args{Q: uintptr(p.q), K: uintptr(p.k_cache), V: uintptr(p.v_cache), Out: uintptr(p.out), LSE: uintptr(p.lse),
+		CacheSeqlens: uintptr(p.cache_seqlens), BlockTable: uintptr(p.block_table), CacheBatchIdx: uintptr(p.cache_batch_idx),
+		CacheLeftpad: uintptr(p.cache_leftpad), AlibiSlopes: uintptr(p.alibi_slopes), KNew: uintptr(p.k_new),
+		VNew: uintptr(p.v_new), RotaryCos: uintptr(p.rotary_cos), RotarySin: uintptr(p.rotary_sin),
+		Workspace: uintptr(workspace), WorkspaceBytes: sizeArg(workspaceBytes)}
+	if _, err := r.Run(&a, int(seqlen), uintptr(stream)); err != nil {
+		// cache_seqlens is the seqlen argument's only where the layout takes no array.
+		return finish(renamed(err, layoutNames, p.cache_seqlens != 0 || r.Problem().DeviceLengths))
+	}
+	return finish(nil)
+}
+
+// readPtrs copies the caller's fd_ptrs of size bytes into p: a shorter one
+// (an older header's) leaves the fields it lacks 0; a longer one's extra
+// fields must be 0.
+func readPtrs(p *C.fd_ptrs, ptrs *C.fd_ptrs, size C.size_t) error {
+	const have = C.size_t(unsafe.Sizeof(C.fd_ptrs{}))
+	if size%8 != 0 || size > 1<<20 {
+		return &core.Error{Op: "decode", Arg: "ptrs_size", Err: core.ErrInvalid,
+			Msg: fmt.Sprintf("%d bytes; fd_ptrs is whole 8-byte fields, %d bytes in this build", uint64(size), uint64(have))}
+	}
+	src := unsafe.Slice((*byte)(unsafe.Pointer(ptrs)), int(size))
+	if size > have {
+		for i, b := range src[have:] {
+			if b != 0 {
+				return &core.Error{Op: "decode", Arg: "ptrs_size", Err: core.ErrUnsupported,
+					Msg: fmt.Sprintf("%d bytes, with byte %d set; this build knows the first %d", uint64(size), int(have)+i, uint64(have))}
+			}
+		}
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(p)), int(have)), src)
+	return nil
+}
+
+// planOf returns the plan of handle h at seqlen, its error named for C.
+func planOf(h, seqlen C.int64_t) (core.Plan, error) {
+	r, err := prepared(h)
+	if err != nil {
+		return core.Plan{}, err
+	}
+	pl, err := r.Plan(int(seqlen))
+	return pl, renamed(err, layoutNames, false)
+}
+
+//export fdgo_plan
+func fdgo_plan(h, seqlen C.int64_t, out *C.fd_plan_info) (ret C.int) {
+	defer guard(&ret)
+	if out == nil {
+		return finish(errNull("plan", "plan"))
+	}
+	pl, err := planOf(h, seqlen)
+	if err != nil {
+		return finish(err)
+	}
+	planInfo(&pl, out)
+	return finish(nil)
+}
+
+//export fdgo_plan_json
+func fdgo_plan_json(h, seqlen C.int64_t, buf *C.char, bufSize C.size_t, needed *C.size_t) (ret C.int) {
+	defer guard(&ret)
+	pl, err := planOf(h, seqlen)
+	return writeJSON(pl, err, buf, bufSize, needed)
+}
+
+// planInfo fills out from pl.
+func planInfo(pl *core.Plan, out *C.fd_plan_info) {
 	*out = C.fd_plan_info{}
 	copyName(out.kernel[:], pl.Variant.Kernel)
 	copyName(out.combine[:], pl.Combine)
@@ -288,7 +261,6 @@ func planInfo(args *C.fd_args, sv *C.fd_serving, out *C.fd_plan_info) C.int {
 	out.blocks_per_sm = C.int32_t(pl.BlocksPerSM)
 	out.lse_partial_offset = C.int64_t(pl.LSEPartialOffset)
 	out.workspace_bytes = C.int64_t(pl.WorkspaceBytes)
-	return finish(nil)
 }
 
 // copyName copies s into the fixed-size C array dst, NUL-terminated (truncated if long).
@@ -300,31 +272,18 @@ func copyName(dst []C.char, s string) {
 	dst[n] = 0
 }
 
-//export fd_plan_json
-func fd_plan_json(args *C.fd_args, buf *C.char, bufSize C.size_t, needed *C.size_t) (ret C.int) {
-	defer guard(&ret)
-	return planJSON(args, nil, buf, bufSize, needed)
-}
-
-//export fd_plan_json_serving
-func fd_plan_json_serving(args *C.fd_args, sv *C.fd_serving, buf *C.char, bufSize C.size_t, needed *C.size_t) (ret C.int) {
-	defer guard(&ret)
-	return planJSON(args, sv, buf, bufSize, needed)
-}
-
-// planJSON is fd_plan_json and fd_plan_json_serving. A NULL buf with
-// buf_size 0 asks for the size only.
-func planJSON(args *C.fd_args, sv *C.fd_serving, buf *C.char, bufSize C.size_t, needed *C.size_t) C.int {
+// writeJSON writes pl (unless err) as JSON into buf, as fd_plan_json says.
+// A NULL buf with buf_size 0 asks for the size only.
+func writeJSON(pl core.Plan, err error, buf *C.char, bufSize C.size_t, needed *C.size_t) C.int {
 	if buf == nil && bufSize != 0 {
 		return finish(&core.Error{Op: "plan_json", Arg: "buf", Msg: fmt.Sprintf("NULL with buf_size %d", uint64(bufSize)), Err: core.ErrInvalid})
 	}
-	pl, err := plan("plan_json", args, sv)
 	if err != nil {
 		return finish(err)
 	}
 	js, err := json.Marshal(pl)
 	if err != nil {
-		return finish(&internalError{err})
+		return finish(fmt.Errorf("flashdecode: %w: %v", cuda.ErrInternal, err))
 	}
 	if needed != nil {
 		*needed = C.size_t(len(js) + 1)
@@ -338,7 +297,10 @@ func planJSON(args *C.fd_args, sv *C.fd_serving, buf *C.char, bufSize C.size_t, 
 	return finish(nil)
 }
 
-//export fd_version
-func fd_version() *C.char { return version }
+//export fdgo_version
+func fdgo_version() *C.char { return version }
+
+//export fdgo_layout_fields
+func fdgo_layout_fields() *C.char { return layoutFields }
 
 func main() {}

@@ -1,14 +1,11 @@
 package main
 
 /*
-#define FD_CGO_EXPORTS
 #include "flashdecode.h"
 */
 import "C"
 
 import (
-	"unsafe"
-
 	"github.com/flash-decode/flash-decode/core"
 	"github.com/flash-decode/flash-decode/core/cuda"
 )
@@ -43,11 +40,11 @@ func mergeInput(in *C.fd_merge_input) core.MergeInput {
 	return m
 }
 
-//export fd_merge_states
-func fd_merge_states(args *C.fd_merge_args, stream unsafe.Pointer) (ret C.int) {
+//export fdgo_merge_states
+func fdgo_merge_states(args *C.fd_merge_args, stream C.uintptr_t) (ret C.int) {
 	defer guard(&ret)
 	if args == nil {
-		return finish(errNilArgs("merge_states"))
+		return finish(errNull("merge_states", "args"))
 	}
 	p := mergeProblem(args)
 	return finish(cuda.MergeStates(&p, int(args.device), uintptr(stream)))

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import flash_decode  # noqa: F401  (the package under test, installed)
-from flash_decode import _api, _native
+from flash_decode import _api
 
 
 def cases(device):
@@ -69,14 +69,13 @@ def parts(q, k, v, sdpa, device):
     """The plain call's parts, each alone (see the module's doc); on a GPU,
     eager SDPA on sdpa, its (b, h, s, d) q, k and v."""
     fd, out, stream = _api.flash_decode, torch.empty_like(q), _api._current_stream
-    b, qs, ks = _native.binding(), q.stride(), k.stride()
-    run = _api._fast(b, "Run")
     table = {"plain, out given": lambda: fd(q, k, v, out=out),
              "torch.empty_like(q)": lambda: torch.empty_like(q)}
     for name, splits in (("binding Run alone", 0), ("binding Run, one split", 1)):
-        h = b.Prepare(1, 1, 1, 32, 8, 128, 256, *qs, *ks, *ks, *qs, 0.0, True, False, splits, 0, False)
-        table[name] = lambda h=h: run(h, -1, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                      0, 0, 0, 0, stream(0))
+        run, h = _api._prepare(None, q, k, v, None, None, None, None, None, None, None, None, None, False,
+                               (-1, -1), 0.0, True, None, splits, out)[:2]
+        table[name] = lambda h=h, run=run: run(h, -1, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                               0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, stream(0))
     if device != "cpu":
         table["current stream"] = lambda: stream(0)
         table["torch SDPA"] = lambda: F.scaled_dot_product_attention(*sdpa, enable_gqa=True)

@@ -25,7 +25,7 @@ import time
 import torch
 
 import flash_decode
-from flash_decode import _native
+from flash_decode import _api, _native
 
 B, HQ, HKV, D, N = 2, 32, 8, 128, 4096
 
@@ -47,8 +47,9 @@ def flash_case(n):
 def go_case():
     native = _native.binding()
     q_strides, kv_strides = (HQ * D, HQ * D, D, 1), (N * HKV * D, HKV * D, D, 1)
-    handle = native.Prepare(1, B, 1, HQ, HKV, D, N, *q_strides, *kv_strides, *kv_strides, *q_strides,
-                            1.0, True, False, 0, torch.cuda.current_device())
+    layout = dict(dtype=1, batch=B, seqlen_q=1, heads_q=HQ, heads_kv=HKV, head_dim=D, seqlen_cache=N, q=q_strides,
+                  k_cache=kv_strides, v_cache=kv_strides, out=q_strides, window_left=-1, window_right=-1)
+    handle = _api._handle(native, layout, torch.cuda.current_device())
     workspace = native.Workspace
 
     def call():

@@ -6,8 +6,9 @@ replay of an append+paged step; and bad input, which raises naming the
 argument and writes nothing.
 
 The CPU tests check what the torch layer decides without a GPU: the
-signature, which calls take the serving path, the layout it sends to the Go
-binding (a stand-in records it), and the checks made before any native call.
+signature, the layout record it sends to the Go binding (a stand-in reads it
+back), the checks made before any native call, and that the real binding
+takes the layouts.
 """
 
 import inspect
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 import flash_decode
-from conftest import FAKECUDA, LSE_TOL, OUT_TOL, ROOT, FakeBinding, assert_names, has_extension, run_python
-from flash_decode import _api, _native
+from conftest import FAKECUDA, LSE_TOL, OUT_TOL, ROOT, assert_names, has_extension, run_python
+from fakes import layout_binding  # noqa: F401  (a fixture)
 from serving_ref import make_paged, reference_kvcache, rotary_tables
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -47,34 +48,6 @@ def test_signature_is_flash_attn_with_kvcache():
 
 
 # ---- what the torch layer sends to the binding (a stand-in, CPU tensors) ----
-
-class ServingBinding(FakeBinding):
-    """FakeBinding with the serving functions: PrepareServing records the
-    layout (decoded), WorkspaceServing answers like Workspace."""
-
-    def PrepareServing(self, layout, device):
-        self.calls.append(("PrepareServing", (json.loads(layout), device)))
-        return self.handles.setdefault(layout, len(self.handles))
-
-    def WorkspaceServing(self, handle, seqlen):
-        self.calls.append(("WorkspaceServing", (handle, seqlen)))
-        return 1000 if seqlen < 0 else 8 * seqlen
-
-    def RunServing(self, *args):
-        self.calls.append(("RunServing", args))
-        return 1
-
-
-@pytest.fixture
-def serving_binding(monkeypatch):
-    """flash_decode over a ServingBinding, on CPU tensors taken as CUDA device 0."""
-    fake = ServingBinding()
-    monkeypatch.setattr(_native, "binding", lambda: fake)
-    monkeypatch.setattr(_api, "_prepared", {})
-    monkeypatch.setattr(_api, "_check_devices", lambda q, **others: 0)
-    monkeypatch.setattr(_api, "_current_stream", lambda device: 0)
-    return fake
-
 
 B, SQ, HQ, HKV, D = 2, 2, 8, 2, 64
 PAGE, BLOCKS, NUM_BLOCKS = 16, 3, 8   # 3 blocks of 16 per sequence: 48 keys; 2 blocks spare
@@ -112,126 +85,125 @@ def call(args):
     return flash_decode.flash_decode(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), **args)
 
 
-def test_layout_sent_to_prepare_serving(serving_binding):
+def test_layout_sent_to_prepare(layout_binding):
     a = valid_args("cpu")
     out, lse = call(dict(a, return_softmax_lse=True, softmax_scale=0.25, num_splits=3))
     assert out.shape == a["q"].shape and lse.shape == (B, HQ, SQ) and lse.dtype == torch.float32
-    ((layout, device),) = serving_binding.args("PrepareServing")
+    ((layout, device),) = layout_binding.args("Prepare")
     kv = HKV * D
     assert device == 0
-    assert layout == dict(
-        dtype=1, batch=B, seqlen_q=SQ, nheads_q=HQ, nheads_kv=HKV, headdim=D, seqlen_cache=BLOCKS * PAGE,
-        q=[SQ * HQ * D, HQ * D, D, 1], k_cache=[PAGE * kv, kv, D, 1], v_cache=[PAGE * kv, kv, D, 1],
-        out=[SQ * HQ * D, HQ * D, D, 1],
-        page_size=PAGE, num_pages=NUM_BLOCKS, max_pages=BLOCKS, block_table=[BLOCKS, 1], leftpad=True,
-        seqlen_new=1, k=[kv, kv, D, 1], v=[kv, kv, D, 1],
-        rotary_dim=32, rotary_rows=64, rotary_cos=[16, 1], rotary_sin=[16, 1], rotary_interleaved=True,
-        alibi=True, alibi_slopes=[0, 1], window_size=[16, -1], softcap=20.0,
-        softmax_scale=0.25, default_scale=False, causal=True, num_splits=3, device_lengths=True)
-    assert serving_binding.args("WorkspaceServing") == [(0, -1)]
-    ((handle, seqlen, *pointers, ws, ws_bytes, stream),) = serving_binding.args("RunServing")
-    assert (handle, seqlen, ws_bytes, stream) == (0, -1, 1000, 0) and ws
+    assert {name: value for name, value in layout.items() if value not in (0, (0, 0), (0, 0, 0, 0))} == dict(
+        dtype=1, batch=B, seqlen_q=SQ, heads_q=HQ, heads_kv=HKV, head_dim=D, seqlen_cache=BLOCKS * PAGE,
+        num_splits=3, device_lengths=1, causal=1, scale=0.25,
+        q=(SQ * HQ * D, HQ * D, D, 1), k_cache=(PAGE * kv, kv, D, 1), v_cache=(PAGE * kv, kv, D, 1),
+        out=(SQ * HQ * D, HQ * D, D, 1),
+        page_size=PAGE, num_pages=NUM_BLOCKS, max_pages=BLOCKS, block_table=(BLOCKS, 1), leftpad=1,
+        window_left=16, window_right=-1, softcap=20.0, alibi=1, alibi_slopes=(0, 1),
+        seqlen_new=1, k_new=(kv, kv, D, 1), v_new=(kv, kv, D, 1),
+        rotary_dim=32, rotary_rows=64, rotary_cos=(16, 1), rotary_sin=(16, 1), rotary_interleaved=1)
+    assert layout_binding.args("Workspace") == [(1, -1)]
+    ((handle, seqlen, *pointers, ws, ws_bytes, stream),) = layout_binding.args("Run")
+    assert (handle, seqlen, ws_bytes, stream) == (1, -1, 1000, 0) and ws
     names = ["q", "k_cache", "v_cache", "out", "lse", "cache_seqlens", "block_table", "cache_batch_idx",
              "cache_leftpad", "alibi_slopes", "k", "v", "rotary_cos", "rotary_sin"]
     tensors = dict(a, out=out, lse=lse)
     assert pointers == [tensors[n].data_ptr() if n in tensors else 0 for n in names]
-    assert not serving_binding.args("Prepare") and not serving_binding.args("Run")
 
 
-def test_batch_idx_layout_and_per_batch_alibi(serving_binding):
+def test_batch_idx_layout_and_per_batch_alibi(layout_binding):
     a = valid_args("cpu", dtype=torch.bfloat16, paged=False)
     a.update(alibi_slopes=torch.rand(B, HQ), rotary_interleaved=False, window_size=[-1, 0], causal=False)
     call(a)
-    ((layout, _),) = serving_binding.args("PrepareServing")
+    ((layout, _),) = layout_binding.args("Prepare")
     assert layout["dtype"] == 2 and layout["cache_batch"] == 4 and layout["seqlen_cache"] == BLOCKS * PAGE
-    assert "page_size" not in layout and "block_table" not in layout
-    assert layout["alibi_slopes"] == [HQ, 1] and layout["rotary_interleaved"] is False
-    assert layout["window_size"] == [-1, 0] and layout["default_scale"] is True
-    ((_, _, *pointers, _, _, _),) = serving_binding.args("RunServing")
+    assert layout["page_size"] == 0 and layout["block_table"] == (0, 0)
+    assert layout["alibi_slopes"] == (HQ, 1) and layout["rotary_interleaved"] == 0
+    assert (layout["window_left"], layout["window_right"]) == (-1, 0) and layout["scale"] == 0.0
+    ((_, _, *pointers, _, _, _),) = layout_binding.args("Run")
     assert pointers[6:8] == [0, a["cache_batch_idx"].data_ptr()]
 
 
-def test_size_one_dimensions_send_contiguous_strides(serving_binding):
-    # A dimension of size 1 may carry any stride in torch; it never moves an
-    # address, and the layout says the contiguous one (the core checks it).
-    a = valid_args("cpu")
+def sizes_of_one(a):
+    """valid_args a with a block table and rotary tables whose dimensions of size 1 have
+    strides torch allows and the core would refuse on a dimension of more."""
     a["block_table"] = torch.zeros(8, B, dtype=torch.int32).t()[:, 2:3]  # (2, 1), strides (1, 2)
-    a["rotary_cos"] = torch.zeros(1, 64, dtype=torch.float16).t()          # (64, 1), strides (1, 64)
-    a["rotary_sin"] = torch.zeros(64, 3, dtype=torch.float16)[:, 1:2]      # (64, 1), strides (3, 1)
-    call(a)
-    ((layout, _),) = serving_binding.args("PrepareServing")
-    assert layout["block_table"] == [1, 1] and layout["max_pages"] == 1 and layout["seqlen_cache"] == PAGE
-    assert layout["rotary_cos"] == [1, 1] and layout["rotary_sin"] == [3, 1] and layout["rotary_dim"] == 2
+    a["rotary_cos"] = a["rotary_sin"] = torch.zeros(16, dtype=a["q"].dtype).as_strided((1, 16), (3, 1))
+    return a
 
 
-# Each serving argument on its own takes the serving path; defaults keep the plain one.
+def test_strides_sent_as_torch_gives_them(layout_binding):
+    # A dimension of size 1 never moves an address, and the core normalizes its stride
+    # (test_layouts_accepted_by_the_binding: it takes these).
+    call(sizes_of_one(valid_args("cpu")))
+    ((layout, _),) = layout_binding.args("Prepare")
+    assert layout["block_table"] == (1, 2) and layout["max_pages"] == 1 and layout["seqlen_cache"] == PAGE
+    assert layout["rotary_cos"] == layout["rotary_sin"] == (3, 1) and layout["rotary_rows"] == 1
+
+
+# Each serving argument on its own, and what it sets in the layout.
 SERVING_ALONE = {
-    "k_v": lambda a: dict(k=a["k"], v=a["v"]),
-    "rotary": lambda a: dict(k=a["k"], v=a["v"], rotary_cos=a["rotary_cos"], rotary_sin=a["rotary_sin"]),
-    "cache_batch_idx": lambda a: dict(cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32)),
-    "cache_leftpad": lambda a: dict(cache_leftpad=a["cache_leftpad"]),
-    "window_size": lambda a: dict(window_size=(8, 0)),
-    "window_size-list": lambda a: dict(window_size=[-1, -1]),
-    "softcap": lambda a: dict(softcap=5.0),
-    "alibi_slopes": lambda a: dict(alibi_slopes=a["alibi_slopes"]),
+    "k_v": (lambda a: dict(k=a["k"], v=a["v"]), dict(seqlen_new=1)),
+    "rotary": (lambda a: dict(k=a["k"], v=a["v"], rotary_cos=a["rotary_cos"], rotary_sin=a["rotary_sin"]),
+               dict(seqlen_new=1, rotary_dim=32, rotary_interleaved=1)),
+    "cache_batch_idx": (lambda a: dict(cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32)), dict(cache_batch=B)),
+    "cache_leftpad": (lambda a: dict(cache_leftpad=a["cache_leftpad"]), dict(leftpad=1)),
+    "window_size": (lambda a: dict(window_size=(8, 0)), dict(window_left=8, window_right=0)),
+    "window_size-list": (lambda a: dict(window_size=[-1, -1]), {}),
+    "softcap": (lambda a: dict(softcap=5.0), dict(softcap=5.0)),
+    "alibi_slopes": (lambda a: dict(alibi_slopes=a["alibi_slopes"]), dict(alibi=1, alibi_slopes=(0, 1))),
 }
 
 
 @pytest.mark.parametrize("name", list(SERVING_ALONE))
-def test_each_serving_argument_takes_the_serving_path(serving_binding, name):
+def test_each_serving_argument_reaches_the_layout(layout_binding, name):
     a = valid_args("cpu", paged=False)
     q, k_cache, v_cache = a["q"], a["k_cache"][:B], a["v_cache"][:B]
-    flash_decode.flash_decode(q, k_cache, v_cache, cache_seqlens=a["cache_seqlens"], **SERVING_ALONE[name](a))
-    assert len(serving_binding.args("PrepareServing")) == 1 and len(serving_binding.args("RunServing")) == 1
-    assert not serving_binding.args("Prepare") and not serving_binding.args("Run")
+    arguments, fields = SERVING_ALONE[name]
+    for kwargs in ({}, arguments(a)):
+        flash_decode.flash_decode(q, k_cache, v_cache, cache_seqlens=a["cache_seqlens"], **kwargs)
+    (plain, _), (layout, _) = layout_binding.args("Prepare")
+    assert {n: v for n, v in layout.items() if plain[n] != v and n not in ("k_new", "v_new", "rotary_cos",
+                                                                         "rotary_sin", "rotary_rows")} == fields
+    assert len(layout_binding.args("Run")) == 2
 
 
 @pytest.mark.parametrize("defaults", [{}, dict(window_size=(-1, -1), softcap=0.0, k=None, v=None),
                                       dict(softcap=0), dict(rotary_interleaved=False)],
                          ids=["none", "explicit", "int-softcap", "interleaved-alone"])
-def test_defaults_take_the_plain_path(serving_binding, defaults):
+def test_defaults_are_the_plain_layout(layout_binding, defaults):
     a = valid_args("cpu", paged=False)
     flash_decode.flash_decode(a["q"], a["k_cache"][:B], a["v_cache"][:B], cache_seqlens=5, **defaults)
-    assert len(serving_binding.args("Prepare")) == 1 and len(serving_binding.args("Run")) == 1
-    assert not serving_binding.args("PrepareServing")
+    ((layout, _),) = layout_binding.args("Prepare")
+    assert layout["window_left"] == layout["window_right"] == -1 and layout["softcap"] == 0.0
+    assert layout["seqlen_new"] == layout["rotary_dim"] == layout["rotary_interleaved"] == 0
+    ((_, _, *pointers, _, _, _),) = layout_binding.args("Run")
+    assert pointers[6:] == [0] * 8
 
 
-def test_serving_layout_prepared_once(serving_binding):
+def test_serving_layout_prepared_once(layout_binding):
     a = valid_args("cpu")
     for _ in range(3):
         call(a)
     call(dict(a, k=a["k"].clone(), cache_seqlens=a["cache_seqlens"] + 1))  # new tensors, same layout
-    assert len(serving_binding.args("PrepareServing")) == 1 and len(serving_binding.args("RunServing")) == 4
-    call(dict(a, softcap=20))           # equal as a key, another type: its own layout
+    assert len(layout_binding.args("Prepare")) == 1 and len(layout_binding.args("Run")) == 4
+    call(dict(a, softcap=20))           # equal as a key, another type: its own signature
     call(dict(a, window_size=[16, -1]))
     call(dict(a, rotary_interleaved=False))
-    assert len(serving_binding.args("PrepareServing")) == 4
+    assert len(layout_binding.args("Prepare")) == 4
 
 
-def test_int_cache_seqlens_with_append(serving_binding):
+def test_int_cache_seqlens_with_append(layout_binding):
     a = valid_args("cpu")
     lengths = [10, 11, 10, 30]
     for n in lengths:
         call(dict(a, cache_seqlens=n))
-    assert len(serving_binding.args("PrepareServing")) == 1
-    assert serving_binding.args("WorkspaceServing") == [(0, 10), (0, 11), (0, 30)]
-    runs = serving_binding.args("RunServing")
+    assert len(layout_binding.args("Prepare")) == 1
+    assert layout_binding.args("Workspace") == [(1, 10), (1, 11), (1, 30)]  # when a length needs more
+    runs = layout_binding.args("Run")
     assert [r[1] for r in runs] == lengths and all(r[7] == 0 for r in runs)
-    assert [r[17] for r in runs] == [8 * n for n in lengths]
+    assert [r[17] for r in runs] == [80, 88, 88, 240]
     with pytest.raises(ValueError, match=r"^cache_seqlens=-1 must not be negative"):
         call(dict(a, cache_seqlens=-1))
-
-
-@pytest.mark.parametrize("serving", [False, True], ids=["plain", "serving"])
-def test_more_than_16_query_tokens_is_prefill(serving_binding, serving):
-    a = valid_args("cpu", paged=False)
-    q = torch.zeros(B, 17, HQ, D, dtype=torch.float16)
-    extra = dict(k=a["k"], v=a["v"], cache_seqlens=a["cache_seqlens"]) if serving else {}
-    with pytest.raises(NotImplementedError, match=r"^seqlen_q: not supported: 17; supported: 1 to 16\. "
-                                                  r"Decode with more than 16 query tokens per sequence is "
-                                                  r"prefill's job"):
-        flash_decode.flash_decode(q, a["k_cache"][:B], a["v_cache"][:B], **extra)
-    assert serving_binding.calls == []
 
 
 _BINDING_PROBE = """
@@ -243,21 +215,27 @@ import test_serving as t
 
 native = _native.binding()
 report = {{}}
+q = torch.randn(8, 64, 1).permute(2, 0, 1).unsqueeze(0).half()  # (1, 1, 8, 64), contiguous, strides (*, 1, 64, 1)
+k = torch.zeros(1, 100, 8, 64, dtype=torch.float16)
 for name, args in [("paged", t.valid_args("cpu")), ("batch_idx", t.valid_args("cpu", torch.bfloat16, paged=False)),
                    ("window_only", dict(t.valid_args("cpu", paged=False), k=None, v=None, rotary_cos=None,
-                                        rotary_sin=None, alibi_slopes=None, cache_leftpad=None, softcap=0.0))]:
-    args = dict(args, num_splits=0, softmax_scale=None, rotary_interleaved=True, out=None)
-    for key in ("cache_batch_idx", "block_table", "k", "v", "rotary_cos", "rotary_sin"):
+                                        rotary_sin=None, alibi_slopes=None, cache_leftpad=None, softcap=0.0)),
+                   ("sizes_of_one", t.sizes_of_one(t.valid_args("cpu"))), ("size_one_q", dict(q=q, k_cache=k, v_cache=k)),
+                   ("seqlen_q_17", dict(t.valid_args("cpu"), q=torch.zeros(t.B, 17, t.HQ, t.D, dtype=torch.half))),
+                   ("plain_seqlen_q_17", dict(q=torch.zeros(1, 17, 8, 64, dtype=torch.half), k_cache=k, v_cache=k))]:
+    args = dict(dict(num_splits=0, softmax_scale=None, rotary_interleaved=True, out=None, window_size=(-1, -1),
+                     softcap=0.0, causal=False), **args)
+    for key in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table", "k", "v", "rotary_cos",
+                "rotary_sin", "alibi_slopes"):
         args.setdefault(key, None)
-    layout = _api._serving_layout(**args)
+    layout = _api._layout(**args)
     try:
-        report[name] = native.PrepareServing(json.dumps(layout), 0)
+        report[name] = _api._handle(native, layout, 0)
     except Exception as err:
-        report[name] = str(err)
+        report[name] = [type(err).__name__, str(err)]
     try:
-        native.PrepareServing(json.dumps(dict(layout, q=[1, 1, 1, 2])), 0)
+        _api._handle(native, dict(layout, q=(1, 1, 1, 2)), 0)
     except Exception as err:
-        err = _api._translate(err)
         report[name + "_error"] = [type(err).__name__, str(err)]
 print(json.dumps(report))
 """
@@ -266,17 +244,21 @@ print(json.dumps(report))
 @pytest.mark.skipif(not (FAKECUDA / "libcuda.so.1").exists(), reason=f"no stand-in driver at {FAKECUDA}")
 @pytest.mark.skipif(not has_extension(), reason="native extension not built/installed")
 def test_layouts_accepted_by_the_binding():
-    """The layouts the torch layer builds, as the real Go binding reads them
-    (every JSON field known, every value valid), with a stand-in driver."""
+    """The layouts the torch layer builds, as the real Go binding reads them (every
+    value valid, sizes of one with any stride), with a stand-in driver; more than 16
+    query tokens is prefill's work."""
     child = run_python(_BINDING_PROBE.format(tests=str(ROOT / "tests")), LD_LIBRARY_PATH=str(FAKECUDA),
                        FLASH_DECODE_FORCE_NATIVE="1")
     assert child.returncode == 0, child.stderr
     report = json.loads(child.stdout.splitlines()[-1])
-    for name in ("paged", "batch_idx", "window_only"):
-        assert isinstance(report[name], int), report[name]
+    for name in ("paged", "batch_idx", "window_only", "sizes_of_one", "size_one_q"):
+        assert isinstance(report[name], int) and report[name] > 0, report[name]
         kind, text = report[name + "_error"]
         assert kind == "ValueError" and ": q: invalid argument: last dimension has stride 2" in text
     assert len({report["paged"], report["batch_idx"], report["window_only"]}) == 3
+    for name in ("seqlen_q_17", "plain_seqlen_q_17"):
+        kind, text = report[name]
+        assert kind == "NotImplementedError" and ": seqlen_q: not supported: 17; supported: 1 to 16" in text, text
 
 
 # ---- bad input: the exception names the argument, nothing is written ----
@@ -346,10 +328,8 @@ CASES = [
     ("k-batch", reshaped("k", B + 1, 1, HKV, D), ValueError, "k", True),
     ("k-no-tokens", lambda a: a.update(k=a["k"][:, :0], v=a["v"][:, :0]), ValueError, "k", True),
     ("v-seqlen", reshaped("v", B, 2, HKV, D), ValueError, "v", True),
-    ("append-without-cache_seqlens", replace(cache_seqlens=None), ValueError, "cache_seqlens", True),
     ("rotary_sin-none", replace(rotary_sin=None), ValueError, "rotary_sin", True),
     ("rotary_cos-none", replace(rotary_cos=None), ValueError, "rotary_cos", True),
-    ("rotary-without-k-v", replace(k=None, v=None), ValueError, "rotary_cos", True),
     ("rotary_cos-not-tensor", replace(rotary_cos=1.0), TypeError, "rotary_cos", True),
     ("rotary_cos-rank3", reshaped("rotary_cos", 64, 16, 1), ValueError, "rotary_cos", True),
     ("rotary_cos-float32", retyped("rotary_cos", torch.float32), TypeError, "rotary_cos", True),
@@ -365,8 +345,6 @@ CASES = [
     ("paged-k_cache-headdim", reshaped("k_cache", NUM_BLOCKS, PAGE, HKV, 2 * D), ValueError, "k_cache", True),
     ("paged-v_cache-pages", reshaped("v_cache", NUM_BLOCKS + 1, PAGE, HKV, D), ValueError, "v_cache", True),
     ("paged-v_cache-dtype", retyped("v_cache", torch.bfloat16), TypeError, "v_cache", True),
-    ("cache_batch_idx-with-block_table", replace(cache_batch_idx=torch.zeros(B, dtype=torch.int32)),
-     ValueError, "cache_batch_idx", True),
     ("cache_batch_idx-int64", then(unpaged, retyped("cache_batch_idx", torch.int64)), TypeError,
      "cache_batch_idx", True),
     ("cache_batch_idx-shape", then(unpaged, reshaped("cache_batch_idx", B, 1)), ValueError, "cache_batch_idx", True),
@@ -389,9 +367,6 @@ CASES = [
     ("softcap-str", replace(softcap="20"), TypeError, "softcap", True),
     ("softcap-bool", replace(softcap=True), TypeError, "softcap", True),
     ("softcap-none", replace(softcap=None), TypeError, "softcap", True),
-    ("softcap-inf", replace(softcap=float("inf")), ValueError, "softcap", True),
-    ("softcap-nan", replace(softcap=float("nan")), ValueError, "softcap", True),
-    ("softmax_scale-inf", replace(softmax_scale=float("inf")), ValueError, "softmax_scale", True),
     ("causal-int", replace(causal=1), TypeError, "causal", True),
     ("num_splits-float", replace(num_splits=2.0), TypeError, "num_splits", True),
     ("out-dtype", lambda a: a.update(out=torch.empty_like(a["q"], dtype=torch.bfloat16)), TypeError, "out", True),
@@ -405,7 +380,14 @@ CASES = [
     ("cache_leftpad-on-cpu", on_cpu("cache_leftpad"), ValueError, "cache_leftpad", False),
     ("alibi_slopes-on-cpu", on_cpu("alibi_slopes"), ValueError, "alibi_slopes", False),
     ("cache_batch_idx-on-cpu", then(unpaged, on_cpu("cache_batch_idx")), ValueError, "cache_batch_idx", False),
-    # Decided by the Go binding (the last strides), so on the GPU only:
+    # Decided by the Go core, which the call reaches only on the GPU:
+    ("append-without-cache_seqlens", replace(cache_seqlens=None), ValueError, "cache_seqlens", False),
+    ("rotary-without-k-v", replace(k=None, v=None), ValueError, "rotary_cos", False),
+    ("cache_batch_idx-with-block_table", replace(cache_batch_idx=torch.zeros(B, dtype=torch.int32)),
+     ValueError, "cache_batch_idx", False),
+    ("softcap-inf", replace(softcap=float("inf")), ValueError, "softcap", False),
+    ("softcap-nan", replace(softcap=float("nan")), ValueError, "softcap", False),
+    ("softmax_scale-inf", replace(softmax_scale=float("inf")), ValueError, "softmax_scale", False),
     ("k-last-dim-strided", strided_last("k"), ValueError, "k", False),
     ("v-last-dim-strided", strided_last("v"), ValueError, "v", False),
     ("block_table-strided", strided_last("block_table"), ValueError, "block_table", False),
@@ -443,9 +425,9 @@ def test_bad_input_cpu(case_id, mutate, exc, name, python):
 
 @pytest.mark.parametrize("case_id, mutate, exc, name, python",
                          [c for c in CASES if c[4]], ids=[c[0] for c in CASES if c[4]])
-def test_bad_input_never_reaches_the_binding(serving_binding, case_id, mutate, exc, name, python):
+def test_bad_input_never_reaches_the_binding(layout_binding, case_id, mutate, exc, name, python):
     check_refused("cpu", mutate, exc, name)
-    assert serving_binding.calls == []
+    assert layout_binding.calls == []
 
 
 # ---- on the GPU: against the reference ----

@@ -1,7 +1,7 @@
 // fake_test.c: libflashdecode.so's success path on the fake-device driver of
 // python/build_backend/make_libcuda.py --fake-device (one sm_90 device of 132 SMs whose
 // kernels do nothing; its "device memory" is host memory). It checks that fd_decode,
-// fd_decode_serving and fd_merge_states return FD_OK and launch what fd_plan and
+// fd_decode_serving, fd_run and fd_merge_states return FD_OK and launch what fd_plan and
 // fd_plan_serving say, by the launches the driver logs to FAKECUDA_LAUNCH_LOG, and the
 // workspace refusals that only a device-backed call reaches. No result is computed:
 // decode_test.c checks results on a GPU.
@@ -163,6 +163,47 @@ static void test_decode_serving(void) {
     }
 }
 
+// The prepared API runs what fd_plan says, call after call, like fd_decode; a refused
+// run launches nothing.
+static void test_prepared(void) {
+    fd_layout l;
+    memset(&l, 0, sizeof l);
+    l.dtype = FD_FLOAT16, l.batch = 2, l.seqlen_q = 1, l.heads_q = 32, l.heads_kv = 8, l.head_dim = 128;
+    l.seqlen_cache = 4096, l.num_splits = 40, l.device_lengths = 1, l.window_left = l.window_right = -1;
+    const int64_t qs[4] = {32 * 128, 32 * 128, 128, 1}, kvs[4] = {4096 * 8 * 128, 8 * 128, 128, 1};
+    memcpy(l.q, qs, sizeof qs), memcpy(l.out, qs, sizeof qs), memcpy(l.k_cache, kvs, sizeof kvs);
+    memcpy(l.v_cache, kvs, sizeof kvs);
+    fd_handle h;
+    int rc = fd_prepare(&l, sizeof l, 0, &h);
+    CHECK(rc == FD_OK, "fd_prepare: %d \"%s\"", rc, fd_last_error());
+    if (rc != FD_OK) return;
+    fd_plan_info p;
+    size_t bytes = 0;
+    rc = fd_plan(h, 3000, &p);
+    CHECK(rc == FD_OK && fd_workspace_size(h, 3000, &bytes) == FD_OK && bytes == (size_t)p.workspace_bytes && bytes > 0,
+          "plan rc %d, workspace %zu (%s)", rc, bytes, fd_last_error());
+    fd_ptrs ptrs;
+    memset(&ptrs, 0, sizeof ptrs);
+    ptrs.q = q, ptrs.out = out, ptrs.k_cache = k, ptrs.v_cache = v, ptrs.lse = lse, ptrs.cache_seqlens = lens;
+    for (int call = 0; call < 2; call++) {
+        int before = logged();
+        rc = fd_run(h, &ptrs, sizeof ptrs, 3000, (void *)ws, bytes, NULL);
+        CHECK(rc == FD_OK && fd_last_error()[0] == '\0', "fd_run %d: %d \"%s\"", call, rc, fd_last_error());
+        launch got[3];
+        int n = launches_since(before, got, 3);
+        CHECK(n == 2, "fd_run %d: %d launches, want stage 1 and the combine", call, n);
+        if (n >= 1) expect_stage1("fd_run", &got[0], &p);
+        if (n == 2)
+            CHECK(strcmp(got[1].kernel, p.combine) == 0 && got[1].grid[0] == (unsigned)p.combine_grid,
+                  "combine: launched %s x %u, planned %s x %d", got[1].kernel, got[1].grid[0], p.combine, p.combine_grid);
+    }
+    int before = logged();
+    rc = fd_run(h, &ptrs, sizeof ptrs, 3000, (void *)ws, bytes - 1, NULL);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), ": workspace: ") && logged() == before,
+          "a short workspace: %d \"%s\", %d launches", rc, fd_last_error(), logged() - before);
+    CHECK(fd_release(h) == FD_OK, "fd_release: \"%s\"", fd_last_error());
+}
+
 static void test_merge(void) {
     // Three stacked fp16 states of (2, 32) rows of 128: one merge kernel, a block a row.
     fd_merge_args m;
@@ -211,6 +252,7 @@ int main(void) {
     test_decode();
     test_workspace_refusals();
     test_decode_serving();
+    test_prepared();
     test_merge();
 done:
     printf("%d passed, %d failed\n", passed, failed);

@@ -19,11 +19,11 @@ cd "$ROOT"
 CGO_ENABLED=1 CGO_CFLAGS="-I$ROOT/core/cuda/compat -I$CUDA_HOME/include ${CGO_CFLAGS:--O2 -g}" \
   CGO_LDFLAGS="-L$LIBCUDA_DIR ${CGO_LDFLAGS:--O2 -g}" \
   go build -buildmode=c-shared -o "$OUT/libflashdecode.so" ./capi
-for test in decode_test merge_test fake_test; do
+for test in decode_test merge_test prepare_test fake_test; do
   ${CC:-gcc} -std=c11 -O2 -Wall -Wextra -Werror -Icapi -I"$CUDA_HOME/include" "capi/test/$test.c" \
     -L"$OUT" -lflashdecode -L"$LIBCUDA_DIR" -lcuda -lpthread -lm -o "$OUT/$test"
 done
-for test in decode_test merge_test; do
+for test in decode_test merge_test prepare_test; do
   echo "$test:"
   LD_LIBRARY_PATH="$OUT${RUN_LIBCUDA_DIR:+:$RUN_LIBCUDA_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/$test"
 done

@@ -29,12 +29,24 @@ type scope struct {
 }
 
 // undo puts back the context the thread had (PyTorch's, another device's,
-// or none) and unlocks the thread.
-func (s scope) undo() {
+// or none) and unlocks the thread. It fails only where the driver refuses
+// the caller's own context, current a moment ago.
+func (s scope) undo(ordinal int) error {
+	defer runtime.UnlockOSThread()
 	if s.changed {
-		C.cuCtxSetCurrent(s.prev) // the caller's own context: it was current a moment ago
+		if r := C.cuCtxSetCurrent(s.prev); r != C.CUDA_SUCCESS {
+			return fmt.Errorf("flashdecode: device %d: putting the caller's context back: %w", ordinal, check("cuCtxSetCurrent", r))
+		}
 	}
-	runtime.UnlockOSThread()
+	return nil
+}
+
+// undoInto is undo for a deferred call: its error becomes *err unless
+// that holds one already.
+func (s scope) undoInto(err *error, ordinal int) {
+	if e := s.undo(ordinal); e != nil && *err == nil {
+		*err = e
+	}
 }
 
 // current makes ctx current on the calling goroutine's OS thread until the
@@ -45,7 +57,7 @@ func (s scope) undo() {
 //
 //	s, err := current(d.raw, d.ordinal)
 //	if err != nil { return err }
-//	defer s.undo()
+//	defer s.undoInto(&err, d.ordinal)
 func current(ctx C.CUcontext, ordinal int) (scope, error) {
 	runtime.LockOSThread()
 	c := C.fd_current_context()
@@ -76,7 +88,9 @@ func rawContext(ctx cu.CUContext, ordinal int) (C.CUcontext, error) {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
 	}
 	c := C.fd_current_context()
-	C.cuCtxSetCurrent(prev.ctx)
+	if r := C.cuCtxSetCurrent(prev.ctx); r != C.CUDA_SUCCESS {
+		return nil, fmt.Errorf("flashdecode: device %d: putting the caller's context back: %w", ordinal, check("cuCtxSetCurrent", r))
+	}
 	if c.r != C.CUDA_SUCCESS {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, check("cuCtxGetCurrent", c.r))
 	}

@@ -22,7 +22,46 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 	if err := p.Validate(); err != nil {
 		return core.Plan{}, err
 	}
+	if err := checkAddresses(p); err != nil {
+		return core.Plan{}, err
+	}
+	if err := checkAddress("decode", "workspace", workspace); err != nil {
+		return core.Plan{}, err
+	}
 	return run(p, workspace, workspaceBytes, device, stream)
+}
+
+// minAddress is the lowest device address a call takes: no allocation
+// lies below it, so a value there is the caller's mistake (and one in a
+// pointer-typed word on a goroutine stack makes the Go runtime throw).
+const minAddress = 4096
+
+// checkAddresses refuses, by name, a nonzero device address of p below
+// minAddress.
+func checkAddresses(p *core.Problem) error {
+	for _, x := range [...]struct {
+		name string
+		ptr  uintptr
+	}{
+		{"q", p.Q.Ptr}, {"k_cache", p.K.Ptr}, {"v_cache", p.V.Ptr}, {"out", p.Out.Ptr}, {"lse", p.LSE},
+		{"cache_seqlens", p.CacheSeqlens}, {"block_table", p.BlockTable}, {"cache_batch_idx", p.CacheBatchIdx},
+		{"cache_leftpad", p.CacheLeftpad}, {"alibi_slopes", p.AlibiSlopes}, {"k", p.New.K.Ptr}, {"v", p.New.V.Ptr},
+		{"rotary_cos", p.Rotary.Cos}, {"rotary_sin", p.Rotary.Sin},
+	} {
+		if err := checkAddress("decode", x.name, x.ptr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkAddress refuses a nonzero address below minAddress.
+func checkAddress(op, name string, ptr uintptr) error {
+	if ptr != 0 && ptr < minAddress {
+		return &core.Error{Op: op, Arg: name, Err: core.ErrInvalid,
+			Msg: fmt.Sprintf("address %#x is not a device address (below %#x)", ptr, minAddress)}
+	}
+	return nil
 }
 
 // run plans (from the device's cache) and launches a problem whose layout
@@ -80,4 +119,23 @@ func PlanFor(s core.Shape, device int) (core.Plan, error) {
 	}
 	pd, err := d.plan(s)
 	return pd.plan, err
+}
+
+// PlanLayout returns the plan of a call of layout l with this seqlen (see
+// core.Problem.CallSeqlen) on GPU device (< 0: core.H200, as PlanFor),
+// holding nothing and reading none of the tensors' strides
+// (core.Layout.Sizes): for one-shot callers that plan before they have
+// the tensors.
+func PlanLayout(l *core.Layout, device, seqlen int) (core.Plan, error) {
+	if l == nil {
+		return core.Plan{}, &core.Error{Op: "plan", Arg: "layout", Msg: "nil", Err: core.ErrInvalid}
+	}
+	p, err := l.Sizes()
+	if err != nil {
+		return core.Plan{}, err
+	}
+	if p.Seqlen, err = p.CallSeqlen(seqlen); err != nil {
+		return core.Plan{}, err
+	}
+	return PlanFor(p.PlanShape(), device)
 }

@@ -186,9 +186,10 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 				var err error
 				if prepared {
 					var r *Prepared
-					if r, err = Prepare(&p, 0); err == nil {
+					l := core.LayoutOf(&p)
+					if r, err = Prepare(&l, 0); err == nil {
 						ran, err = r.Run(&Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE,
-							CacheSeqlens: p.CacheSeqlens, Seqlen: s.Seqlen, Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, 0)
+							CacheSeqlens: p.CacheSeqlens, Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, s.Seqlen, 0)
 					}
 				} else {
 					ran, err = Decode(&p, uintptr(ws), pl.WorkspaceBytes, 0, 0)
@@ -441,14 +442,15 @@ func TestDecodeServingMatchesNaiveAttention(t *testing.T) {
 				}
 				var ran core.Plan
 				if prepared {
-					pr, err := Prepare(&p, 0)
+					l := core.LayoutOf(&p)
+					pr, err := Prepare(&l, 0)
 					if err != nil {
 						t.Fatal(err)
 					}
 					ran, err = pr.Run(&Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
 						BlockTable: p.BlockTable, CacheBatchIdx: p.CacheBatchIdx, CacheLeftpad: p.CacheLeftpad, AlibiSlopes: p.AlibiSlopes,
 						KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos, RotarySin: p.Rotary.Sin,
-						Seqlen: p.Seqlen, Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, 0)
+						Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, p.Seqlen, 0)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -37,6 +37,7 @@ type device struct {
 	pdl        bool                // programmatic dependent launch (sm_90 and newer)
 	maxCluster int                 // largest stage-1 cluster a plan may use; 1: none
 	fns        map[string]*kernels // by Variant.Kernel; read-only after init
+	merges     mergeKernels        // the merge kernels, by dtype
 
 	mu    sync.RWMutex
 	plans map[core.Shape]planned
@@ -112,7 +113,7 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer s.undo()
+	defer s.undoInto(&err, ordinal)
 	sms, err := dev.Attribute(cu.MultiprocessorCount)
 	if err != nil {
 		return nil, fmt.Errorf("flashdecode: device %d: %w", ordinal, err)
@@ -183,6 +184,13 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 			}
 		}
 		d.fns[v.Kernel] = k
+	}
+	// Looked up here, not on the first merge: that may come inside a graph capture.
+	for _, dt := range mergeDTypes {
+		name := core.MergeKernel(dt)
+		if d.merges[dt], err = lookup(mod, name); err != nil {
+			return nil, fmt.Errorf("flashdecode: kernel %s: %w", name, err)
+		}
 	}
 	return d, nil
 }

@@ -2,7 +2,10 @@
 //
 // It is the device half of the Go core: package core validates a Problem and
 // plans it (pure Go); this package turns the plan into kernel launches on the
-// caller's stream. gorgonia.org/cu opens the device and its primary context;
+// caller's stream. Its native API is Prepare (a core.Layout, validated once),
+// then Workspace, Plan and Run per call; the C library (capi) and the Python
+// binding are thin doors onto it (Handles numbers the prepared layouts for
+// them), and Decode is the one-shot Go call. gorgonia.org/cu opens the device and its primary context;
 // a few lines of cgo (launch.go) load the module, look up the kernels and
 // launch them with the attributes gorgonia.org/cu lacks. Per device it
 // retains the primary context (the one PyTorch allocates in), loads the

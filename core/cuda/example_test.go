@@ -53,9 +53,11 @@ func ExampleDecode() {
 
 // A Go serving loop: a paged cache (pages of 16 keys, in any order), each
 // step appending one token per sequence and attending over its keys. The
-// layout is checked once by Prepare; each step only hands over the device
-// addresses. Here the lengths advance on the host and are copied over; a
-// real loop keeps them on the device.
+// layout (a core.Layout, as C and Python pass it too) is checked once by
+// Prepare; each step only hands over the device addresses and a bound on
+// the lengths (max_seqlen_k), which the core rounds to its plan key. Here
+// the lengths advance on the host and are copied over; a real loop keeps
+// them on the device.
 func ExamplePrepare() {
 	const batch, headsQ, headsKV, dim, page, pagesPerSeq = 2, 32, 8, 128, 16, 64 // up to 1024 keys a sequence
 	const row, numPages = headsKV * dim, batch * pagesPerSeq
@@ -64,23 +66,26 @@ func ExamplePrepare() {
 	dev, _ := cu.Device(0).RetainPrimaryCtx()
 	cu.SetCurrentContext(dev)
 
-	tensor := func(seq, heads int) core.Tensor { // contiguous (batch, seq, heads, dim), no address yet
-		return core.Tensor{BatchStride: int64(seq * heads * dim), SeqStride: int64(heads * dim), HeadStride: dim}
-	}
-	pages := core.Tensor{BatchStride: page * row, SeqStride: row, HeadStride: dim} // (num_pages, page, heads, dim)
-	p := core.Problem{
-		Shape: core.Shape{DType: core.Float16, Batch: batch, SeqlenQ: 1, HeadsQ: headsQ, HeadsKV: headsKV,
-			HeadDim: dim, SeqlenCache: pagesPerSeq * page, Seqlen: -1},
-		Q: tensor(1, headsQ), K: pages, V: pages, Out: tensor(1, headsQ), Causal: true,
-		PageSize: page, NumPages: numPages, MaxPages: pagesPerSeq, BlockTableStride: pagesPerSeq,
-		New: core.Append{K: tensor(1, headsKV), V: tensor(1, headsKV), Seqlen: 1},
-	}
-	prepared, err := cuda.Prepare(&p, 0)
+	// Strides in elements, (batch, seq, head, dim); paged caches are (num_pages, page, head, dim).
+	l := core.Layout{DType: int64(core.Float16), Batch: batch, SeqlenQ: 1, HeadsQ: headsQ, HeadsKV: headsKV,
+		HeadDim: dim, SeqlenCache: pagesPerSeq * page, DeviceLengths: 1, Causal: 1,
+		Q: [4]int64{headsQ * dim, headsQ * dim, dim, 1}, Out: [4]int64{headsQ * dim, headsQ * dim, dim, 1},
+		KCache: [4]int64{page * row, row, dim, 1}, VCache: [4]int64{page * row, row, dim, 1},
+		PageSize: page, NumPages: numPages, MaxPages: pagesPerSeq, BlockTable: [2]int64{pagesPerSeq, 1},
+		WindowLeft: -1, WindowRight: -1,
+		SeqlenNew: 1, KNew: [4]int64{row, row, dim, 1}, VNew: [4]int64{row, row, dim, 1}}
+	prepared, err := cuda.Prepare(&l, 0)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	plan, err := cuda.PlanFor(p.PlanShape(), 0)
+	const bound = pagesPerSeq * page // max_seqlen_k: no sequence attends more keys
+	wsBytes, err := prepared.Workspace(bound)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	plan, err := prepared.Plan(bound)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -90,7 +95,7 @@ func ExamplePrepare() {
 	q, out := alloc(batch*headsQ*dim*2), alloc(batch*headsQ*dim*2)
 	kNew, vNew := alloc(batch*row*2), alloc(batch*row*2)
 	kCache, vCache := alloc(numPages*page*row*2), alloc(numPages*page*row*2)
-	table, seqlens, ws := alloc(batch*pagesPerSeq*4), alloc(batch*4), alloc(plan.WorkspaceBytes)
+	table, seqlens, ws := alloc(batch*pagesPerSeq*4), alloc(batch*4), alloc(wsBytes)
 	cu.MemsetD16(q, 0, batch*headsQ*dim)  // q = 0: every key weighs the same
 	cu.MemsetD16(kNew, 0x3c00, batch*row) // 1.0 in fp16
 	cu.MemsetD16(vNew, 0x4000, batch*row) // 2.0
@@ -107,7 +112,7 @@ func ExamplePrepare() {
 		cu.MemcpyHtoD(seqlens, unsafe.Pointer(&lens[0]), int64(len(lens)*4))
 		_, err := prepared.Run(&cuda.Args{Q: uintptr(q), K: uintptr(kCache), V: uintptr(vCache), Out: uintptr(out),
 			CacheSeqlens: uintptr(seqlens), BlockTable: uintptr(table), KNew: uintptr(kNew), VNew: uintptr(vNew),
-			Seqlen: -1, Workspace: uintptr(ws), WorkspaceBytes: plan.WorkspaceBytes}, 0)
+			Workspace: uintptr(ws), WorkspaceBytes: wsBytes}, bound, 0)
 		if err != nil {
 			fmt.Println(err)
 			return

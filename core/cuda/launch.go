@@ -13,6 +13,7 @@ package cuda
 #cgo CFLAGS: -I${SRCDIR}/../../kernels
 #cgo noescape fd_run
 #cgo nocallback fd_run
+#include <stdint.h>
 #include <stdlib.h>
 #include <cuda.h>
 #include "launch.h"
@@ -22,14 +23,17 @@ package cuda
 typedef struct { CUfunction f; unsigned gx, gy, gz, threads, smem, cluster; } fd_launch_spec;
 
 // What fd_run did: r is CUDA_SUCCESS, or the failure of step 0 (cuCtxGetCurrent),
-// 1 (cuCtxSetCurrent) or 2 + i (launch i).
+// 1 (cuCtxSetCurrent), 2 + i (launch i) or -1 (putting the caller's context back).
 typedef struct { CUresult r; int step; } fd_run_result;
 
 // Makes ctx current on the calling thread (unless it is), launches the n kernels of l in
 // order with the one argument p, and puts the thread's context back: a decode's whole
-// driver work in one cgo call, which runs on one OS thread from start to end.
-static fd_run_result fd_run(CUcontext ctx, const fd_launch_spec *l, int n, CUstream stream, int pdl,
+// driver work in one cgo call, which runs on one OS thread from start to end. The stream
+// comes as an integer: a CUstream on the Go side would be a pointer-typed word holding
+// small handles such as CU_STREAM_PER_THREAD (2).
+static fd_run_result fd_run(CUcontext ctx, const fd_launch_spec *l, int n, uintptr_t stream_handle, int pdl,
                             fd_params *p) {
+	CUstream stream = (CUstream)stream_handle;
 	fd_run_result res = {CUDA_SUCCESS, 0};
 	CUcontext prev = NULL;
 	if ((res.r = cuCtxGetCurrent(&prev)) != CUDA_SUCCESS) return res;
@@ -46,7 +50,13 @@ static fd_run_result fd_run(CUcontext ctx, const fd_launch_spec *l, int n, CUstr
 			break;
 		}
 	}
-	if (changed) cuCtxSetCurrent(prev);  // the caller's own context: it was current a moment ago
+	if (changed) {
+		CUresult r = cuCtxSetCurrent(prev);
+		if (r != CUDA_SUCCESS && res.r == CUDA_SUCCESS) {
+			res.r = r;
+			res.step = -1;
+		}
+	}
 	return res;
 }
 
@@ -336,10 +346,12 @@ func (d *device) launch(k *C.fd_params, pd *planned, stream uintptr) error {
 	if d.pdl {
 		pdl = 1
 	}
-	res := C.fd_run(d.raw, &l.spec[0], C.int(l.n), *(*C.CUstream)(unsafe.Pointer(&stream)), pdl, k)
+	res := C.fd_run(d.raw, &l.spec[0], C.int(l.n), C.uintptr_t(stream), pdl, k)
 	switch step := int(res.step); {
 	case res.r == C.CUDA_SUCCESS:
 		return nil
+	case step == -1:
+		return fmt.Errorf("flashdecode: device %d: the kernels launched, but putting the caller's context back failed: %w", d.ordinal, check("cuCtxSetCurrent", res.r))
 	case step == 0:
 		return fmt.Errorf("flashdecode: device %d: %w", d.ordinal, check("cuCtxGetCurrent", res.r))
 	case step == 1:

@@ -155,19 +155,16 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			if pl.CombineGrid > 0 {
 				want = append(want, launchLine(pl.Combine, pl.CombineGrid, 1, 1, pl.CombineThreads, 0, 1, 1))
 			}
-			r, err := Prepare(&p, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := prepareProblem(t, &p)
 			args := Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
 				BlockTable: p.BlockTable, KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos,
-				RotarySin: p.Rotary.Sin, Seqlen: p.Seqlen, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+				RotarySin: p.Rotary.Sin, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
 			for _, call := range []string{"Decode", "Prepared.Run", "Prepared.Run again"} {
 				launched(t, log)
 				if call == "Decode" {
 					_, err = Decode(&p, 10*gib, pl.WorkspaceBytes, 0, 0)
 				} else {
-					_, err = r.Run(&args, 0)
+					_, err = r.Run(&args, p.Seqlen, 0)
 				}
 				if err != nil {
 					t.Fatalf("%s: %v", call, err)
@@ -212,7 +209,7 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 	defer runtime.UnlockOSThread()
 	const gib = uintptr(1) << 30
 	_, r, pl := preparedSplitCall(t, 4096)
-	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, LSE: 3 * gib, CacheSeqlens: 4 * gib, Seqlen: -1,
+	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, LSE: 3 * gib, CacheSeqlens: 4 * gib,
 		Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
 	d, err := getDevice("decode", 0)
 	if err != nil {
@@ -225,43 +222,49 @@ func TestRunRestoresTheContextAndAllocatesNothing(t *testing.T) {
 		if err := cu.SetCurrentContext(tc.ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := r.Run(&args, 0); err != nil {
+		if _, err := r.Run(&args, -1, 0); err != nil {
 			t.Fatal(err)
 		}
 		if got, err := cu.CurrentContext(); err != nil || got != tc.ctx {
 			t.Errorf("%s: after Run the current context is %v (%v), want %v", tc.name, got, err, tc.ctx)
 		}
-		if allocs := testing.AllocsPerRun(100, func() { r.Run(&args, 0) }); allocs != 0 {
+		if allocs := testing.AllocsPerRun(100, func() { r.Run(&args, -1, 0) }); allocs != 0 {
 			t.Errorf("%s: Run allocates %v times a call", tc.name, allocs)
 		}
+	}
+	// The one-shot path of a layout (capi's fd_decode) allocates nothing either.
+	p, _, _ := preparedSplitCall(t, 4096)
+	l := core.LayoutOf(&p)
+	if _, err := DecodeLayout(&l, 0, &args, -1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { DecodeLayout(&l, 0, &args, -1, 0) }); allocs != 0 {
+		t.Errorf("DecodeLayout allocates %v times a call", allocs)
 	}
 	// Sizing hints in turn (max_seqlen_k buckets of interleaved batches): each is
 	// planned once, then kept.
 	hints := []int{-1, 512, 1024, 4096}
 	for _, h := range hints {
-		args.Seqlen = h
-		if _, err := r.Run(&args, 0); err != nil {
+		if _, err := r.Run(&args, h, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	allocs := testing.AllocsPerRun(25, func() {
 		for _, h := range hints {
-			args.Seqlen = h
-			r.Run(&args, 0)
+			r.Run(&args, h, 0)
 		}
 	})
 	if allocs != 0 {
 		t.Errorf("Runs at %d hints in turn allocate %v times a round", len(hints), allocs)
 	}
 	// An int length growing a token a step: one plan for each block of 32 lengths.
-	args.CacheSeqlens, args.Seqlen = 0, 993
-	if _, err := r.Run(&args, 0); err != nil {
+	args.CacheSeqlens = 0
+	if _, err := r.Run(&args, 993, 0); err != nil {
 		t.Fatal(err)
 	}
 	allocs = testing.AllocsPerRun(10, func() {
 		for n := 993; n <= 1024; n++ {
-			args.Seqlen = n
-			if _, err := r.Run(&args, 0); err != nil {
+			if _, err := r.Run(&args, n, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -287,10 +290,7 @@ func TestRunFromManyGoroutines(t *testing.T) {
 	const gib, goroutines, calls = uintptr(1) << 30, 8, 200
 	p, _, _ := preparedSplitCall(t, 32768)
 	p.NumSplits = 0 // the planner's own count, which follows the length
-	r, err := Prepare(&p, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := prepareProblem(t, &p)
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)
 	for g := range goroutines {
@@ -300,8 +300,7 @@ func TestRunFromManyGoroutines(t *testing.T) {
 			args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Workspace: 10 * gib, WorkspaceBytes: 64 << 20}
 			for i := range calls {
 				n := 1 + (g*4099+i*577)%32768 // lengths spread over the cache, a different order each goroutine
-				args.Seqlen = n
-				got, err := r.Run(&args, 0)
+				got, err := r.Run(&args, n, 0)
 				if err != nil {
 					errs <- fmt.Errorf("goroutine %d, length %d: %v", g, n, err)
 					return
@@ -343,8 +342,8 @@ func TestRunRefusesABadWorkspace(t *testing.T) {
 		{"over out", 2*gib - 256, core.ErrInvalid},
 		{"inside k_cache", 64*gib + 4096, core.ErrInvalid},
 	} {
-		args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Seqlen: -1, Workspace: tc.ws, WorkspaceBytes: pl.WorkspaceBytes}
-		if _, err := r.Run(&args, 0); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "workspace") {
+		args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Workspace: tc.ws, WorkspaceBytes: pl.WorkspaceBytes}
+		if _, err := r.Run(&args, -1, 0); !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "workspace") {
 			t.Errorf("%s: Run: %v; want %v naming the workspace", tc.name, err, tc.want)
 		}
 		if _, err := Decode(&p, tc.ws, pl.WorkspaceBytes, 0, 0); !errors.Is(err, tc.want) {
@@ -354,8 +353,8 @@ func TestRunRefusesABadWorkspace(t *testing.T) {
 			t.Errorf("%s: launched %v", tc.name, got)
 		}
 	}
-	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Seqlen: -1, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
-	if _, err := r.Run(&args, 0); err != nil {
+	args := Args{Q: 1 * gib, K: 64 * gib, V: 128 * gib, Out: 2 * gib, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+	if _, err := r.Run(&args, -1, 0); err != nil {
 		t.Fatalf("a workspace apart from the tensors: %v", err)
 	}
 	if got := launched(t, log); len(got) != 2 {
@@ -371,15 +370,23 @@ func preparedSplitCall(t *testing.T, n int) (core.Problem, *Prepared, core.Plan)
 	const gib = uintptr(1) << 30
 	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: n, Seqlen: -1, NumSplits: 32}
 	p := core.Problem{Shape: s, Q: at(1*gib, 1, 32, 128), K: at(64*gib, n, 8, 128), V: at(128*gib, n, 8, 128), Out: at(2*gib, 1, 32, 128)}
-	r, err := Prepare(&p, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := prepareProblem(t, &p)
 	pl, err := PlanFor(s, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p, r, pl
+}
+
+// prepareProblem prepares p's layout (core.LayoutOf) on device 0.
+func prepareProblem(t *testing.T, p *core.Problem) *Prepared {
+	t.Helper()
+	l := core.LayoutOf(p)
+	r, err := Prepare(&l, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // TestOpenRefusesAGPUOlderThanSm80: on the fake device posing as sm_70,

@@ -2,29 +2,28 @@ package cuda
 
 // The merge API's launch: the fd_merge_states_<dtype> kernels of
 // kernels/merge_states.cuh, which take an fd_merge_params (merge_params.h)
-// by value. They live in the module openDevice loaded; their handles are
-// looked up once per device, through the module of a decode kernel.
+// by value. openDevice looks their handles up with the decode kernels'.
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../kernels
 #cgo noescape fd_merge_launch
 #cgo nocallback fd_merge_launch
+#include <stdint.h>
 #include <cuda.h>
 #include "launch.h"
 #include "merge_params.h"
 
-// Launches a merge kernel (one block per row) on fd_merge_params p.
+// Launches a merge kernel (one block per row) on fd_merge_params p; the stream comes
+// as an integer, as fd_run's.
 static CUresult fd_merge_launch(CUfunction f, unsigned grid, unsigned threads, unsigned smem,
-                                CUstream stream, int pdl, fd_merge_params *p) {
-	return fd_launch_kernel(f, grid, 1, 1, threads, smem, stream, pdl, 1, p);
+                                uintptr_t stream, int pdl, fd_merge_params *p) {
+	return fd_launch_kernel(f, grid, 1, 1, threads, smem, (CUstream)stream, pdl, 1, p);
 }
 */
 import "C"
 
 import (
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
@@ -36,19 +35,17 @@ var mergeDTypes = [...]core.DType{core.Float16, core.BFloat16, core.Float32}
 
 type mergeKernels [core.Float32 + 1]function
 
-var (
-	merges  [maxDevices]atomic.Pointer[mergeKernels]
-	mergeMu sync.Mutex
-)
-
 // MergeStates merges the attention states of p (see core.MergeProblem) on
 // GPU device, launching on stream (a CUstream handle; 0 is the legacy
 // default stream). Like Decode it never synchronizes with the host and
 // allocates no device memory, and its launch depends on p's sizes only (it
 // can be captured in a CUDA graph): out and lse are ready when the stream
 // reaches this point.
-func MergeStates(p *core.MergeProblem, device int, stream uintptr) error {
+func MergeStates(p *core.MergeProblem, device int, stream uintptr) (err error) {
 	if err := p.Validate(); err != nil {
+		return err
+	}
+	if err := checkMergeAddresses(p); err != nil {
 		return err
 	}
 	d, err := getDevice("merge_states", device)
@@ -59,56 +56,38 @@ func MergeStates(p *core.MergeProblem, device int, stream uintptr) error {
 	if err != nil {
 		return err
 	}
-	defer sc.undo()
-	k, err := d.mergeKernels()
-	if err != nil {
-		return err
-	}
+	defer sc.undoInto(&err, device)
 	l := p.Launch()
 	params := mergeParams(p)
-	s := *(*C.CUstream)(unsafe.Pointer(&stream))
 	pdl := C.int(0)
 	if d.pdl {
 		pdl = 1
 	}
-	r := C.fd_merge_launch(C.CUfunction(k[p.DType]), C.uint(l.Grid), C.uint(l.Threads), C.uint(l.SharedBytes), s, pdl, &params)
+	r := C.fd_merge_launch(C.CUfunction(d.merges[p.DType]), C.uint(l.Grid), C.uint(l.Threads), C.uint(l.SharedBytes),
+		C.uintptr_t(stream), pdl, &params)
 	if r != C.CUDA_SUCCESS {
 		return fmt.Errorf("flashdecode: %w", check("launch "+l.Kernel, r))
 	}
 	return nil
 }
 
-// mergeKernels returns d's merge kernel handles, looking them up on first
-// use (with d's context current).
-func (d *device) mergeKernels() (*mergeKernels, error) {
-	if k := merges[d.ordinal].Load(); k != nil {
-		return k, nil
-	}
-	mergeMu.Lock()
-	defer mergeMu.Unlock()
-	if k := merges[d.ordinal].Load(); k != nil {
-		return k, nil
-	}
-	// Every kernel is in the one module openDevice loaded.
-	some := d.fns[core.Variants()[0].Kernel]
-	if some == nil {
-		return nil, fmt.Errorf("flashdecode: device %d has no kernels loaded", d.ordinal)
-	}
-	var mod C.CUmodule
-	if err := check("cuFuncGetModule", C.cuFuncGetModule(&mod, C.CUfunction(some.split))); err != nil {
-		return nil, fmt.Errorf("flashdecode: device %d: %w", d.ordinal, err)
-	}
-	k := new(mergeKernels)
-	for _, dt := range mergeDTypes {
-		name := core.MergeKernel(dt)
-		f, err := lookup(module(mod), name)
-		if err != nil {
-			return nil, fmt.Errorf("flashdecode: kernel %s: %w", name, err)
+// checkMergeAddresses refuses a merge's nonzero addresses below minAddress
+// (see checkAddresses).
+func checkMergeAddresses(p *core.MergeProblem) error {
+	for _, in := range [...]struct {
+		name string
+		in   *core.MergeInput
+	}{{"outs", &p.Outs}, {"lses", &p.LSEs}} {
+		for _, ptr := range in.in.Ptrs[:in.in.NumPtrs] {
+			if err := checkAddress("merge_states", in.name, ptr); err != nil {
+				return err
+			}
 		}
-		k[dt] = f
 	}
-	merges[d.ordinal].Store(k)
-	return k, nil
+	if err := checkAddress("merge_states", "out", p.Out.Ptr); err != nil {
+		return err
+	}
+	return checkAddress("merge_states", "lse", p.LSE.Ptr)
 }
 
 // mergeParams fills the merge kernels' argument struct from a valid problem.

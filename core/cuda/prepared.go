@@ -10,18 +10,19 @@ import (
 	"github.com/flash-decode/flash-decode/core"
 )
 
-// Prepared is a decode whose layout (shapes, strides, dtype, scale, causal,
-// num_splits, the serving features and device) was validated once by Prepare, so that each call
-// of a serving loop, which decodes the same layout every step on new tensors,
-// only checks the new device addresses and launches: the host-side half of
-// the plan/run split. It is immutable and safe for concurrent use.
+// Prepared is a decode layout validated once by Prepare, so that each call
+// of a serving loop, which decodes the same layout every step on new
+// tensors, only checks the new device addresses and launches: the native
+// API both doors (capi, the Python binding) open onto. It is immutable but
+// for its cache of ready plans, and safe for concurrent use.
 type Prepared struct {
 	p      core.Problem // the layout; device addresses and Seqlen come with each Run
-	device int
-	// readies are the plans the last Runs launched, by the Seqlen of their
-	// plan key (core.Shape.PlanKey: the whole cache, a sizing hint, or a
-	// block of 32 int lengths), ready for the next Run at one of them; a
-	// miss replaces them in turn (next).
+	shape  core.Shape   // p.PlanShape(), the Seqlen of a call set on it
+	device int          // a GPU ordinal, or -1: planned for core.H200, no Run
+	// readies are the plans the last calls met, by the Seqlen of their plan
+	// key (core.Shape.PlanKey: the whole cache, a sizing hint, or a block of
+	// 32 int lengths), ready for the next call at one of them; a miss
+	// replaces them in turn (next).
 	readies [readySlots]atomic.Pointer[ready]
 	next    atomic.Uint32
 }
@@ -32,8 +33,9 @@ type Prepared struct {
 const readySlots = 4
 
 // ready is a Prepared layout's plan at one plan key, ready to launch: its
-// device, plan and kernels, and the kernels' parameters but the device
-// addresses and the length, which are all that change between such calls.
+// device (nil when planned without one), plan and kernels, and the
+// kernels' parameters but the device addresses and the length, which are
+// all that change between such calls.
 type ready struct {
 	seqlen int // the plan key's
 	d      *device
@@ -41,31 +43,36 @@ type ready struct {
 	layout C.fd_params
 }
 
-// Prepare validates the layout of p (everything but its device addresses,
-// see core.Problem.ValidateLayout) for GPU device and returns it ready for
-// Run. It does not touch the GPU: the device is opened by the first Run.
-func Prepare(p *core.Problem, device int) (*Prepared, error) {
-	if err := p.ValidateLayout(); err != nil {
+// Prepare validates layout l (core.Layout.Problem: everything but the
+// device addresses and the length of a call) for GPU device and returns it
+// ready for Run. It does not touch the GPU: the device is opened by the
+// first Workspace, Plan or Run. A negative device prepares for the
+// planner's default device (core.H200) without a GPU: Workspace and Plan
+// work, Run is refused.
+func Prepare(l *core.Layout, device int) (*Prepared, error) {
+	if l == nil {
+		return nil, &core.Error{Op: "prepare", Arg: "layout", Msg: "nil", Err: core.ErrInvalid}
+	}
+	if device >= maxDevices {
+		return nil, &core.Error{Op: "prepare", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d", device), Err: core.ErrInvalid}
+	}
+	p, err := l.Problem()
+	if err != nil {
 		return nil, err
 	}
-	if device < 0 || device >= maxDevices {
-		return nil, &core.Error{Op: "decode", Arg: "device", Msg: fmt.Sprintf("no CUDA device %d", device), Err: core.ErrInvalid}
-	}
-	r := &Prepared{p: *p, device: device}
-	r.p.Q.Ptr, r.p.K.Ptr, r.p.V.Ptr, r.p.Out.Ptr, r.p.LSE, r.p.CacheSeqlens = 0, 0, 0, 0, 0, 0
-	r.p.BlockTable, r.p.CacheBatchIdx, r.p.CacheLeftpad, r.p.AlibiSlopes = 0, 0, 0, 0
-	r.p.New.K.Ptr, r.p.New.V.Ptr, r.p.Rotary.Cos, r.p.Rotary.Sin = 0, 0, 0, 0
-	return r, nil
+	return &Prepared{p: p, shape: p.PlanShape(), device: max(device, -1)}, nil
 }
 
 // Problem returns the prepared layout, with zero device addresses.
 func (r *Prepared) Problem() core.Problem { return r.p }
 
-// Device returns the GPU ordinal r runs on.
+// Device returns the GPU ordinal r runs on, or -1 when r plans without one.
 func (r *Prepared) Device() int { return r.device }
 
 // Args are the per-call device addresses of a Prepared decode (see
-// core.Problem for each; LSE and CacheSeqlens may be 0) and its workspace.
+// core.Problem for each; LSE may be 0, CacheSeqlens is given exactly when
+// the layout has device lengths, or, without them, in place of a length)
+// and its workspace.
 type Args struct {
 	Q, K, V, Out, LSE, CacheSeqlens uintptr
 	// The serving features' arrays, given exactly for the features the
@@ -74,40 +81,51 @@ type Args struct {
 	// RotarySin (Problem.Rotary's tables).
 	BlockTable, CacheBatchIdx, CacheLeftpad, AlibiSlopes uintptr
 	KNew, VNew, RotaryCos, RotarySin                     uintptr
-	// Seqlen is the valid length of every sequence when CacheSeqlens is 0,
-	// and the planner's sizing hint otherwise; negative means the whole cache
-	// (see core.Shape.Seqlen).
-	Seqlen         int
-	Workspace      uintptr
-	WorkspaceBytes int
+	Workspace                                            uintptr
+	WorkspaceBytes                                       int
 }
 
-// Run launches the prepared decode on a's tensors on stream (a CUstream
-// handle) and returns the plan it ran. Like Decode, it never synchronizes,
-// allocates no device memory, and the workspace needs PlanFor's
-// WorkspaceBytes for the layout's PlanShape with a.Seqlen.
-func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
-	p := r.p
-	p.Q.Ptr, p.K.Ptr, p.V.Ptr, p.Out.Ptr, p.LSE, p.CacheSeqlens = a.Q, a.K, a.V, a.Out, a.LSE, a.CacheSeqlens
-	p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes = a.BlockTable, a.CacheBatchIdx, a.CacheLeftpad, a.AlibiSlopes
-	p.New.K.Ptr, p.New.V.Ptr, p.Rotary.Cos, p.Rotary.Sin = a.KNew, a.VNew, a.RotaryCos, a.RotarySin
-	p.Seqlen = a.Seqlen
-	if err := p.CheckPointers(); err != nil {
+// Workspace returns the bytes of workspace Run needs when called with this
+// seqlen (see core.Problem.CallSeqlen). Like Plan, it opens the device on
+// first use.
+func (r *Prepared) Workspace(seqlen int) (int, error) {
+	w, err := r.planAt(seqlen)
+	if err != nil {
+		return 0, err
+	}
+	return w.pd.plan.WorkspaceBytes, nil
+}
+
+// Plan returns the plan Run launches when called with this seqlen.
+func (r *Prepared) Plan(seqlen int) (core.Plan, error) {
+	w, err := r.planAt(seqlen)
+	if err != nil {
 		return core.Plan{}, err
 	}
-	if p.Seqlen > p.SeqlenCache {
-		return core.Plan{}, p.ValidateLayout() // the one layout check that depends on a per-call value
+	return w.pd.plan, nil
+}
+
+// Run launches the prepared decode on a's tensors with this seqlen (see
+// core.Problem.CallSeqlen) on stream (a CUstream handle) and returns the
+// plan it ran. Like Decode, it never synchronizes, allocates no device
+// memory, and the workspace needs Workspace(seqlen) bytes.
+func (r *Prepared) Run(a *Args, seqlen int, stream uintptr) (core.Plan, error) {
+	if r.device < 0 {
+		return core.Plan{}, &core.Error{Op: "decode", Arg: "device", Err: core.ErrInvalid,
+			Msg: "the layout was prepared without a GPU (device -1): it plans, but runs only when prepared for a device"}
 	}
-	key := p.Shape // PlanKey reads Seqlen, the appended tokens and the capacity
-	key.SeqlenNew = p.New.Seqlen
-	seqlen := key.PlanKey().Seqlen
-	w := r.readyAt(seqlen)
-	if w == nil {
-		var err error
-		if w, err = r.ready(seqlen); err != nil {
-			return core.Plan{}, err
-		}
-		r.readies[r.next.Add(1)%readySlots].Store(w)
+	p := r.p
+	setArgs(&p, a)
+	var err error
+	if p.Seqlen, err = p.CallSeqlen(seqlen); err != nil {
+		return core.Plan{}, err
+	}
+	if err := checkCall(&p, a.Workspace); err != nil {
+		return core.Plan{}, err
+	}
+	w, err := r.at(p.Seqlen)
+	if err != nil {
+		return core.Plan{}, err
 	}
 	pl := &w.pd.plan
 	if err := checkWorkspace(&p, pl, a.Workspace, a.WorkspaceBytes); err != nil {
@@ -121,29 +139,98 @@ func (r *Prepared) Run(a *Args, stream uintptr) (core.Plan, error) {
 	return *pl, nil
 }
 
-// readyAt returns the kept plan at seqlen, or nil.
-func (r *Prepared) readyAt(seqlen int) *ready {
-	for i := range r.readies {
-		if w := r.readies[i].Load(); w != nil && w.seqlen == seqlen {
-			return w
-		}
+// DecodeLayout is Prepare and Run in one call that keeps nothing (the
+// plan comes from the device's cache): for one-shot callers of a layout.
+func DecodeLayout(l *core.Layout, device int, a *Args, seqlen int, stream uintptr) (core.Plan, error) {
+	if l == nil {
+		return core.Plan{}, &core.Error{Op: "decode", Arg: "layout", Msg: "nil", Err: core.ErrInvalid}
 	}
-	return nil
+	p, err := l.Problem()
+	if err != nil {
+		return core.Plan{}, err
+	}
+	setArgs(&p, a)
+	if p.Seqlen, err = p.CallSeqlen(seqlen); err != nil {
+		return core.Plan{}, err
+	}
+	if err := checkCall(&p, a.Workspace); err != nil {
+		return core.Plan{}, err
+	}
+	return run(&p, a.Workspace, a.WorkspaceBytes, device, stream)
 }
 
-// ready plans r's layout at seqlen, a plan key's, as run would (a Seqlen
-// plans as its key does) and fills the kernels' parameters but the
-// addresses and the length.
-func (r *Prepared) ready(seqlen int) (*ready, error) {
+// setArgs sets a call's device addresses on p.
+func setArgs(p *core.Problem, a *Args) {
+	p.Q.Ptr, p.K.Ptr, p.V.Ptr, p.Out.Ptr, p.LSE, p.CacheSeqlens = a.Q, a.K, a.V, a.Out, a.LSE, a.CacheSeqlens
+	p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes = a.BlockTable, a.CacheBatchIdx, a.CacheLeftpad, a.AlibiSlopes
+	p.New.K.Ptr, p.New.V.Ptr, p.Rotary.Cos, p.Rotary.Sin = a.KNew, a.VNew, a.RotaryCos, a.RotarySin
+}
+
+// checkCall checks the device addresses of a call of a valid layout p and
+// its workspace's: a device lengths layout is called with its array, no
+// address is below minAddress, and the core's checks
+// (core.Problem.CheckPointers).
+func checkCall(p *core.Problem, workspace uintptr) error {
+	if p.DeviceLengths && p.CacheSeqlens == 0 {
+		return &core.Error{Op: "decode", Arg: "cache_seqlens", Err: core.ErrInvalid,
+			Msg: "null device pointer; the layout has device lengths (device_lengths=1)"}
+	}
+	if err := checkAddresses(p); err != nil {
+		return err
+	}
+	if err := checkAddress("decode", "workspace", workspace); err != nil {
+		return err
+	}
+	return p.CheckPointers()
+}
+
+// planAt is at for a call with this seqlen whose arrays are not known.
+func (r *Prepared) planAt(seqlen int) (*ready, error) {
+	s, err := r.p.CallSeqlen(seqlen)
+	if err != nil {
+		return nil, err
+	}
+	return r.at(s)
+}
+
+// at returns r's ready plan for a call whose Shape.Seqlen is s, planning
+// it on a miss.
+func (r *Prepared) at(s int) (*ready, error) {
+	key := r.shape
+	key.Seqlen = s
+	key = key.PlanKey()
+	for i := range r.readies {
+		if w := r.readies[i].Load(); w != nil && w.seqlen == key.Seqlen {
+			return w, nil
+		}
+	}
+	w, err := r.ready(key)
+	if err != nil {
+		return nil, err
+	}
+	r.readies[r.next.Add(1)%readySlots].Store(w)
+	return w, nil
+}
+
+// ready plans r's layout at key, a plan key's shape, and fills the
+// kernels' parameters but the addresses and the length.
+func (r *Prepared) ready(key core.Shape) (*ready, error) {
+	p := r.p
+	p.Seqlen = key.Seqlen
+	if r.device < 0 {
+		pl, err := core.MakePlan(key, core.H200)
+		if err != nil {
+			return nil, err
+		}
+		return &ready{seqlen: key.Seqlen, pd: planned{plan: pl}}, nil
+	}
 	d, err := getDevice("decode", r.device)
 	if err != nil {
 		return nil, err
 	}
-	p := r.p
-	p.Seqlen = seqlen
-	pd, err := d.plan(p.PlanShape())
+	pd, err := d.plan(key)
 	if err != nil {
 		return nil, err
 	}
-	return &ready{seqlen: seqlen, d: d, pd: pd, layout: layoutParams(&p, &pd.plan)}, nil
+	return &ready{seqlen: key.Seqlen, d: d, pd: pd, layout: layoutParams(&p, &pd.plan)}, nil
 }

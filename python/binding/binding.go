@@ -1,101 +1,111 @@
 // Package binding is the flat-function surface that gopy wraps into the
-// Python extension flash_decode._binding. Arguments are plain ints, floats
-// and device addresses (uintptr) so a call from Python costs well under a
-// microsecond. The core validates every value and names the argument at
-// fault (core.Error); the torch layer in python/flash_decode checks only
-// what never reaches Go (Python types, ranks, that the tensors agree in
-// shape, devices). Every function returns (T, error): gopy leaks a C string
-// per call for functions that return only an error. Every function also
-// turns a Go panic into its error (recoverError): a panic that reached
-// gopy's C wrapper would end the Python process.
+// Python extension flash_decode._binding: a mirror of the native API
+// (core/cuda's Prepare, Workspace, Run, Plan over a core.Layout) whose
+// arguments are plain ints and addresses, so that a call from Python costs
+// well under a microsecond. The core validates every value and names the
+// argument at fault; the torch layer turns tensors into numbers and raises
+// what the core says. Every function returns an int (or a string) and
+// never raises: a failure is a negative error id, whose kind (capi's
+// fd_status numbers, cuda.Kind) and text ErrorKind and ErrorMessage tell.
+// Every function also turns a Go panic into such an error (recoverError):
+// a panic that reached gopy's C wrapper would end the Python process.
 package binding
 
 import (
-	"encoding/json"
 	"fmt"
 	"runtime/debug"
+	"sync"
 
 	"github.com/flash-decode/flash-decode/core"
 	"github.com/flash-decode/flash-decode/core/cuda"
 )
 
-// Plan returns, as JSON, the plan Run would launch for these shapes on GPU
-// device (device < 0: an H200, without touching a GPU): kernel variant,
-// num_splits, grids and workspace bytes. dtype is 1 for float16 and 2 for
-// bfloat16; seqlen < 0 plans for the whole cache. deviceLengths: the calls
-// pass a cache_seqlens tensor (core.Shape.DeviceLengths).
-func Plan(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, device int, deviceLengths bool) (plan string, err error) {
-	defer recoverError(&err)
-	s := shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits)
-	s.DeviceLengths = deviceLengths
-	return planJSON(s, device)
-}
-
-// PlanServing is Plan for a call that runs the serving kernels
-// (fd_split_kv_serving_*, which any of a paged cache, cache_batch_idx,
-// cache_leftpad, a window, softcap, ALiBi or an append selects): with
-// seqlenNew tokens appended, the window (windowLeft, windowRight; -1 is an
-// unbounded side, both -1 no window), with rotary (q and the new keys
-// rotated), and pageSize > 0 a paged cache of pages of that many keys,
-// which runs the paged form (fd_split_kv_paged_*) when a multiple of 8 and
-// no window is given (core.Problem.PagedForm; the call must then have no
-// cache_batch_idx, cache_leftpad, softcap or ALiBi either). A few new tokens
-// run an appending form (paged, or, without pages or a window, the
-// contiguous cache's: core.Problem.ContiguousForm), which plans as if those
-// other features were off too; otherwise they do not change the plan.
-func PlanServing(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits, seqlenNew,
-	windowLeft, windowRight int, rotary bool, pageSize, device int, deviceLengths bool) (plan string, err error) {
-	defer recoverError(&err)
-	p := core.Problem{Shape: shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits),
-		New: core.Append{Seqlen: seqlenNew}, Window: window(windowLeft, windowRight), PageSize: pageSize}
-	p.DeviceLengths = deviceLengths
-	s := p.PlanShape()
-	s.Serving, s.RotaryQ = true, rotary
-	return planJSON(s, device)
-}
-
-// planJSON is the plan of s on device, as JSON.
-func planJSON(s core.Shape, device int) (string, error) {
-	pl, err := cuda.PlanFor(s, device)
-	if err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(pl)
-	return string(b), err
-}
-
-// window is window_size (left, right) as a core.Window: disabled (the zero
-// value) for (-1, -1).
-func window(left, right int) core.Window {
-	if left == -1 && right == -1 {
-		return core.Window{}
-	}
-	return core.Window{Enabled: true, Left: left, Right: right}
-}
-
-// PlanKeyQuantum returns core.PlanKeyQuantum: int lengths whose keys, the
-// appended ones included, round up to one multiple of it plan alike, so
-// the torch layer sizes their workspace once.
-func PlanKeyQuantum() (keys int, err error) {
-	defer recoverError(&err)
-	return core.PlanKeyQuantum, nil
+// LayoutFields returns the layout's fields in order as "name:q,name:d,...",
+// q an int64 and d a float64 (Python struct's codes); an array's elements
+// are name[0], name[1], ... Python packs the record Prepare reads from it.
+func LayoutFields() (fields string) {
+	defer recoverText(&fields)
+	return core.LayoutFieldsText()
 }
 
 // Version returns the flash-decode version.
-func Version() (version string, err error) {
-	defer recoverError(&err)
-	return core.Version, nil
+func Version() (version string) {
+	defer recoverText(&version)
+	return core.Version
 }
 
-func shape(dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache, seqlen, numSplits int) core.Shape {
-	return core.Shape{DType: core.DType(dtype), Batch: batch, SeqlenQ: seqlenQ, HeadsQ: headsQ,
-		HeadsKV: headsKV, HeadDim: headDim, SeqlenCache: seqlenCache, Seqlen: seqlen, NumSplits: numSplits}
+// ErrorKind returns the kind of error id (cuda.Kind: 1 invalid, 2
+// unsupported, others a runtime failure); an id no longer kept is
+// KindInternal.
+func ErrorKind(id int) (kind int) {
+	defer recoverError(&kind)
+	k, _ := recent.get(id)
+	return int(k)
 }
 
-// recoverError, deferred by every exported function, turns a panic in it
-// into its error result, with the stack for a bug report.
-func recoverError(err *error) {
+// ErrorMessage returns the text of error id.
+func ErrorMessage(id int) (msg string) {
+	defer recoverText(&msg)
+	_, m := recent.get(id)
+	return m
+}
+
+// errorRing is the most recent errors, by id: a bounded ring, so that a
+// caller that never asks leaks nothing.
+type errorRing struct {
+	mu    sync.Mutex
+	last  int // the last id handed out, as a positive count
+	kinds [errorSlots]cuda.Kind
+	msgs  [errorSlots]string
+	ids   [errorSlots]int
+}
+
+// errorSlots is how many recent errors are kept: a caller asks about its
+// error right after the call that failed.
+const errorSlots = 1024
+
+var recent errorRing
+
+// put keeps err and returns its id, negative.
+func (r *errorRing) put(err error) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last++
+	if r.last < 0 { // wrapped: start over
+		r.last = 1
+	}
+	i := r.last % errorSlots
+	r.ids[i], r.kinds[i], r.msgs[i] = r.last, cuda.KindOf(err), err.Error()
+	return -r.last
+}
+
+// get returns the kind and text of error id.
+func (r *errorRing) get(id int) (cuda.Kind, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if id < 0 {
+		if i := -id % errorSlots; r.ids[i] == -id {
+			return r.kinds[i], r.msgs[i]
+		}
+	}
+	return cuda.KindInternal, fmt.Sprintf("flashdecode: error id %d is not one of the last %d errors", id, errorSlots)
+}
+
+// fail keeps err and returns its id.
+func fail(err error) int { return recent.put(err) }
+
+// recoverError, deferred by every exported function with an int result,
+// turns a panic in it into an error id, with the stack for a bug report.
+func recoverError(ret *int) {
 	if r := recover(); r != nil {
-		*err = fmt.Errorf("flashdecode: internal error (please report): panic: %v\n%s", r, debug.Stack())
+		*ret = fail(fmt.Errorf("flashdecode: %w: panic: %v\n%s", cuda.ErrInternal, r, debug.Stack()))
+	}
+}
+
+// recoverText is recoverError for a function with a string result, which
+// a panic leaves "".
+func recoverText(ret *string) {
+	if r := recover(); r != nil {
+		*ret = ""
 	}
 }

@@ -9,9 +9,9 @@ import (
 	"testing"
 )
 
-// Every exported function starts with defer recoverError(&err), err being
-// its named error result: gopy wraps each one for Python, where a Go panic
-// would end the process.
+// Every exported function starts with defer recoverError(&r) (or
+// recoverText(&r) for a string result), r being its one named result: gopy
+// wraps each one for Python, where a Go panic would end the process.
 func TestExportedFunctionsRecover(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	if err != nil {
@@ -34,30 +34,31 @@ func TestExportedFunctionsRecover(t *testing.T) {
 			}
 			n++
 			if !defersRecover(fn) {
-				t.Errorf("%s: %s does not start with defer recoverError(&err)", fset.Position(fn.Pos()), fn.Name.Name)
+				t.Errorf("%s: %s does not start with defer recoverError(&r) or recoverText(&r) of its named result", fset.Position(fn.Pos()), fn.Name.Name)
 			}
 		}
 	}
-	if n < 5 { // Plan, Version, Prepare, Workspace, Run
+	if n < 10 { // LayoutFields, Prepare, Workspace, Run, PlanJSON, Release, ErrorKind, ErrorMessage, MergeStates, Version
 		t.Errorf("found %d exported functions", n)
 	}
 }
 
 func defersRecover(fn *ast.FuncDecl) bool {
 	res := fn.Type.Results
-	if res == nil || len(fn.Body.List) == 0 {
+	if res == nil || len(res.List) != 1 || len(res.List[0].Names) != 1 || len(fn.Body.List) == 0 {
 		return false
 	}
-	last := res.List[len(res.List)-1]
-	if len(last.Names) != 1 || last.Names[0].Name != "err" {
-		return false
+	result := res.List[0].Names[0].Name
+	want := "recoverError"
+	if id, ok := res.List[0].Type.(*ast.Ident); ok && id.Name == "string" {
+		want = "recoverText"
 	}
 	d, ok := fn.Body.List[0].(*ast.DeferStmt)
 	if !ok {
 		return false
 	}
 	callee, ok := d.Call.Fun.(*ast.Ident)
-	if !ok || callee.Name != "recoverError" || len(d.Call.Args) != 1 {
+	if !ok || callee.Name != want || len(d.Call.Args) != 1 {
 		return false
 	}
 	u, ok := d.Call.Args[0].(*ast.UnaryExpr)
@@ -65,5 +66,5 @@ func defersRecover(fn *ast.FuncDecl) bool {
 		return false
 	}
 	id, ok := u.X.(*ast.Ident)
-	return ok && id.Name == "err"
+	return ok && id.Name == result
 }

@@ -1,238 +1,221 @@
 package binding
 
 import (
-	"errors"
+	"encoding/binary"
+	"encoding/json"
+	"math"
 	"strings"
+	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
 	"github.com/flash-decode/flash-decode/core/cuda"
 )
 
-// layout is the arguments of Prepare for b=1, 32/8 heads, d128, a cache of
-// n tokens, contiguous, the default scale.
-type layout struct {
-	dtype, batch, seqlenQ, headsQ, headsKV, headDim, seqlenCache int
-	strides                                                      [16]int64 // q, k_cache, v_cache, out: (batch, seq, head, head_dim)
-	scale                                                        float64
-	defaultScale, causal                                         bool
-	numSplits, device                                            int
-}
-
-func dense(n int) layout {
-	const q, kv = 32 * 128, 8 * 128
-	return layout{dtype: 1, batch: 1, seqlenQ: 1, headsQ: 32, headsKV: 8, headDim: 128, seqlenCache: n,
-		strides:      [16]int64{q, q, 128, 1, int64(n * kv), kv, 128, 1, int64(n * kv), kv, 128, 1, q, q, 128, 1},
-		defaultScale: true}
-}
-
-func (l layout) prepare() (int, error) {
-	s := l.strides
-	return Prepare(l.dtype, l.batch, l.seqlenQ, l.headsQ, l.headsKV, l.headDim, l.seqlenCache,
-		s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12], s[13], s[14], s[15],
-		l.scale, l.defaultScale, l.causal, l.numSplits, l.device, false)
-}
-
-func prepare(n int, causal bool) (int, error) {
-	l := dense(n)
-	l.causal = causal
-	return l.prepare()
-}
-
-// checkErr fails unless err is an *core.Error naming arg that wraps want.
-func checkErr(t *testing.T, what string, err error, arg string, want error) {
+// pack packs a layout record from LayoutFields as Python does: values by
+// field name, every other field 0.
+func pack(t *testing.T, values map[string]float64) []byte {
 	t.Helper()
-	var e *core.Error
-	if !errors.As(err, &e) || e.Arg != arg || !errors.Is(err, want) {
-		t.Errorf("%s: error %v, want one naming %q wrapping %q", what, err, arg, want)
+	var b []byte
+	used := 0
+	for _, f := range strings.Split(LayoutFields(), ",") {
+		name, kind, _ := strings.Cut(f, ":")
+		v, ok := values[name]
+		if ok {
+			used++
+		}
+		switch kind {
+		case "q":
+			b = binary.NativeEndian.AppendUint64(b, uint64(int64(v)))
+		case "d":
+			b = binary.NativeEndian.AppendUint64(b, math.Float64bits(v))
+		default:
+			t.Fatalf("field %q", f)
+		}
+	}
+	if used != len(values) {
+		t.Fatalf("%d of %d values have a field", used, len(values))
+	}
+	return b
+}
+
+// dense is a contiguous b=1, 32/8-head, d128 layout of n cached keys.
+func dense(n int) map[string]float64 {
+	v := map[string]float64{"dtype": 1, "batch": 1, "seqlen_q": 1, "heads_q": 32, "heads_kv": 8, "head_dim": 128,
+		"seqlen_cache": float64(n), "window_left": -1, "window_right": -1}
+	for _, x := range []struct {
+		name    string
+		strides [4]float64
+	}{
+		{"q", [4]float64{32 * 128, 32 * 128, 128, 1}}, {"out", [4]float64{32 * 128, 32 * 128, 128, 1}},
+		{"k_cache", [4]float64{float64(n) * 8 * 128, 8 * 128, 128, 1}}, {"v_cache", [4]float64{float64(n) * 8 * 128, 8 * 128, 128, 1}},
+	} {
+		for i, s := range x.strides {
+			v[x.name+"["+string(rune('0'+i))+"]"] = s
+		}
+	}
+	return v
+}
+
+func with(v map[string]float64, name string, x float64) map[string]float64 {
+	w := map[string]float64{}
+	for k, y := range v {
+		w[k] = y
+	}
+	w[name] = x
+	return w
+}
+
+// prepareBytes calls Prepare on b.
+func prepareBytes(b []byte, device int) int {
+	return Prepare(uintptr(unsafe.Pointer(&b[0])), len(b), device)
+}
+
+// checkFailure fails t unless ret is an error id of kind naming arg.
+func checkFailure(t *testing.T, what string, ret int, kind cuda.Kind, arg string) {
+	t.Helper()
+	if ret >= 0 {
+		t.Errorf("%s: %d, want an error", what, ret)
+		return
+	}
+	if k, msg := ErrorKind(ret), ErrorMessage(ret); cuda.Kind(k) != kind || !strings.Contains(msg, ": "+arg+": ") {
+		t.Errorf("%s: kind %d %q; want kind %d naming %s", what, k, msg, kind, arg)
+	}
+}
+
+func TestLayoutFields(t *testing.T) {
+	fields := strings.Split(LayoutFields(), ",")
+	if len(fields)*8 != core.LayoutBytes || fields[0] != "dtype:q" || fields[len(fields)-1] != "rotary_interleaved:q" {
+		t.Errorf("LayoutFields() = %q", LayoutFields())
 	}
 }
 
 func TestPrepareHandles(t *testing.T) {
-	a, err := prepare(4096, false)
-	if err != nil {
-		t.Fatal(err)
+	a := prepareBytes(pack(t, dense(1024)), -1)
+	b := prepareBytes(pack(t, dense(2048)), -1)
+	again := prepareBytes(pack(t, dense(1024)), -1)
+	if a <= 0 || b <= 0 || a == b || again != a {
+		t.Fatalf("handles %d, %d, %d", a, b, again)
 	}
-	again, _ := prepare(4096, false)
-	other, _ := prepare(4096, true)
-	if a < 0 || again != a || other == a {
-		t.Fatalf("handles %d, %d (same layout), %d (causal)", a, again, other)
+	// A size-1 dimension's stride is any: the same layout, the same handle.
+	if odd := prepareBytes(pack(t, with(dense(1024), "q[1]", 7)), -1); odd != a {
+		t.Errorf("q's seq stride (seqlen_q 1) changed the handle: %d, want %d", odd, a)
 	}
-	for _, h := range []int{-1, 1 << 30} {
-		_, err := Run(h, -1, 16, 16, 16, 16, 0, 0, 0, 0, 0)
-		checkErr(t, "Run with a bad handle", err, "handle", core.ErrInvalid)
-		_, err = Workspace(h, -1)
-		checkErr(t, "Workspace with a bad handle", err, "handle", core.ErrInvalid)
-	}
-	_, err = Run(a, -1, 0, 16, 16, 16, 0, 0, 0, 0, 0)
-	checkErr(t, "Run with a null q", err, "q", core.ErrInvalid)
-}
-
-// Prepare refuses what the core refuses, naming the argument as Python
-// knows it, and what only the binding sees: the last strides and an
-// explicit scale that would read as the default.
-func TestPrepareChecks(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		edit func(*layout)
-		arg  string // "": valid
-		want error
-	}{
-		{"valid", func(l *layout) {}, "", nil},
-		{"explicit scale", func(l *layout) { l.scale, l.defaultScale = 0.125, false }, "", nil},
-		{"default ignores scale", func(l *layout) { l.scale = 1e-50 }, "", nil},
-		{"empty cache", func(l *layout) { l.seqlenCache = 0 }, "", nil},
-		{"scale rounds to 0", func(l *layout) { l.scale, l.defaultScale = 1e-50, false }, "softmax_scale", core.ErrInvalid},
-		{"scale float32 subnormal", func(l *layout) { l.scale, l.defaultScale = 1e-40, false }, "softmax_scale", core.ErrInvalid},
-		{"scale 0", func(l *layout) { l.scale, l.defaultScale = 0, false }, "softmax_scale", core.ErrInvalid},
-		{"scale negative", func(l *layout) { l.scale, l.defaultScale = -1, false }, "softmax_scale", core.ErrInvalid},
-		{"scale past float32", func(l *layout) { l.scale, l.defaultScale = 1e39, false }, "softmax_scale", core.ErrInvalid},
-		{"q last stride", func(l *layout) { l.strides[3] = 2 }, "q", core.ErrInvalid},
-		{"k_cache last stride", func(l *layout) { l.strides[7] = 0 }, "k_cache", core.ErrInvalid},
-		{"v_cache last stride", func(l *layout) { l.strides[11] = -1 }, "v_cache", core.ErrInvalid},
-		{"out last stride", func(l *layout) { l.strides[15] = 8 }, "out", core.ErrInvalid},
-		{"k_cache seq stride", func(l *layout) { l.strides[5] = 1028 }, "k_cache", core.ErrUnsupported},
-		{"heads not a multiple", func(l *layout) { l.headsQ, l.headsKV = 12, 5 }, "nheads_q", core.ErrInvalid},
-		{"headdim 100", func(l *layout) { l.headDim = 100 }, "headdim", core.ErrUnsupported},
-		{"seqlen_q 17", func(l *layout) { l.seqlenQ = 17 }, "seqlen_q", core.ErrUnsupported},
-		{"batch 0", func(l *layout) { l.batch = 0 }, "batch", core.ErrInvalid},
-		{"num_splits -1", func(l *layout) { l.numSplits = -1 }, "num_splits", core.ErrInvalid},
-		{"cache too long", func(l *layout) { l.seqlenCache = core.MaxSeqlenCache + 1 }, "seqlen_cache", core.ErrUnsupported},
-		{"dtype 3", func(l *layout) { l.dtype = 3 }, "dtype", core.ErrUnsupported},
-		{"device -1", func(l *layout) { l.device = -1 }, "device", core.ErrInvalid},
-	} {
-		l := dense(512)
-		tt.edit(&l)
-		_, err := l.prepare()
-		if tt.want == nil {
-			if err != nil {
-				t.Errorf("%s: %v", tt.name, err)
-			}
-			continue
+	for _, h := range []int{a, a, a, b} {
+		if r := Release(h); r != 0 {
+			t.Fatalf("Release(%d) = %d: %s", h, r, ErrorMessage(r))
 		}
-		checkErr(t, tt.name, err, tt.arg, tt.want)
 	}
-
-	// The default and an explicit 1/sqrt(128) are the same decode, but an
-	// explicit scale is never stored as 0, the default's mark.
-	def, _ := dense(512).prepare()
-	l := dense(512)
-	l.scale, l.defaultScale = 0.125, false
-	explicit, _ := l.prepare()
-	if def == explicit {
-		t.Errorf("the default scale and 0.125 share handle %d", def)
-	}
+	checkFailure(t, "Release after the last", Release(a), cuda.KindInvalid, "handle")
+	checkFailure(t, "Workspace of a released handle", Workspace(b, -1), cuda.KindInvalid, "handle")
 }
 
-// Layouts registered from several goroutines while others look handles up:
-// every handle stays valid and distinct (run with -race to check the table).
+func TestPrepareChecks(t *testing.T) {
+	good := pack(t, dense(1024))
+	checkFailure(t, "short record", Prepare(uintptr(unsafe.Pointer(&good[0])), len(good)-8, -1), cuda.KindInvalid, "layout")
+	checkFailure(t, "null record", Prepare(0, len(good), -1), cuda.KindInvalid, "layout")
+	for _, tt := range []struct {
+		name  string
+		field string
+		value float64
+		kind  cuda.Kind
+		arg   string
+	}{
+		{"heads", "heads_q", 12, cuda.KindInvalid, "nheads_q"},
+		{"head dim", "head_dim", 100, cuda.KindUnsupported, "headdim"},
+		{"causal", "causal", 2, cuda.KindInvalid, "causal"},
+		{"last stride", "k_cache[3]", 2, cuda.KindInvalid, "k_cache"},
+		{"scale", "scale", -1, cuda.KindInvalid, "softmax_scale"},
+		{"softcap", "softcap", 1e39, cuda.KindInvalid, "softcap"},
+		{"dtype", "dtype", 3, cuda.KindUnsupported, "dtype"},
+	} {
+		checkFailure(t, tt.name, prepareBytes(pack(t, with(dense(1024), tt.field, tt.value)), -1), tt.kind, tt.arg)
+	}
+	checkFailure(t, "device", prepareBytes(good, 1<<20), cuda.KindInvalid, "device")
+}
+
+// Without a GPU: a layout prepared for device -1 answers Workspace and
+// PlanJSON as cuda.PlanFor does, and Run checks the call and then refuses.
+func TestWorkspacePlanRun(t *testing.T) {
+	h := prepareBytes(pack(t, dense(4096)), -1)
+	if h < 0 {
+		t.Fatal(ErrorMessage(h))
+	}
+	defer Release(h)
+	for _, seqlen := range []int{-1, 0, 100, 4096} {
+		s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: seqlen}
+		pl, err := cuda.PlanFor(s, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Workspace(h, seqlen); got != pl.WorkspaceBytes {
+			t.Errorf("seqlen %d: Workspace %d, PlanFor %d", seqlen, got, pl.WorkspaceBytes)
+		}
+		if want, err := json.Marshal(pl); err != nil || PlanJSON(h, seqlen) != string(want) {
+			t.Errorf("seqlen %d: PlanJSON %s, PlanFor's %s (%v)", seqlen, PlanJSON(h, seqlen), want, err)
+		}
+	}
+	checkFailure(t, "seqlen past the cache", Workspace(h, 4097), cuda.KindInvalid, "cache_seqlens")
+	if js := PlanJSON(h, 4097); js != "" {
+		t.Errorf("PlanJSON past the cache = %q", js)
+	}
+	const ok = uintptr(1) << 30
+	run := func(q, ws uintptr) int {
+		return Run(h, -1, q, 2*ok, 3*ok, 4*ok, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ws, 0, 0)
+	}
+	checkFailure(t, "Run without a device", run(ok, 0), cuda.KindInvalid, "device")
+	checkFailure(t, "Run of a made-up handle", Run(12345, -1, ok, 2*ok, 3*ok, 4*ok, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+		cuda.KindInvalid, "handle")
+}
+
+// Layouts prepared from several goroutines while others look handles up:
+// every handle stays valid, one per layout (run with -race to check the table).
 func TestPrepareConcurrent(t *testing.T) {
 	const n = 64
 	handles := make([]int, n)
-	done := make(chan struct{})
-	go func() { // a reader: Run on every handle seen so far (a null q: an error before any GPU work)
-		defer close(done)
-		for range 200 {
-			for h := 0; h < n; h++ {
-				if _, err := Run(h, -1, 0, 16, 16, 16, 0, 0, 0, 0, 0); err == nil {
-					t.Error("Run with a null q succeeded")
-					return
-				}
-			}
-		}
-	}()
-	errs := make(chan error, n)
+	var wg sync.WaitGroup
 	for i := range n {
+		wg.Add(1)
 		go func() {
-			h, err := prepare(1024+64*i, false)
-			handles[i] = h
-			errs <- err
+			defer wg.Done()
+			handles[i] = prepareBytes(pack(t, dense(1024+64*(i%16))), -1)
+			if Workspace(handles[i], -1) < 0 {
+				t.Errorf("Workspace of handle %d failed", handles[i])
+			}
 		}()
 	}
-	for range n {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	<-done
-	seen := map[int]bool{}
+	wg.Wait()
 	for i, h := range handles {
-		if again, _ := prepare(1024+64*i, false); again != h || seen[h] {
-			t.Fatalf("layout %d: handle %d, again %d (seen before: %v)", i, h, again, seen[h])
-		}
-		seen[h] = true
-	}
-}
-
-// A full table refuses new layouts with an error that is neither
-// ErrInvalid nor ErrUnsupported (Python: RuntimeError), and keeps serving
-// the layouts it has.
-func TestLayoutsFull(t *testing.T) {
-	l := layouts{limit: 2}
-	problem := func(n int) *core.Problem {
-		const q, kv = 32 * 128, 8 * 128
-		return &core.Problem{
-			Shape: core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: n, Seqlen: -1},
-			Q:     core.Tensor{BatchStride: q, SeqStride: q, HeadStride: 128},
-			K:     core.Tensor{BatchStride: int64(n * kv), SeqStride: kv, HeadStride: 128},
-			V:     core.Tensor{BatchStride: int64(n * kv), SeqStride: kv, HeadStride: 128},
-			Out:   core.Tensor{BatchStride: q, SeqStride: q, HeadStride: 128},
+		if want := handles[i%16]; h != want {
+			t.Errorf("layout %d: handle %d, want %d", i, h, want)
 		}
 	}
-	a, errA := l.add(problem(256), 0)
-	b, errB := l.add(problem(512), 0)
-	if errA != nil || errB != nil || a != 0 || b != 1 {
-		t.Fatalf("handles %d, %d: %v, %v", a, b, errA, errB)
-	}
-	_, err := l.add(problem(1024), 0)
-	if !errors.Is(err, errTooManyLayouts) || errors.Is(err, core.ErrInvalid) || errors.Is(err, core.ErrUnsupported) {
-		t.Fatalf("a third layout: %v", err)
-	}
-	if !strings.Contains(err.Error(), "2 are prepared") {
-		t.Errorf("message %q does not say the limit", err)
-	}
-	if again, err := l.add(problem(512), 0); again != b || err != nil {
-		t.Errorf("a known layout in a full table: %d, %v", again, err)
-	}
-	if r, err := l.get(a); err != nil || r.Problem().SeqlenCache != 256 {
-		t.Errorf("get(%d): %v", a, err)
-	}
-	bad := problem(256)
-	bad.HeadsKV = 5
-	_, err = l.add(bad, 0)
-	checkErr(t, "an invalid layout in a full table", err, "nheads_q", core.ErrInvalid)
-}
-
-// Workspace answers what PlanFor does for the layout's shape with that
-// seqlen: a number on a GPU machine, the same error without one.
-func TestWorkspace(t *testing.T) {
-	h, err := prepare(4096, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = Workspace(h, 4097)
-	checkErr(t, "seqlen past the cache", err, "cache_seqlens", core.ErrInvalid)
-	for _, seqlen := range []int{-1, 0, 100, 4096} {
-		shape := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: seqlen}
-		pl, planErr := cuda.PlanFor(shape, 0)
-		got, err := Workspace(h, seqlen)
-		if (err == nil) != (planErr == nil) || (err != nil && err.Error() != planErr.Error()) || (err == nil && got != pl.WorkspaceBytes) {
-			t.Errorf("seqlen %d: Workspace %d, %v; PlanFor %d, %v", seqlen, got, err, pl.WorkspaceBytes, planErr)
+	for _, h := range handles {
+		if r := Release(h); r != 0 {
+			t.Errorf("Release(%d): %s", h, ErrorMessage(r))
 		}
 	}
 }
 
-// A panic inside an exported function comes back as its error.
+// A panic inside an exported function comes back as an error id of kind
+// internal, whose message has the stack; an id not kept says so.
 func TestPanicIsAnError(t *testing.T) {
-	saved := prepared.table.Load()
-	defer prepared.table.Store(saved)
-	prepared.table.Store(&[]*cuda.Prepared{nil}) // handle 0: a nil layout, which panics when used
-	_, runErr := Run(0, -1, 16, 16, 16, 16, 0, 0, 0, 0, 0)
-	_, wsErr := Workspace(0, -1)
-	for name, err := range map[string]error{"Run": runErr, "Workspace": wsErr} {
-		if err == nil || !strings.Contains(err.Error(), "internal error") || !strings.Contains(err.Error(), "panic") ||
-			errors.Is(err, core.ErrInvalid) || errors.Is(err, core.ErrUnsupported) {
-			t.Errorf("%s on a nil layout: %v", name, err)
-		}
+	id := func() (ret int) {
+		defer recoverError(&ret)
+		panic("boom")
+	}()
+	if id >= 0 || cuda.Kind(ErrorKind(id)) != cuda.KindInternal || !strings.Contains(ErrorMessage(id), "panic: boom") {
+		t.Errorf("id %d: kind %d, %q", id, ErrorKind(id), ErrorMessage(id))
+	}
+	text := func() (ret string) {
+		defer recoverText(&ret)
+		panic("boom")
+	}()
+	if text != "" {
+		t.Errorf("a string result after a panic: %q", text)
+	}
+	if k, msg := ErrorKind(-1<<40), ErrorMessage(-1<<40); cuda.Kind(k) != cuda.KindInternal || !strings.Contains(msg, "not one of the last") {
+		t.Errorf("an unknown id: %d %q", k, msg)
 	}
 }

@@ -1,8 +1,8 @@
 """Keeps the GIL held in the launch calls of gopy's generated code.
 
 gopy wraps every exported Go function in PyEval_SaveThread / PyEval_RestoreThread,
-so each call releases the GIL and takes it back. For the launch calls (binding.Run
-and binding.RunServing: a few microseconds of driver calls that never wait for the
+so each call releases the GIL and takes it back. For the launch call (binding.Run:
+a few microseconds of driver calls that never wait for the
 GPU) that round trip costs more than it frees: with other Python threads waiting,
 each release hands the GIL over (a futex wake, then a wait to get it back). On an
 H200 host a Go call that launches nothing took 1.2 us alone and 5.7-8.7 us a call
@@ -24,7 +24,7 @@ import re
 import sys
 
 # The exported wrappers (gopy names them binding_<Func>) that keep the GIL.
-HOLD_GIL = ("binding_Run", "binding_RunServing")
+HOLD_GIL = ("binding_Run",)
 _SAVE = "\t_saved_thread := C.PyEval_SaveThread()\n"
 _RESTORE = re.compile(r"\t(defer )?C\.PyEval_RestoreThread\(_saved_thread\)\n")
 

@@ -1,0 +1,278 @@
+// prepare_test.c: the prepared API of libflashdecode.so (fd_prepare, fd_workspace_size,
+// fd_run, fd_plan, fd_plan_json, fd_release) through its public header, on a machine
+// without a device (CI's stand-in libcuda.so.1): fd_layout's fields against
+// fd_layout_fields(), planning without a GPU (device -1), refusals by name, handles,
+// and that a forked child's call fails at once instead of hanging. fake_test.c runs it
+// on the fake device.
+//
+// Prints one line per failure and a closing "N passed, M failed"; exits 1 on failure.
+#define _POSIX_C_SOURCE 200809L  // fork, waitpid, alarm, strtok_r under -std=c11
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "flashdecode.h"
+#include "check.h"
+
+// dense_layout: b=2, 32/8 heads, d128, a contiguous cache of n keys, no window.
+static fd_layout dense_layout(int64_t n) {
+    fd_layout l;
+    memset(&l, 0, sizeof l);
+    l.dtype = FD_FLOAT16, l.batch = 2, l.seqlen_q = 1, l.heads_q = 32, l.heads_kv = 8, l.head_dim = 128;
+    l.seqlen_cache = n, l.window_left = -1, l.window_right = -1;
+    const int64_t q[4] = {32 * 128, 32 * 128, 128, 1}, kv[4] = {n * 8 * 128, 8 * 128, 128, 1};
+    memcpy(l.q, q, sizeof q), memcpy(l.out, q, sizeof q);
+    memcpy(l.k_cache, kv, sizeof kv), memcpy(l.v_cache, kv, sizeof kv);
+    return l;
+}
+
+// good_ptrs: aligned, far apart, never dereferenced addresses for dense_layout(4096).
+static fd_ptrs good_ptrs(void) {
+    fd_ptrs p;
+    memset(&p, 0, sizeof p);
+    p.q = 0x1000000, p.out = 0x2000000, p.k_cache = 0x10000000, p.v_cache = 0x20000000;
+    return p;
+}
+
+// expect_error checks that rc is want and fd_last_error names arg (": arg: ").
+static void expect_error(const char *what, int rc, int want, const char *arg) {
+    char needle[64];
+    snprintf(needle, sizeof needle, ": %s: ", arg);
+    CHECK(rc == want && strstr(fd_last_error(), needle), "%s: rc %d (want %d), \"%s\" (want %s)", what, rc, want,
+          fd_last_error(), needle);
+}
+
+#define FIELD(name) {#name, offsetof(fd_layout, name), sizeof(((fd_layout *)0)->name)}
+
+// Every field fd_layout_fields() names is where fd_layout has it, of its kind, and
+// together they are the whole struct.
+static void test_layout_fields(void) {
+    static const struct {
+        const char *name;
+        size_t offset, size;
+    } fields[] = {
+        FIELD(dtype), FIELD(batch), FIELD(seqlen_q), FIELD(heads_q), FIELD(heads_kv), FIELD(head_dim),
+        FIELD(seqlen_cache), FIELD(num_splits), FIELD(device_lengths), FIELD(causal), FIELD(scale), FIELD(q),
+        FIELD(k_cache), FIELD(v_cache), FIELD(out), FIELD(page_size), FIELD(num_pages), FIELD(max_pages),
+        FIELD(block_table), FIELD(cache_batch), FIELD(leftpad), FIELD(window_left), FIELD(window_right),
+        FIELD(softcap), FIELD(alibi), FIELD(alibi_slopes), FIELD(seqlen_new), FIELD(k_new), FIELD(v_new),
+        FIELD(rotary_dim), FIELD(rotary_rows), FIELD(rotary_cos), FIELD(rotary_sin), FIELD(rotary_interleaved),
+    };
+    const size_t nfields = sizeof fields / sizeof fields[0];
+    const char *text = fd_layout_fields();
+    char buf[4096];
+    CHECK(strlen(text) < sizeof buf, "fd_layout_fields() is %zu bytes", strlen(text));
+    snprintf(buf, sizeof buf, "%s", text);
+    size_t i = 0, n = 0;
+    for (char *save = NULL, *f = strtok_r(buf, ",", &save); f; f = strtok_r(NULL, ",", &save), i++) {
+        char *kind = strrchr(f, ':');
+        CHECK(kind && (!strcmp(kind, ":q") || !strcmp(kind, ":d")), "field %zu: %s", i, f);
+        if (!kind) continue;
+        *kind++ = '\0';
+        char *bracket = strchr(f, '[');
+        size_t element = bracket ? (size_t)atoi(bracket + 1) : 0;
+        if (bracket) *bracket = '\0';
+        size_t j = 0;
+        while (j < nfields && strcmp(fields[j].name, f)) j++;
+        CHECK(j < nfields, "fd_layout has no field %s", f);
+        if (j == nfields) continue;
+        CHECK(fields[j].offset + 8 * element == 8 * i && 8 * (element + 1) <= fields[j].size,
+              "%s[%zu]: offset %zu, field %zu of fd_layout_fields", f, element, fields[j].offset + 8 * element, i);
+        int is_double = !strcmp(f, "scale") || !strcmp(f, "softcap");
+        CHECK(is_double == !strcmp(kind, "d"), "%s: kind %s", f, kind);
+        n++;
+    }
+    CHECK(8 * i == sizeof(fd_layout) && n == i, "%zu fields (%zu known) make %zu bytes; fd_layout has %zu", i, n, 8 * i,
+          sizeof(fd_layout));
+}
+
+// Without a GPU, device -1 plans for an H200: fd_plan, fd_plan_json and
+// fd_workspace_size answer, fd_run is refused naming the device.
+static void test_plan_without_gpu(void) {
+    fd_layout l = dense_layout(4096);
+    fd_handle h = {0};
+    int rc = fd_prepare(&l, sizeof l, -1, &h);
+    CHECK(rc == FD_OK && h.id != 0 && fd_last_error()[0] == '\0', "fd_prepare: %d \"%s\"", rc, fd_last_error());
+    fd_plan_info p;
+    size_t bytes = 1;
+    rc = fd_plan(h, -1, &p);
+    CHECK(rc == FD_OK && p.kernel[0] && p.sms == 132 && p.num_splits >= 1, "fd_plan: %d %s, %d SMs", rc, p.kernel, p.sms);
+    CHECK(fd_workspace_size(h, -1, &bytes) == FD_OK && bytes == (size_t)p.workspace_bytes,
+          "fd_workspace_size %zu, plan %lld", bytes, (long long)p.workspace_bytes);
+    // The prepared plan is the one-shot call's for the same shapes.
+    fd_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = FD_FLOAT16, a.batch = 2, a.seqlen_q = 1, a.heads_q = 32, a.heads_kv = 8, a.head_dim = 128;
+    a.seqlen_cache = 4096, a.seqlen = 1000, a.device = -1;
+    fd_plan_info q;
+    rc = fd_plan(h, 1000, &p);
+    CHECK(rc == FD_OK && fd_plan(&a, &q) == FD_OK && memcmp(&p, &q, sizeof p) == 0, "fd_plan(h, 1000) %s %d splits, "
+          "fd_plan(args) %s %d splits", p.kernel, p.num_splits, q.kernel, q.num_splits);
+    size_t needed = 0;
+    rc = fd_plan_json(h, 1000, NULL, 0, &needed);
+    CHECK(rc == FD_ERR_BUFFER && needed > 2, "fd_plan_json size: %d, %zu", rc, needed);
+    char json[8192];
+    rc = fd_plan_json(h, 1000, json, sizeof json, NULL);
+    CHECK(rc == FD_OK && json[0] == '{' && strstr(json, p.kernel), "fd_plan_json: %d %s", rc, json);
+
+    expect_error("seqlen past the cache", fd_workspace_size(h, 4097, &bytes), FD_ERR_INVALID, "seqlen");
+    expect_error("seqlen -2", fd_plan(h, -2, &p), FD_ERR_INVALID, "seqlen");
+    expect_error("NULL bytes", fd_workspace_size(h, -1, NULL), FD_ERR_INVALID, "bytes");
+    fd_ptrs ptrs = good_ptrs();
+    expect_error("fd_run without a device", fd_run(h, &ptrs, sizeof ptrs, -1, NULL, 0, NULL), FD_ERR_INVALID, "device");
+    CHECK(fd_release(h) == FD_OK, "fd_release: \"%s\"", fd_last_error());
+}
+
+// With device lengths, seqlen is a bound the library rounds up to a power of two.
+static void test_bound(void) {
+    fd_layout l = dense_layout(4096);
+    l.device_lengths = 1;
+    fd_handle h;
+    CHECK(fd_prepare(&l, sizeof l, -1, &h) == FD_OK, "fd_prepare: \"%s\"", fd_last_error());
+    char a[8192], b[8192];
+    int rc = fd_plan_json(h, 700, a, sizeof a, NULL);
+    CHECK(rc == FD_OK && fd_plan_json(h, 1024, b, sizeof b, NULL) == FD_OK && !strcmp(a, b),
+          "bounds 700 and 1024 plan alike: %d\n%s\n%s", rc, a, b);
+    expect_error("a negative bound", fd_plan_json(h, -5, a, sizeof a, NULL), FD_ERR_INVALID, "seqlen");
+    fd_release(h);
+}
+
+// The same layout gets the same handle while held; each fd_release holds it once less.
+static void test_handles(void) {
+    fd_layout l = dense_layout(4096);
+    fd_handle a, b, c;
+    CHECK(fd_prepare(&l, sizeof l, -1, &a) == FD_OK && fd_prepare(&l, sizeof l, -1, &b) == FD_OK && a.id == b.id,
+          "the same layout: %lld, %lld", (long long)a.id, (long long)b.id);
+    l.causal = 1;
+    CHECK(fd_prepare(&l, sizeof l, -1, &c) == FD_OK && c.id != a.id, "another layout: %lld", (long long)c.id);
+    // torch's strides of a size-1 dimension are anything: the same layout.
+    fd_layout odd = dense_layout(4096);
+    odd.q[1] = 3, odd.out[1] = 5;
+    CHECK(fd_prepare(&odd, sizeof odd, -1, &b) == FD_OK && b.id == a.id, "size-1 strides: %lld, want %lld \"%s\"",
+          (long long)b.id, (long long)a.id, fd_last_error());
+    for (int i = 0; i < 3; i++) CHECK(fd_release(a) == FD_OK, "release %d: \"%s\"", i, fd_last_error());
+    size_t bytes;
+    expect_error("a released handle", fd_workspace_size(a, -1, &bytes), FD_ERR_INVALID, "handle");
+    expect_error("release again", fd_release(a), FD_ERR_INVALID, "handle");
+    expect_error("a zero handle", fd_release((fd_handle){0}), FD_ERR_INVALID, "handle");
+    CHECK(fd_release(c) == FD_OK, "release c");
+}
+
+static void test_prepare_refusals(void) {
+    fd_handle h = {0};
+    fd_layout l = dense_layout(4096);
+    l.heads_q = 12;
+    expect_error("heads 12/8", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_INVALID, "heads_q");
+    l = dense_layout(4096), l.head_dim = 100;
+    expect_error("head_dim 100", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_UNSUPPORTED, "head_dim");
+    l = dense_layout(4096), l.k_cache[3] = 2;
+    expect_error("k_cache's last stride", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_INVALID, "k_cache");
+    l = dense_layout(4096), l.scale = -1;
+    expect_error("scale -1", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_INVALID, "scale");
+    l = dense_layout(4096), l.causal = 2;
+    expect_error("causal 2", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_INVALID, "causal");
+    l = dense_layout(4096), l.window_left = l.window_right = 0;  // a zeroed window is (0, 0): valid
+    CHECK(fd_prepare(&l, sizeof l, -1, &h) == FD_OK && fd_release(h) == FD_OK, "window (0, 0): \"%s\"", fd_last_error());
+    l = dense_layout(4096);
+    expect_error("NULL layout", fd_prepare(NULL, sizeof l, -1, &h), FD_ERR_INVALID, "layout");
+    expect_error("NULL out", fd_prepare(&l, sizeof l, -1, NULL), FD_ERR_INVALID, "out");
+    expect_error("device 999", fd_prepare(&l, sizeof l, 999, &h), FD_ERR_INVALID, "device");
+    expect_error("a part of a field", fd_prepare(&l, 13, -1, &h), FD_ERR_INVALID, "layout_size");
+    // A newer caller's longer record: its extra fields must be 0.
+    struct {
+        fd_layout l;
+        int64_t newer;
+    } grown = {dense_layout(4096), 0};
+    CHECK(fd_prepare(&grown.l, sizeof grown, -1, &h) == FD_OK && fd_release(h) == FD_OK, "a longer record of zeros: \"%s\"",
+          fd_last_error());
+    grown.newer = 1;
+    expect_error("a newer field set", fd_prepare(&grown.l, sizeof grown, -1, &h), FD_ERR_UNSUPPORTED, "layout_size");
+    // An older caller's shorter record: the fields it lacks are 0.
+    CHECK(fd_prepare(&l, offsetof(fd_layout, rotary_interleaved), -1, &h) == FD_OK && fd_release(h) == FD_OK,
+          "a shorter record: \"%s\"", fd_last_error());
+}
+
+// fd_run's checks before any device work: on device 0 of the stand-in (no GPU), a
+// call with good addresses gets as far as the missing device.
+static void test_run_refusals(void) {
+    fd_layout l = dense_layout(4096);
+    fd_handle h;
+    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare on device 0 touches no GPU: \"%s\"", fd_last_error());
+    fd_ptrs p = good_ptrs();
+    expect_error("good addresses, no device", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "device");
+    size_t bytes;
+    expect_error("fd_workspace_size, no device", fd_workspace_size(h, -1, &bytes), FD_ERR_INVALID, "device");
+    p.q = 0;
+    expect_error("NULL q", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "q");
+    p = good_ptrs(), p.q = 16;  // 16-byte aligned, but no device address
+    expect_error("q at 16", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "q");
+    p = good_ptrs(), p.v_cache += 8;
+    expect_error("misaligned v_cache", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_UNSUPPORTED, "v_cache");
+    p = good_ptrs(), p.block_table = 0x3000000;
+    expect_error("block_table without pages", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID,
+                 "block_table");
+    p = good_ptrs();
+    expect_error("seqlen past the cache", fd_run(h, &p, sizeof p, 5000, NULL, 0, NULL), FD_ERR_INVALID, "seqlen");
+    expect_error("workspace at 64", fd_run(h, &p, sizeof p, -1, (void *)64, 0, NULL), FD_ERR_INVALID, "workspace");
+    expect_error("NULL ptrs", fd_run(h, NULL, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "ptrs");
+    expect_error("ptrs_size 12", fd_run(h, &p, 12, -1, NULL, 0, NULL), FD_ERR_INVALID, "ptrs_size");
+    fd_release(h);
+
+    l.device_lengths = 1;
+    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare: \"%s\"", fd_last_error());
+    expect_error("device lengths without cache_seqlens", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID,
+                 "cache_seqlens");
+    fd_release(h);
+}
+
+// A child forked without exec gets FD_ERR_FORKED at once, from every entry point,
+// and a message that says to spawn; the parent keeps working.
+static void test_fork(void) {
+    fd_layout l = dense_layout(4096);
+    fd_handle h;
+    CHECK(fd_prepare(&l, sizeof l, -1, &h) == FD_OK, "fd_prepare: \"%s\"", fd_last_error());
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);  // a hang ends the child with SIGALRM
+        fd_plan_info p;
+        size_t bytes;
+        fd_args a;
+        memset(&a, 0, sizeof a);
+        int ok = fd_plan(h, -1, &p) == FD_ERR_FORKED && strstr(fd_last_error(), "spawn") &&
+                 fd_prepare(&l, sizeof l, -1, &h) == FD_ERR_FORKED && fd_workspace_size(h, -1, &bytes) == FD_ERR_FORKED &&
+                 fd_decode(&a, NULL, 0, NULL) == FD_ERR_FORKED && fd_merge_states(NULL, NULL) == FD_ERR_FORKED &&
+                 fd_release(h) == FD_ERR_FORKED && fd_version()[0] != '\0';
+        if (!ok) fprintf(stderr, "forked child: \"%s\"\n", fd_last_error());
+        _exit(ok ? 0 : 1);
+    }
+    CHECK(pid > 0, "fork");
+    if (pid <= 0) return;
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "forked child: %s %d", WIFSIGNALED(st) ? "signal" : "exit",
+          WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    fd_plan_info p;
+    CHECK(fd_plan(h, -1, &p) == FD_OK, "the parent after fork: \"%s\"", fd_last_error());
+    fd_release(h);
+}
+
+int main(void) {
+    // fd_version first: the fork test reads it in the child, from the parent's copy.
+    const char *v = fd_version();
+    CHECK(v && v[0] >= '0' && v[0] <= '9', "fd_version() = \"%s\"", v ? v : "(null)");
+    test_layout_fields();
+    test_plan_without_gpu();
+    test_bound();
+    test_handles();
+    test_prepare_refusals();
+    test_run_refusals();
+    test_fork();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
