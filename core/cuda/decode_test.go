@@ -159,6 +159,9 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 				Q: randomExact(r, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDim),
 				K: randomExact(r, s.Batch*s.SeqlenCache*s.HeadsKV*s.HeadDim),
 				V: randomExact(r, s.Batch*s.SeqlenCache*s.HeadsKV*s.HeadDim)}
+			// The largest scores in the last tile and mid-sequence: a kernel that
+			// skips either's tile or split is far off (TestTolerancesSeeADroppedTile).
+			plantKeys(&h, lastAndMiddle(s.SeqlenQ))
 			want, wantLSE, err := core.NaiveAttention(&h)
 			if err != nil {
 				t.Fatal(err)
@@ -196,7 +199,9 @@ func TestDecodeMatchesNaiveAttention(t *testing.T) {
 				}
 				if err != nil {
 					t.Fatal(err)
-				} else if ran != pl || (tc.noCluster && pl.Cluster != 1) || (s.NumSplits == 16 && pl.Cluster != 16) {
+				} else if ran != pl || (tc.noCluster && pl.Cluster != 1) || (s.NumSplits == 16 && d.clusters(pl.Variant, 16) > 0 && pl.Cluster != 16) {
+					// 16 splits merge in one cluster only where the device runs clusters of
+					// 16 (sm_90 with non-portable sizes); sm_8x merges them in the combine.
 					t.Fatalf("ran %v, planned %v", ran, pl)
 				}
 				if err := cu.Synchronize(); err != nil {
@@ -217,7 +222,8 @@ func ragged(n, longest int) []int32 {
 	return lens
 }
 
-// checkOutputs compares p's out and lse on the device with the reference.
+// checkOutputs compares p's out and lse on the device with the reference,
+// within compareAttention's bounds.
 func checkOutputs(t *testing.T, p *core.Problem, pl core.Plan, want, wantLSE []float64) {
 	t.Helper()
 	s := p.Shape
@@ -225,20 +231,8 @@ func checkOutputs(t *testing.T, p *core.Problem, pl core.Plan, want, wantLSE []f
 	download(t, cu.DevicePtr(p.Out.Ptr), outBits)
 	lse := make([]float32, len(wantLSE))
 	download(t, cu.DevicePtr(p.LSE), lse)
-	tol := 2e-3
-	if s.DType == core.BFloat16 {
-		tol = 1.6e-2
-	}
-	for i, got := range decode(s.DType, outBits) {
-		if d := math.Abs(float64(got) - want[i]); !(d <= tol) {
-			t.Fatalf("%v: out[%d] = %v, want %v", pl, i, got, want[i])
-		}
-	}
-	for i, got := range lse {
-		w := wantLSE[i]
-		if math.IsInf(w, -1) != math.IsInf(float64(got), -1) || (!math.IsInf(w, -1) && math.Abs(float64(got)-w) > 1e-3*max(1, math.Abs(w))) {
-			t.Fatalf("%v: lse[%d] = %v, want %v", pl, i, got, w)
-		}
+	if _, err := compareAttention(s.DType, s.HeadDim, decode(s.DType, outBits), want, lse, wantLSE); err != nil {
+		t.Fatalf("%v: %v", pl, err)
 	}
 }
 
