@@ -1,12 +1,13 @@
 // prepare_test.c: the prepared API of libflashdecode.so (fd_prepare, fd_workspace_size,
-// fd_run, fd_plan, fd_plan_json, fd_release) through its public header, on a machine
-// without a device (CI's stand-in libcuda.so.1): fd_layout's fields against
-// fd_layout_fields(), planning without a GPU (device -1), refusals by name, handles,
-// and that a forked child's call fails at once instead of hanging. fake_test.c runs it
-// on the fake device.
+// fd_run, fd_plan, fd_plan_json, fd_release) through its public header, without using a
+// GPU (CI's stand-in libcuda.so.1 has none): fd_layout's fields against
+// fd_layout_fields(), planning for device -1, refusals by name, handles, and that a
+// forked child's call fails at once instead of hanging. fake_test.c runs fd_run on the
+// fake device, decode_test.c computes on a GPU.
 //
 // Prints one line per failure and a closing "N passed, M failed"; exits 1 on failure.
 #define _POSIX_C_SOURCE 200809L  // fork, waitpid, alarm, strtok_r under -std=c11
+#include <cuda.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -197,16 +198,20 @@ static void test_prepare_refusals(void) {
           "a shorter record: \"%s\"", fd_last_error());
 }
 
-// fd_run's checks before any device work: on device 0 of the stand-in (no GPU), a
-// call with good addresses gets as far as the missing device.
-static void test_run_refusals(void) {
+// fd_run's checks before any device work. Without a GPU, a call with good (made-up)
+// addresses gets as far as the missing device; with one, it is not made (it would launch).
+static void test_run_refusals(int gpus) {
     fd_layout l = dense_layout(4096);
     fd_handle h;
-    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare on device 0 touches no GPU: \"%s\"", fd_last_error());
+    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare on device 0: \"%s\"", fd_last_error());
     fd_ptrs p = good_ptrs();
-    expect_error("good addresses, no device", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "device");
     size_t bytes;
-    expect_error("fd_workspace_size, no device", fd_workspace_size(h, -1, &bytes), FD_ERR_INVALID, "device");
+    if (gpus == 0) {
+        expect_error("good addresses, no device", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "device");
+        expect_error("fd_workspace_size, no device", fd_workspace_size(h, -1, &bytes), FD_ERR_INVALID, "device");
+    } else {
+        CHECK(fd_workspace_size(h, -1, &bytes) == FD_OK, "fd_workspace_size on device 0: \"%s\"", fd_last_error());
+    }
     p.q = 0;
     expect_error("NULL q", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "q");
     p = good_ptrs(), p.q = 16;  // 16-byte aligned, but no device address
@@ -263,6 +268,8 @@ static void test_fork(void) {
 }
 
 int main(void) {
+    int gpus = 0;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&gpus) != CUDA_SUCCESS) gpus = 0;
     // fd_version first: the fork test reads it in the child, from the parent's copy.
     const char *v = fd_version();
     CHECK(v && v[0] >= '0' && v[0] <= '9', "fd_version() = \"%s\"", v ? v : "(null)");
@@ -271,7 +278,7 @@ int main(void) {
     test_bound();
     test_handles();
     test_prepare_refusals();
-    test_run_refusals();
+    test_run_refusals(gpus);
     test_fork();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
