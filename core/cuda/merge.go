@@ -24,7 +24,6 @@ import "C"
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/flash-decode/flash-decode/core"
 )
