@@ -395,9 +395,9 @@ func (p *Problem) checkOverlaps(op string) error {
 	inputs := all[:lseIdx] // the inputs and out
 	kCache, vCache := all[kIdx], all[vIdx]
 	for _, wi := range [...]int{outIdx, lseIdx} {
-		w := all[wi]
-		for ri, r := range inputs {
-			if ri != wi && w.overlaps(r) {
+		w := &all[wi]
+		for ri := range inputs {
+			if r := &inputs[ri]; ri != wi && w.overlaps(*r) {
 				return invalid(op, w.name, fmt.Sprintf("bytes [%#x, %#x) overlap %s's [%#x, %#x); what the kernels write must not share memory with another tensor", w.lo, w.hi, r.name, r.lo, r.hi))
 			}
 		}

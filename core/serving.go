@@ -340,6 +340,11 @@ func (r Rotary) validate(op string, seqlenNew, headDim int) error {
 // each feature's arrays are given exactly when it is on, and aligned, and
 // an append knows where each sequence's cached keys end.
 func (p *Problem) checkServingPointers(op string) error {
+	// Every call runs this: a layout without the features, called without their arrays, is done.
+	if p.BlockTable|p.CacheBatchIdx|p.CacheLeftpad|p.AlibiSlopes|p.New.K.Ptr|p.New.V.Ptr|p.Rotary.Cos|p.Rotary.Sin == 0 &&
+		p.PageSize <= 0 && p.CacheBatch <= 0 && !p.Leftpad && !p.Alibi && p.New.Seqlen <= 0 && p.Rotary.Dim <= 0 {
+		return nil
+	}
 	addrs := [...]uintptr{p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes, p.New.K.Ptr, p.New.V.Ptr,
 		p.Rotary.Cos, p.Rotary.Sin}
 	on := [...]bool{p.PageSize > 0, p.CacheBatch > 0, p.Leftpad, p.Alibi, p.New.Seqlen > 0, p.New.Seqlen > 0,

@@ -1,5 +1,5 @@
-"""The build's one edit of gopy's generated code: the launch calls keep the GIL
-(python/build_backend/fd_gil.py). CPU only."""
+"""The build's edits of gopy's generated code: the launch call keeps the GIL and is
+taken by position (python/build_backend/fd_gil.py). CPU only."""
 
 import importlib.util
 import pathlib
@@ -76,3 +76,48 @@ def test_cgo_ldflags_allow_admits_exactly_the_interpreters_ldshared_flags(monkey
     for flag in ("gcc", "-bundle", "-Wl,--wrap=malloc", "-specs=/tmp/x", "-Wl,-rpath,/opt/py-3.11/libX", "-fwrapvx"):
         assert not re.fullmatch(allow, flag), flag
     assert fd_gobuild.ldshared_allow(None) == ""
+
+
+def pybindgen_wrapper(name, fmt):
+    """A function and its method-table entry as pybindgen 0.22.1 generates them
+    for gopy (its arguments' PyArg format, an int64 result)."""
+    params = ", ".join(f"&a{i}" for i in range(len(fmt)))
+    return (f"PyObject *\n_wrap__binding_{name}(PyObject * PYBINDGEN_UNUSED(dummy), PyObject *args, PyObject *kwargs)\n{{\n"
+            f"    if (!PyArg_ParseTupleAndKeywords(args, kwargs, (char *) \"{fmt}\", (char **) keywords, {params})) {{\n"
+            f"        return NULL;\n    }}\n    retval = {name}({params});\n"
+            "    py_retval = Py_BuildValue((char *) \"L\", retval);\n    return py_retval;\n}\n",
+            f"    {{(char *) \"{name}\", (PyCFunction) _wrap__binding_{name}, METH_KEYWORDS|METH_VARARGS, \"doc\" }},\n")
+
+
+def test_the_launch_call_is_taken_by_position():
+    run, run_entry = pybindgen_wrapper("binding_Run", "LLKKL")
+    other, other_entry = pybindgen_wrapper("binding_Workspace", "LL")
+    source = "\n" + run + "\n" + other + "static PyMethodDef m[] = {\n" + run_entry + other_entry + "};\n"
+    with pytest.raises(RuntimeError, match="binding_Run parses keywords"):
+        fd_gil.check_c(source)
+    edited = fd_gil.fast_call(source)
+    fd_gil.check_c(edited)
+    assert "(PyCFunction)(void (*)(void)) _fd_fast_binding_Run, METH_FASTCALL" in edited
+    assert other_entry in edited  # the others keep pybindgen's parse
+    fast = edited[edited.index("_fd_fast_binding_Run(PyObject"):]
+    fast = fast[:fast.index("\n}\n")]
+    assert "nargs != 5" in fast and "retval = binding_Run(v0, v1, v2, v3, v4);" in fast
+    # "L" as PyArg's (any __index__), "K" an int only, masked.
+    assert [f"v{i} = PyLong_AsLongLong" in fast for i in range(5)] == [True, True, False, False, True]
+    assert fast.count("PyLong_Check(") == 2 and fast.count("PyLong_AsUnsignedLongLongMask(") == 2
+
+
+def test_an_unexpected_pybindgen_output_fails_the_build():
+    run, entry = pybindgen_wrapper("binding_Run", "LLdK")
+    with pytest.raises(ValueError, match="binding_Run in pybindgen's output is not the expected int function"):
+        fd_gil.fast_call("\n" + run + entry)
+    run, entry = pybindgen_wrapper("binding_Run", "LLK")
+    with pytest.raises(ValueError, match="not the expected int function"):
+        fd_gil.fast_call("\n" + run)  # no method-table entry
+
+
+def test_this_checkouts_build_takes_run_by_position():
+    generated = ROOT / "_build" / "gopy" / "binding.c"
+    if not generated.exists():
+        pytest.skip("no in-tree build (_build/gopy/binding.c)")
+    fd_gil.check_c(generated.read_text())

@@ -22,10 +22,7 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 	if err := p.Validate(); err != nil {
 		return core.Plan{}, err
 	}
-	if err := checkAddresses(p); err != nil {
-		return core.Plan{}, err
-	}
-	if err := checkAddress("decode", "workspace", workspace); err != nil {
+	if err := checkAddresses(p, workspace); err != nil {
 		return core.Plan{}, err
 	}
 	return run(p, workspace, workspaceBytes, device, stream)
@@ -36,9 +33,16 @@ func Decode(p *core.Problem, workspace uintptr, workspaceBytes int, device int, 
 // pointer-typed word on a goroutine stack makes the Go runtime throw).
 const minAddress = 4096
 
-// checkAddresses refuses, by name, a nonzero device address of p below
-// minAddress.
-func checkAddresses(p *core.Problem) error {
+// checkAddresses refuses, by name, a nonzero device address of p or
+// workspace below minAddress. Every call runs it: one test of all the
+// addresses first, the names only on a refusal.
+func checkAddresses(p *core.Problem, workspace uintptr) error {
+	low := func(ptr uintptr) bool { return ptr-1 < minAddress-1 } // 0 wraps around: not low
+	if !(low(p.Q.Ptr) || low(p.K.Ptr) || low(p.V.Ptr) || low(p.Out.Ptr) || low(p.LSE) || low(p.CacheSeqlens) ||
+		low(p.BlockTable) || low(p.CacheBatchIdx) || low(p.CacheLeftpad) || low(p.AlibiSlopes) ||
+		low(p.New.K.Ptr) || low(p.New.V.Ptr) || low(p.Rotary.Cos) || low(p.Rotary.Sin) || low(workspace)) {
+		return nil
+	}
 	for _, x := range [...]struct {
 		name string
 		ptr  uintptr
@@ -46,7 +50,7 @@ func checkAddresses(p *core.Problem) error {
 		{"q", p.Q.Ptr}, {"k_cache", p.K.Ptr}, {"v_cache", p.V.Ptr}, {"out", p.Out.Ptr}, {"lse", p.LSE},
 		{"cache_seqlens", p.CacheSeqlens}, {"block_table", p.BlockTable}, {"cache_batch_idx", p.CacheBatchIdx},
 		{"cache_leftpad", p.CacheLeftpad}, {"alibi_slopes", p.AlibiSlopes}, {"k", p.New.K.Ptr}, {"v", p.New.V.Ptr},
-		{"rotary_cos", p.Rotary.Cos}, {"rotary_sin", p.Rotary.Sin},
+		{"rotary_cos", p.Rotary.Cos}, {"rotary_sin", p.Rotary.Sin}, {"workspace", workspace},
 	} {
 		if err := checkAddress("decode", x.name, x.ptr); err != nil {
 			return err

@@ -175,10 +175,7 @@ func checkCall(p *core.Problem, workspace uintptr) error {
 		return &core.Error{Op: "decode", Arg: "cache_seqlens", Err: core.ErrInvalid,
 			Msg: "null device pointer; the layout has device lengths (device_lengths=1)"}
 	}
-	if err := checkAddresses(p); err != nil {
-		return err
-	}
-	if err := checkAddress("decode", "workspace", workspace); err != nil {
+	if err := checkAddresses(p, workspace); err != nil {
 		return err
 	}
 	return p.CheckPointers()

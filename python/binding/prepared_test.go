@@ -15,7 +15,7 @@ import (
 
 // pack packs a layout record from LayoutFields as Python does: values by
 // field name, every other field 0.
-func pack(t *testing.T, values map[string]float64) []byte {
+func pack(t testing.TB, values map[string]float64) []byte {
 	t.Helper()
 	var b []byte
 	used := 0

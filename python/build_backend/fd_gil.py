@@ -18,6 +18,13 @@ so it edits the file and then runs the real goimports:
 
 A generated function that no longer has the expected lines fails the build rather
 than silently keeping the release.
+
+The launch call is also taken by position (METH_FASTCALL) instead of through
+pybindgen's PyArg_ParseTupleAndKeywords: for Run's 19 ints that parse costs more
+than the Go call behind it. The same shim edits gopy's build.py (the pybindgen
+script, written before goimports runs) so that, once it has written binding.c,
+fast_call swaps the launch call's method for one that converts its arguments as
+pybindgen's "L" and "K" would.
 """
 import os
 import re
@@ -60,6 +67,83 @@ def check(source, names=HOLD_GIL):
             raise RuntimeError(f"gopy's {name} releases the GIL: the goimports step (fd_gil.py) did not run")
 
 
+# The extension functions (pybindgen names them after the Go exports) taken by position.
+FAST_CALL = ("binding_Run",)
+_PARSE = re.compile(r'PyArg_ParseTupleAndKeywords\(args, kwargs, \(char \*\) "([LK]+)"')
+_ENTRY = "(PyCFunction) _wrap__binding_{0}, METH_KEYWORDS|METH_VARARGS"
+
+
+def fast_call(source, names=FAST_CALL):
+    """source (pybindgen's binding.c) with the named functions, whose arguments
+    are all int64 ("L") or uint64 ("K") and whose result is an int64, taken by
+    position (METH_FASTCALL); raises ValueError where pybindgen's code is not the
+    expected one."""
+    for name in names:
+        start = source.find(f"\n_wrap__binding_{name}(")
+        end = source.find("\n}\n", start)
+        body = source[start:end]
+        fmt = _PARSE.search(body)
+        entry = _ENTRY.format(name)
+        if (start < 0 or not fmt or f"retval = {name}(" not in body or 'Py_BuildValue((char *) "L", retval)' not in body
+                or source.count(entry) != 1):
+            raise ValueError(f"{name} in pybindgen's output is not the expected int function")
+        kinds = fmt.group(1)
+        convert = "".join(
+            (f"    v{i} = PyLong_AsLongLong(args[{i}]);\n" if k == "L" else
+             f"    if (!PyLong_Check(args[{i}])) {{\n"
+             f"        PyErr_Format(PyExc_TypeError, \"{name}() argument {i + 1} must be int, not %.50s\", "
+             f"Py_TYPE(args[{i}])->tp_name);\n        return NULL;\n    }}\n"
+             f"    v{i} = PyLong_AsUnsignedLongLongMask(args[{i}]);\n")
+            + f"    if (v{i} == ({'long long' if k == 'L' else 'unsigned long long'})-1 && PyErr_Occurred()) {{\n"
+            "        return NULL;\n    }\n"
+            for i, k in enumerate(kinds))
+        fast = f"""
+static PyObject *
+_fd_fast_{name}(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{{
+    {" ".join(f"{'long long' if k == 'L' else 'unsigned long long'} v{i};" for i, k in enumerate(kinds))}
+    int64_t retval;
+    if (nargs != {len(kinds)}) {{
+        PyErr_Format(PyExc_TypeError, "{name}() takes {len(kinds)} positional arguments (%zd given)", nargs);
+        return NULL;
+    }}
+{convert}    retval = {name}({", ".join(f"v{i}" for i in range(len(kinds)))});
+    if (PyErr_Occurred()) {{
+        return NULL;
+    }}
+    return PyLong_FromLongLong(retval);
+}}
+"""
+        source = source[:end + 3] + fast + source[end + 3:]
+        source = source.replace(entry, f"(PyCFunction)(void (*)(void)) _fd_fast_{name}, METH_FASTCALL")
+    return source
+
+
+def check_c(source, names=FAST_CALL):
+    """Raises RuntimeError unless the named functions in source (binding.c,
+    after the build) are taken by position: the build's check of fast_call."""
+    for name in names:
+        if f"_fd_fast_{name}, METH_FASTCALL" not in source:
+            raise RuntimeError(f"pybindgen's {name} parses keywords: the build.py step (fd_gil.py) did not run")
+
+
+def edit_c(path):
+    """fast_call on the file at path (build.py calls it once it has written binding.c)."""
+    with open(path) as f:
+        source = f.read()
+    with open(path, "w") as f:
+        f.write(fast_call(source))
+
+
+# Appended to gopy's build.py: after pybindgen writes binding.c, fast_call edits it.
+_BUILD_PY_TAIL = """
+import sys as _fd_sys
+_fd_sys.path.insert(0, {here!r})
+import fd_gil as _fd_gil
+_fd_gil.edit_c('binding.c')
+"""
+
+
 def main(argv):
     real, args = argv[1], argv[2:]
     for path in args:
@@ -68,6 +152,15 @@ def main(argv):
                 source = f.read()
             with open(path, "w") as f:
                 f.write(hold_gil(source))
+            build_py = os.path.join(os.path.dirname(path), "build.py")
+            with open(build_py) as f:
+                script = f.read()
+            if "mod.generate(open('binding.c', 'w'))" not in script:
+                raise ValueError("gopy's build.py does not write binding.c the expected way")
+            script = script.replace("mod.generate(open('binding.c', 'w'))",
+                                    "with open('binding.c', 'w') as _fd_out:\n    mod.generate(_fd_out)")
+            with open(build_py, "w") as f:
+                f.write(script + _BUILD_PY_TAIL.format(here=os.path.dirname(os.path.abspath(__file__))))
     os.execv(real, [real, *args])
 
 

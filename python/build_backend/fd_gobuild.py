@@ -16,8 +16,8 @@ which `pip install -v` shows):
   6. installs the extension into the wheel as the package flash_decode._binding, without
      run paths, next to the stand-in and the licenses of the Go code linked into it.
 
-One edit of gopy's generated code before it compiles: the launch calls keep the GIL
-(fd_gil.py says why and how). Post-processing of gopy's output: keep the runtime files, i.e.
+Two edits of gopy's generated code before it compiles: the launch call keeps the GIL, and
+takes its arguments by position (fd_gil.py says why and how). Post-processing of gopy's output: keep the runtime files, i.e.
 the extension _binding.<EXT_SUFFIX>, binding.py (the wrapper of package binding) and go.py,
 drop its build inputs (build.py, *.go, *.c, *.h), and replace its empty __init__.py with one
 saying the folder is generated. gopy's modules already import the extension package-relatively
@@ -291,6 +291,8 @@ def build_binding(dest):
              "./python/binding"], env=env)
         with open(os.path.join(out, GOPY_NAME + ".go")) as f:
             fd_gil.check(f.read())
+        with open(os.path.join(out, GOPY_NAME + ".c")) as f:
+            fd_gil.check_c(f.read())
     steps("the extension into the wheel, with the stand-in and the Go licenses")
     install_gopy_output(out, dest, standin)
     install_licenses(env, os.path.join(dest, LICENSES_DIR))
