@@ -26,28 +26,27 @@ def wrapper(name, defer=False):
 
 def test_the_launch_calls_keep_the_gil_and_the_others_release_it():
     source = "package main\n" + wrapper("binding_Run") + wrapper("binding_Workspace") + \
-        wrapper("binding_RunServing", defer=True) + wrapper("binding_RunServingX")
+        wrapper("binding_RunX", defer=True)
     edited = fd_gil.hold_gil(source)
     functions = {part.split("(", 1)[0]: part for part in edited.split("\nfunc ")[1:]}
-    for name in ("binding_Run", "binding_RunServing"):
-        assert "PyEval" not in functions[name], functions[name]
-        assert "binding.X(int(handle))" in functions[name]
-    for name in ("binding_Workspace", "binding_RunServingX"):
+    assert "PyEval" not in functions["binding_Run"], functions["binding_Run"]
+    assert "binding.X(int(handle))" in functions["binding_Run"]
+    for name in ("binding_Workspace", "binding_RunX"):
         assert functions[name].count("PyEval_SaveThread") == 1
         assert functions[name].count("PyEval_RestoreThread") == 1
 
 
 def test_the_build_checks_the_edit_happened():
-    source = "package main\n" + wrapper("binding_Run") + wrapper("binding_RunServing")
+    source = "package main\n" + wrapper("binding_Run") + wrapper("binding_Workspace")
     with pytest.raises(RuntimeError, match="binding_Run releases the GIL"):
         fd_gil.check(source)
     fd_gil.check(fd_gil.hold_gil(source))
 
 
 @pytest.mark.parametrize("source, message", [
-    ("package main\n" + wrapper("binding_Run"), "no function binding_RunServing"),
-    ("package main\n" + wrapper("binding_Run").replace("\t_saved_thread := C.PyEval_SaveThread()\n", "")
-     + wrapper("binding_RunServing"), "binding_Run in gopy's output does not release the GIL"),
+    ("package main\n" + wrapper("binding_Workspace"), "no function binding_Run"),
+    ("package main\n" + wrapper("binding_Run").replace("\t_saved_thread := C.PyEval_SaveThread()\n", ""),
+     "binding_Run in gopy's output does not release the GIL"),
 ])
 def test_an_unexpected_gopy_output_fails_the_build(source, message):
     with pytest.raises(ValueError, match=message):
