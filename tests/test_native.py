@@ -255,8 +255,9 @@ def test_a_gpu_older_than_sm80_is_refused_as_unsupported():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a GPU here")
 def test_plan_for_the_current_device_without_a_gpu_names_device_minus_one():
-    with pytest.raises(RuntimeError, match="torch sees none; device=-1 plans for a default H200-like device"):
-        flash_decode.plan(1, 1, 32, 8, 128, 1024)
+    for device in (None, "cuda", torch.device("cuda")):
+        with pytest.raises(RuntimeError, match="torch sees none; device=-1 plans for a default H200-like device"):
+            flash_decode.plan(1, 1, 32, 8, 128, 1024, device=device)
     assert flash_decode.plan(1, 1, 32, 8, 128, 1024, device=-1)["num_splits"] >= 1
 
 

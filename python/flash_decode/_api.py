@@ -404,9 +404,6 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
 
 def _device_index(device):
     """plan()'s device as an index (-1: the default H200-like device)."""
-    if device is None and not torch.cuda.is_available():  # torch's own error would not name the way out
-        raise RuntimeError("plan(device=None) plans for the current CUDA device, and torch sees none; "
-                           "device=-1 plans for a default H200-like device (132 SMs) without a GPU")
     if device is not None and (isinstance(device, bool) or not isinstance(device, (int, str, torch.device))):
         raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}")
     if isinstance(device, int) and device < -1:
@@ -414,6 +411,9 @@ def _device_index(device):
     if isinstance(device, (str, torch.device)) and (device := torch.device(device)).type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
     index = device if isinstance(device, int) else getattr(device, "index", None)
+    if index is None and not torch.cuda.is_available():  # torch's own error would not name the way out
+        raise RuntimeError(f"plan(device={device!r}) plans for the current CUDA device, and torch sees none; "
+                           "device=-1 plans for a default H200-like device (132 SMs) without a GPU")
     return torch.cuda.current_device() if index is None else index
 
 
