@@ -107,6 +107,21 @@ func dumpPlan(t *testing.T, s Shape, d Device, merges map[string]int) string {
 	if err != nil {
 		return "error: " + err.Error()
 	}
+	m := planFields(t, p)
+	if mode, ok := m["merge"].(string); ok {
+		merges[mode]++
+	}
+	delete(m, "merge")
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s early=%v combine_early=%v", b, p.EarlyDependents(), p.CombineEarlyDependents())
+}
+
+// planFields is p as its JSON object, for tests that read a plan's fields by their JSON names.
+func planFields(t *testing.T, p Plan) map[string]any {
+	t.Helper()
 	b, err := json.Marshal(p)
 	if err != nil {
 		t.Fatal(err)
@@ -115,12 +130,5 @@ func dumpPlan(t *testing.T, s Shape, d Device, merges map[string]int) string {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	if mode, ok := m["merge"].(string); ok {
-		merges[mode]++
-	}
-	delete(m, "merge")
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("%s early=%v combine_early=%v", b, p.EarlyDependents(), p.CombineEarlyDependents())
+	return m
 }

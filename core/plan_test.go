@@ -839,22 +839,15 @@ func TestPlanJSONAndString(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := json.Marshal(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
+	m := planFields(t, p)
 	for _, k := range []string{"variant", "merge", "num_splits", "row_tiles", "grid", "threads", "shared_bytes", "cluster",
 		"combine", "combine_grid", "combine_threads", "lse_partial_offset", "workspace_bytes", "sms", "blocks_per_sm"} {
 		if _, ok := m[k]; !ok {
-			t.Errorf("JSON %s lacks %q", b, k)
+			t.Errorf("JSON %v lacks %q", m, k)
 		}
 	}
 	if len(m) != 18 {
-		t.Errorf("JSON %s has %d keys, want 18", b, len(m))
+		t.Errorf("JSON %v has %d keys, want 18", m, len(m))
 	}
 	v, _ := m["variant"].(map[string]any)
 	for _, k := range []string{"kernel", "combine", "dtype", "head_dim", "rows", "threads", "keys_per_tile",
@@ -865,7 +858,7 @@ func TestPlanJSONAndString(t *testing.T) {
 		}
 	}
 	if m["merge"] != "combine" || m["num_splits"] != 16.0 || m["workspace_bytes"] != 264192.0 || v["dtype"] != "float16" || v["form"] != "plain" {
-		t.Errorf("JSON values wrong: %s", b)
+		t.Errorf("JSON values wrong: %v", m)
 	}
 	str := p.String()
 	for _, want := range []string{"fd_split_kv_f16_d128_r16", "(16,8,1)", "16 splits", "fd_combine_f16", "264192 B"} {

@@ -521,21 +521,14 @@ func TestServingPlanJSONAndString(t *testing.T) {
 				t.Errorf("String() = %q lacks %q", p, w)
 			}
 		}
-		b, err := json.Marshal(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m map[string]any
-		if err := json.Unmarshal(b, &m); err != nil {
-			t.Fatal(err)
-		}
+		m := planFields(t, p)
 		v, _ := m["variant"].(map[string]any)
 		if m["append"] != "fd_append_kv_f16" || m["q_rot_bytes"] != 8192.0 || m["append_threads"] != 128.0 ||
 			v["serving"] != true || v["append"] != "fd_append_kv_f16" {
-			t.Errorf("JSON %s lacks the serving fields", b)
+			t.Errorf("JSON %v lacks the serving fields", m)
 		}
 		if g, _ := m["append_grid"].([]any); len(g) != 3 || g[0] != 1.0 || g[1] != 1.0 || g[2] != 5.0 {
-			t.Errorf("JSON %s: append_grid %v", b, m["append_grid"])
+			t.Errorf("JSON %v: append_grid %v", m, m["append_grid"])
 		}
 	}
 	// Without them the JSON keeps its keys (TestPlanJSONAndString counts them).
