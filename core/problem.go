@@ -24,7 +24,10 @@ const (
 // fix the launch shapes. It never holds device data, so a Plan made from it
 // stays valid for every call with the same shapes (CUDA-graph replays too).
 type Shape struct {
-	DType       DType
+	DType DType // q, out and the new tokens: Float16 or BFloat16
+	// KVDType is the caches' element type: 0 for DType (CacheDType), or an
+	// fp8 format whose values are scaled by Problem.KDescale and VDescale.
+	KVDType     DType
 	Batch       int // sequences
 	SeqlenQ     int // new query tokens per sequence, 1..16
 	HeadsQ      int // query heads; a multiple of HeadsKV
@@ -66,6 +69,23 @@ type Shape struct {
 	// and no rotary it runs the contiguous cache's appending form of the
 	// serving kernel (FormAppend), otherwise the serving form (Shape.Form).
 	Contiguous bool
+}
+
+// CacheDType returns the caches' element type.
+func (s *Shape) CacheDType() DType {
+	if s.KVDType == 0 {
+		return s.DType
+	}
+	return s.KVDType
+}
+
+// Descale is an fp8 cache's scale: the attended value of an element x is
+// x * descale, descale read from Ptr, a float32 (Batch, HeadsKV) device
+// array with these strides (both 0: one value), or Value where Ptr is 0.
+type Descale struct {
+	Ptr                     uintptr
+	BatchStride, HeadStride int64
+	Value                   float32 // 0 is taken as 1
 }
 
 // Tensor locates a 4-D (batch, seq, heads, head_dim) tensor in device memory.
@@ -133,6 +153,14 @@ type Problem struct {
 	AlibiSlopes      uintptr
 	New              Append // new tokens written into the cache before attention
 	Rotary           Rotary // rotary embedding of q and the new keys (with New only)
+
+	// KDescale and VDescale scale an fp8 cache (Shape.KVDType); per call
+	// where they point to device arrays.
+	KDescale, VDescale Descale
+	// Sinks, per call, is a float32 (HeadsQ,) device array of sink logits,
+	// or 0: each row's softmax gets exp(Sinks[head]) more in its
+	// denominator, with no value.
+	Sinks uintptr
 }
 
 // minNormalFloat32 is the smallest positive normal float32, 2^-126.

@@ -270,13 +270,14 @@ func TestDType(t *testing.T) {
 		d     DType
 		name  string
 		valid bool
-	}{{Float16, "float16", true}, {BFloat16, "bfloat16", true}, {Float32, "float32", false}, {0, "invalid dtype", false}, {4, "invalid dtype", false}} {
+	}{{Float16, "float16", true}, {BFloat16, "bfloat16", true}, {Float32, "float32", false}, {0, "invalid dtype", false},
+		{Float8E4M3, "float8_e4m3fn", false}, {Float8E5M2, "float8_e5m2", false}, {6, "invalid dtype", false}} {
 		if tt.d.String() != tt.name || tt.d.Valid() != tt.valid {
 			t.Errorf("DType(%d): %q %v, want %q %v", int(tt.d), tt.d.String(), tt.d.Valid(), tt.name, tt.valid)
 		}
 	}
-	if Float16.Size() != 2 || BFloat16.Size() != 2 || Float32.Size() != 4 {
-		t.Errorf("sizes %d, %d, %d; want 2, 2, 4", Float16.Size(), BFloat16.Size(), Float32.Size())
+	if Float16.Size() != 2 || BFloat16.Size() != 2 || Float32.Size() != 4 || Float8E4M3.Size() != 1 || Float8E5M2.Size() != 1 {
+		t.Errorf("sizes %d, %d, %d, %d, %d; want 2, 2, 4, 1, 1", Float16.Size(), BFloat16.Size(), Float32.Size(), Float8E4M3.Size(), Float8E5M2.Size())
 	}
 }
 

@@ -97,6 +97,18 @@ typedef struct fd_params {
     long long rotary_stride;       // elements between rows of cos / sin
     int rotary_dim, rotary_rows, rotary_interleaved;
     fd_devptr q_rot;               // T: rotated q (batch, seqlen_q, heads_q, head_dim) contiguous, in the workspace; stage 1 reads it when rotary_cos != 0
+
+    // fp8 caches (the variants whose cache type is fp8): an element x of k
+    // (v) stands for x * descale, descale = k_descale[b * batch_stride +
+    // kv_head * head_stride] where k_descale != 0, else k_descale_value.
+    fd_devptr k_descale, v_descale;  // const float, or 0
+    long long k_descale_batch_stride, k_descale_head_stride;
+    long long v_descale_batch_stride, v_descale_head_stride;
+    float k_descale_value, v_descale_value;
+
+    // Attention sinks: const float (heads_q,), or 0: row r of head h has
+    // exp(sinks[h]) more in its softmax denominator, with no value.
+    fd_devptr sinks;
 } fd_params;
 
 #ifdef __cplusplus
