@@ -190,6 +190,14 @@ typedef struct fd_layout {
     int64_t rotary_cos[2];  /* strides of the tables, which share one layout */
     int64_t rotary_sin[2];
     int64_t rotary_interleaved; /* 1: pairs (2m, 2m+1) (GPT-J); 0: (m, m + rotary_dim / 2) */
+    int64_t kv_dtype;       /* fd_dtype of k_cache and v_cache: 0 for dtype's, or an fp8 format */
+    int64_t descale;        /* 1: fd_run passes k_descale and v_descale, float32 arrays */
+    int64_t k_descale[2];   /* their strides (batch, heads_kv); 0, 0: one value */
+    int64_t v_descale[2];
+    double k_descale_value; /* without the arrays: the scales of an fp8 k_cache, v_cache (0: 1) */
+    double v_descale_value;
+    int64_t sinks;          /* 1: fd_run passes sinks, float32 (heads_q,) contiguous logits */
+    int64_t batch_invariant; /* 1: a sequence's result never depends on the batch it is in */
 } fd_layout;
 
 /* One call's device addresses (CUdeviceptr): q, k_cache, v_cache and out always (the
@@ -204,6 +212,8 @@ typedef struct fd_ptrs {
                                 seqlen); clamped to [0, seqlen_cache] on the device */
     uint64_t block_table, cache_batch_idx, cache_leftpad, alibi_slopes;
     uint64_t k_new, v_new, rotary_cos, rotary_sin;
+    uint64_t k_descale, v_descale; /* float32 scales of an fp8 cache, with the layout's descale */
+    uint64_t sinks;                /* float32 (heads_q,) sink logits, with the layout's sinks */
 } fd_ptrs;
 
 /* A prepared layout: nonzero id, from fd_prepare, until its fd_release. */

@@ -181,6 +181,7 @@ func fdgo_run(h C.int64_t, ptrs *C.fd_ptrs, ptrsSize C.size_t, seqlen C.int64_t,
 		CacheSeqlens: uintptr(p.cache_seqlens), BlockTable: uintptr(p.block_table), CacheBatchIdx: uintptr(p.cache_batch_idx),
 		CacheLeftpad: uintptr(p.cache_leftpad), AlibiSlopes: uintptr(p.alibi_slopes), KNew: uintptr(p.k_new),
 		VNew: uintptr(p.v_new), RotaryCos: uintptr(p.rotary_cos), RotarySin: uintptr(p.rotary_sin),
+		KDescale: uintptr(p.k_descale), VDescale: uintptr(p.v_descale), Sinks: uintptr(p.sinks),
 		Workspace: uintptr(workspace), WorkspaceBytes: sizeArg(workspaceBytes)}
 	if _, err := r.Run(&a, int(seqlen), uintptr(stream)); err != nil {
 		// cache_seqlens is the seqlen argument's only where the layout takes no array.

@@ -55,6 +55,15 @@ type Layout struct {
 	RotaryCos         [2]int64 `layout:"rotary_cos"`
 	RotarySin         [2]int64 `layout:"rotary_sin"`
 	RotaryInterleaved int64    `layout:"rotary_interleaved"`
+
+	KVDType        int64    `layout:"kv_dtype"`  // the caches' DType code: 0 for dtype's, 4 float8_e4m3fn, 5 float8_e5m2
+	Descale        int64    `layout:"descale"`   // 1: calls pass k_descale and v_descale, float32 arrays
+	KDescale       [2]int64 `layout:"k_descale"` // their strides (batch, heads_kv); 0, 0: one value
+	VDescale       [2]int64 `layout:"v_descale"`
+	KDescaleValue  float64  `layout:"k_descale_value"` // without the arrays: k's scale (0: 1)
+	VDescaleValue  float64  `layout:"v_descale_value"`
+	Sinks          int64    `layout:"sinks"`           // 1: calls pass sinks, float32 (heads_q,) contiguous
+	BatchInvariant int64    `layout:"batch_invariant"` // 1: a sequence's result never depends on its batch
 }
 
 // LayoutBytes is the size of a Layout in bytes.
@@ -269,6 +278,16 @@ func (l *Layout) convert() (Problem, error) {
 	}
 	if rotary && outer[3] != outer[2] {
 		return Problem{}, invalid(op, "rotary_sin", fmt.Sprintf("row stride %d differs from rotary_cos's %d; the tables must share a layout", outer[3], outer[2]))
+	}
+	switch { // the fields of features this build does not run yet
+	case l.KVDType != 0 && l.KVDType != l.DType:
+		return Problem{}, unsupported(op, "kv_dtype", fmt.Sprintf("%d; the caches take q's dtype", l.KVDType))
+	case l.Descale != 0 || l.KDescaleValue != 0 || l.VDescaleValue != 0:
+		return Problem{}, unsupported(op, "k_descale", "descales are for fp8 caches")
+	case l.Sinks != 0:
+		return Problem{}, unsupported(op, "sinks", "not in this build")
+	case l.BatchInvariant != 0:
+		return Problem{}, unsupported(op, "batch_invariant", "not in this build")
 	}
 	var scale float32 // 0: the core's default
 	if l.Scale != 0 {

@@ -41,12 +41,12 @@ func TestLayoutFieldsFollowTheStruct(t *testing.T) {
 		}
 	}
 	text := LayoutFieldsText()
-	for _, want := range []string{"dtype:q,batch:q,", ",scale:d,q[0]:q,", ",softcap:d,", ",rotary_interleaved:q"} {
+	for _, want := range []string{"dtype:q,batch:q,", ",scale:d,q[0]:q,", ",softcap:d,", ",rotary_interleaved:q,", ",k_descale_value:d,v_descale_value:d,"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("LayoutFieldsText() = %q lacks %q", text, want)
 		}
 	}
-	if !strings.HasPrefix(text, "dtype:q,") || !strings.HasSuffix(text, ",rotary_interleaved:q") {
+	if !strings.HasPrefix(text, "dtype:q,") || !strings.HasSuffix(text, ",sinks:q,batch_invariant:q") {
 		t.Errorf("LayoutFieldsText() = %q", text)
 	}
 }
@@ -135,6 +135,10 @@ func TestLayoutProblemErrors(t *testing.T) {
 		{"the core's: stride", func(l *Layout) { l.Q[2] = 4 }, "q", ErrUnsupported},
 		{"the core's: window", func(l *Layout) { l.WindowLeft = -2 }, "window_size", ErrInvalid},
 		{"the core's: rotary dim", func(l *Layout) { l.RotaryDim = 24 }, "rotary_dim", ErrUnsupported},
+		{"an fp8 cache", func(l *Layout) { l.KVDType = int64(Float8E4M3) }, "kv_dtype", ErrUnsupported},
+		{"a descale value", func(l *Layout) { l.VDescaleValue = 2 }, "k_descale", ErrUnsupported},
+		{"sinks", func(l *Layout) { l.Sinks = 1 }, "sinks", ErrUnsupported},
+		{"batch invariant", func(l *Layout) { l.BatchInvariant = 1 }, "batch_invariant", ErrUnsupported},
 	} {
 		l := servingLayout()
 		tt.edit(&l)

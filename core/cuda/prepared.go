@@ -81,6 +81,9 @@ type Args struct {
 	// RotarySin (Problem.Rotary's tables).
 	BlockTable, CacheBatchIdx, CacheLeftpad, AlibiSlopes uintptr
 	KNew, VNew, RotaryCos, RotarySin                     uintptr
+	// KDescale and VDescale (an fp8 layout with descale arrays) and Sinks
+	// (a layout with sinks).
+	KDescale, VDescale, Sinks uintptr
 	Workspace                                            uintptr
 	WorkspaceBytes                                       int
 }
@@ -164,6 +167,7 @@ func setArgs(p *core.Problem, a *Args) {
 	p.Q.Ptr, p.K.Ptr, p.V.Ptr, p.Out.Ptr, p.LSE, p.CacheSeqlens = a.Q, a.K, a.V, a.Out, a.LSE, a.CacheSeqlens
 	p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes = a.BlockTable, a.CacheBatchIdx, a.CacheLeftpad, a.AlibiSlopes
 	p.New.K.Ptr, p.New.V.Ptr, p.Rotary.Cos, p.Rotary.Sin = a.KNew, a.VNew, a.RotaryCos, a.RotarySin
+	p.KDescale.Ptr, p.VDescale.Ptr, p.Sinks = a.KDescale, a.VDescale, a.Sinks
 }
 
 // checkCall checks the device addresses of a call of a valid layout p and

@@ -146,7 +146,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         try:
             if plain:
                 status = run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                             0 if lse is None else lse.data_ptr(), seqlens, 0, 0, 0, 0, 0, 0, 0, 0,
+                             0 if lse is None else lse.data_ptr(), seqlens, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                              0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
             else:
                 status = run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
@@ -157,7 +157,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              0 if alibi_slopes is None else alibi_slopes.data_ptr(),
                              0 if k is None else k.data_ptr(), 0 if v is None else v.data_ptr(),
                              0 if rotary_cos is None else rotary_cos.data_ptr(),
-                             0 if rotary_sin is None else rotary_sin.data_ptr(),
+                             0 if rotary_sin is None else rotary_sin.data_ptr(), 0, 0, 0,
                              0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
         except OverflowError:  # past the core's int64
             name = "cache_seqlens" if type(cache_seqlens) is int else "max_seqlen_k"
