@@ -858,3 +858,113 @@ def test_table_markdown_has_the_fp8_paged_and_sinks_columns_where_measured():
     assert s["fp8 caches against the same shape in q's dtype (time / time)"] == "0.545x (1 shape)"
     assert s["with sinks against without (time / time)"] == "1.010x (1 shape)"
     assert s["vs FlashInfer on the same shuffled pages of 16 (its time / flash_decode's)"] == "1.100x (1 shape)"
+
+
+def test_format_row_shows_the_fp8_sinks_and_paged_figures():
+    r = row(flashinfer=33.0)
+    r.update(kv_dtype="fp8_e4m3", same_dtype_us=55.0, sinks_us=30.3, sinks_check="ok", paged16_us=31.0,
+             paged16_check="ok", fi_paged16_us=None, fi_paged16_note="n/a (flashinfer not installed)")
+    del r["num_splits"]  # a plan() that does not take the fp8 cache yet
+    r["plan_note"] = "n/a (TypeError: kv_dtype)"
+    line = bench.format_row(r, ["flashinfer"])
+    assert line.startswith("fp16 / fp8_e4m3 b=1,hq=32,hkv=8,d=128,L=32768,sq=1 134.0MB x3 splits=? | 30.0us")
+    assert line.endswith("90% | in fp16 55.0us | with sinks 30.3us | shuffled pages of 16 31.0us"
+                         " | fi_paged16_note n/a (flashinfer not installed) | plan_note n/a (TypeError: kv_dtype)"
+                         " | flashinfer 1.10x")
+
+
+def test_serving_row_runs_each_pool_on_the_same_lengths(monkeypatch):
+    seen = []
+
+    def fake_pool(q, lengths, page, hkv, dtype, kv, repeats, peers=(), seed=0, read=False):
+        seen.append((tuple(lengths), page, kv, read, q.shape))
+        us = {0: 10.0, 16: 10.4, 1: 12.0}[page]
+        return dict(us=us, check="ok", layers=3, **({"fi_us": 11.0, "fi_note": f"page{page}, tensor cores, graph"}
+                                                    if page else {"read_us": 9.0}))
+
+    monkeypatch.setattr(bench, "run_pool", fake_pool)
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+    monkeypatch.setattr(torch, "randn", lambda *size, device=None, dtype=None: torch.zeros(size, dtype=dtype))
+    args = bench.parse_args(["--shapes", "none", "--serving-matrix", "b=4,L=100-200", "--seed", "7"])
+    serving, dtype, kv = args.serving_cases[0]
+    r = bench.run_serving_row(serving, dtype, kv, args)
+    lengths = tuple(bench.ragged_lengths(4, 100, 200, 7))
+    assert seen == [(lengths, 0, None, True, (4, 1, 32, 128)), (lengths, 16, None, False, (4, 1, 32, 128)),
+                    (lengths, 1, None, False, (4, 1, 32, 128))]
+    assert r["keys"] == sum(lengths) and r["kv_mb"] == round(bench.attended_bytes(lengths, 8, 128, 2) / 1e6, 2)
+    assert r["page16_vs_contiguous"] == pytest.approx(1.04) and r["page1_vs_contiguous"] == pytest.approx(1.2)
+    assert r["page16_fi_ratio"] == pytest.approx(11 / 10.4) and r["contiguous_read_us"] == 9.0
+    assert "contiguous_fi_ratio" not in r and (r["lo"], r["hi"]) == (100, 200)
+    line = bench.format_serving_matrix_row(r, serving)
+    assert line == ("fp16/fp16 32/8 d128 b=4 L=100-200 | contiguous 10.0us | page16 10.4us, FlashInfer 11.0us "
+                    "(1.058x) | page1 12.0us, FlashInfer 11.0us (0.917x) | read 9.0us")
+
+
+def test_main_runs_the_serving_matrix_alone_and_writes_markdown(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "gpu_missing", lambda: None)
+    monkeypatch.setattr(bench, "read_ceiling", lambda repeats: {"triton": 3.1})
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+    monkeypatch.setattr(bench, "eager_tiny", lambda: None)
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
+
+    def fake_row(serving, dtype, kv, args):
+        if serving.shape.b == 2:
+            raise RuntimeError("out of memory")
+        return serving_row(lo=serving.lo, hi=serving.shape.L, kv=kv)
+
+    monkeypatch.setattr(bench, "run_serving_row", fake_row)
+    out = tmp_path / "bench"
+    assert bench.main(["--shapes", "none", "--serving-shapes", "none", "--serving-matrix", "--quick",
+                       "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    text = (out / "serving.md").read_text()
+    assert text in printed + "\n" and not (out / "table.md").exists()
+    assert text.startswith("a GPU, torch ") and "FlashInfer: not importable here, so no FlashInfer figures" in text
+    assert "| fp16 / fp8_e4m3 | 32/8 | 128 | 8 | 512-4096 |" in text
+    assert "[serving 2/3] fp16/fp16 32/8 d128 b=2 L=100-1536 | contiguous n/a (RuntimeError: out of memory)" in printed
+    assert "- vs FlashInfer's faster variant, pages of 16 (its time / flash_decode's): geomean 1.048x" in text
+    data = json.loads((out / "results.json").read_text())
+    assert len(data["meta"]["serving_matrix"]) == 3 and data["meta"]["seed"] == 0
+
+
+@pytest.mark.parametrize("kv", [None, "fp8_e4m3"])
+def test_run_case_checks_each_library_against_the_values_it_attends(monkeypatch, kv):
+    # On the CPU: flash_decode gets the descales (its reference: the values times them),
+    # FlashInfer none (its reference: the fp8 values as stored); sinks rescale flash_decode's.
+    fake, calls = FakeFlashInfer(), []
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: fake)
+    monkeypatch.setattr(bench, "FLASHINFER_WORKSPACE", 64)
+    monkeypatch.setattr(bench, "L2_ROTATION_BYTES", 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 10**9))
+    real_randn, real_cache = torch.randn, bench.random_cache
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))
+    monkeypatch.setattr(bench, "random_cache", lambda size, dt, device="cuda": real_cache(size, dt, "cpu"))
+    monkeypatch.setattr(bench, "time_eager", lambda call, layers, calls=50: 1.0)
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+
+    def timed(call, layers, repeats):
+        fake.last = None
+        return call(layers[0]) is not None and (fake.last or 20.0 + len(calls) % 2), "graph"
+
+    def fd(q, k, v, *, k_descale=None, v_descale=None, sinks=None, num_splits=0):
+        calls.append(dict(descale=k_descale is not None, sinks=sinks is not None, dtype=k.dtype))
+        k, v = (bench.dequantized(x, s, len(x)).transpose(1, 2) for x, s in ((k, k_descale), (v, v_descale)))
+        out = bench.reference(q.transpose(1, 2), k, v, nb=len(q))
+        return (bench.with_sinks(out, q.transpose(1, 2), k, sinks) if sinks is not None else out).transpose(1, 2)
+
+    monkeypatch.setattr(bench, "time_kernel", timed)
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", fd)
+    argv = ["--shapes", "b=2,hq=4,hkv=2,d=16,L=64", "--sinks", "--peers", "none"] + (["--kv-dtype", kv] if kv else [])
+    args = bench.parse_args(argv)
+    args.ceiling = 1.0
+    r = bench.run_case(args.cases[0][0], "fp16", ["cudnn", "flashinfer"], args)
+    assert r["check"] == "ok" and r["sinks_check"] == "ok" and r["sinks_us"] and r["ours_us"]
+    assert (r["flashinfer_us"], r["flashinfer_note"]) == (9, "page16, tensor cores, graph")
+    assert r["kv_dtype"] == (kv or "fp16") and r["kv_mb"] == round(2 * 2 * 64 * 2 * 16 * (1 if kv else 2) / 1e6, 2)
+    assert ("same_dtype_us" in r) == bool(kv) and ("sdpa_eager_us" in r) != bool(kv)
+    ours = [c for c in calls if c["dtype"] != torch.float16] if kv else calls
+    assert ours and all(c["descale"] == bool(kv) for c in ours) and [c["sinks"] for c in ours].count(True) == 2
+    if kv:
+        assert r["cudnn_note"] == "n/a (no fp8 cache)" and all(c["dtype"] == torch.float8_e4m3fn for c in ours)
+        assert sum(c["dtype"] == torch.float16 for c in calls) == 1  # the same shape in q's dtype, timed

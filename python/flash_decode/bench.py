@@ -883,7 +883,7 @@ def run_case(shape, dtype, peers, args):
     if n < 1:
         return dict(row, check=f"n/a (cache of {nbytes / 1e9:.1f} GB does not fit)")
     q, kvs, q_ours, ours = make_tensors(shape, dtype, n, args.layout, kv)
-    fp8 = fp8_descales(shape.b, shape.hkv, kv)
+    fp8 = fp8_descales(shape.b, shape.hkv, kv, q.device)
     ref = reference(q, *kvs[0])  # the caches' values as stored: the peers' reference (FlashInfer: no descale)
 
     def attended(nb):  # the first nb sequences' K and V as flash_decode attends them, (b, hkv, L, d) fp32
@@ -1518,10 +1518,10 @@ def plot(rows, ceiling, path, peers):
 
 def format_row(r, peers):
     """One progress line: ours (µs, TB/s, % of ceiling), then each peer's ratio (or µs, or n/a)."""
-    text = f"{r['dtype']} {label(Shape(*(r[f] for f in Shape._fields)))} {r['kv_mb']:.1f}MB"
+    text = f"{_dtypes(r)} {label(Shape(*(r[f] for f in Shape._fields)))} {r['kv_mb']:.1f}MB"
     if "ours_us" in r:
         whole = f" after {r['whole_items']} whole" if r.get("whole_items") else ""
-        text += (f" x{r['layers']} splits={r['num_splits']}{whole} | {r['ours_us']:.1f}us "
+        text += (f" x{r['layers']} splits={r.get('num_splits', '?')}{whole} | {r['ours_us']:.1f}us "
                  f"{r['ours_tbs']:.2f}TB/s {r['ours_pct']:.0f}%")
     else:
         text += f" | {r.get('check')}"
@@ -1529,6 +1529,11 @@ def format_row(r, peers):
         text += " | splits " + " ".join(f"{n}:{us:.1f}" for n, us in r["sweep_us"].items())
     if "read_us" in r:
         text += f" | read {r['read_us']:.1f}us {r['read_pct']:.0f}%"
+    extras = (("same_dtype_us", f"in {r['dtype']}"), ("sinks_us", "with sinks"), ("paged16_us", "shuffled pages of 16"),
+              ("fi_paged16_us", "FlashInfer there"))
+    text += "".join(f" | {what} {r[key]:.1f}us" for key, what in extras if r.get(key))
+    text += "".join(f" | {key} {r[key]}" for key in ("sinks_check", "paged16_check", "fi_paged16_note", "plan_note")
+                    if r.get(key) and r[key] != "ok")
     for p in peers:
         if f"{p}_ratio" in r:
             text += f" | {p} {r[p + '_ratio']:.2f}x"
