@@ -625,6 +625,7 @@ def test_run_flashinfer_reports_the_fastest_matching_variant(monkeypatch, sq):
 def test_parse_args_kv_dtype_runs_the_fp8_matrix():
     args = bench.parse_args(["--kv-dtype", "fp8_e4m3"])
     assert args.kv_dtype == "fp8_e4m3" and args.cases == bench.matrix_cases(bench.FP8_MATRIX)
+    assert args.serving_shapes == [] and args.serving_cases == []
     assert bench.parse_args([]).kv_dtype is None and not bench.parse_args([]).paged16
     assert bench.parse_args(["--kv-dtype", "fp8_e5m2", "--quick"]).cases == bench.matrix_cases(bench.FP8_QUICK)
     shaped = bench.parse_args(["--kv-dtype", "fp8_e5m2", "--shapes", "b=2", "--paged16", "--sinks"])
@@ -692,9 +693,11 @@ def test_parse_serving_ranges_and_errors():
 
 
 def test_serving_matrix_covers_the_issue_shapes():
-    args = bench.parse_args(["--shapes", "none", "--serving-matrix"])
+    args = bench.parse_args(["--serving-matrix"])
     cases = args.serving_cases
-    assert cases == bench.serving_cases(bench.SERVING_MATRIX) and args.cases == []
+    assert cases == bench.serving_cases(bench.SERVING_MATRIX) and args.cases == [] == args.serving_shapes  # alone
+    with_table = bench.parse_args(["--serving-matrix", "--shapes", "b=2"])
+    assert with_table.serving_cases == cases and [s.b for s, _ in with_table.cases] == [2]
     assert 12 <= len(cases) <= 16 and len(set(cases)) == len(cases)
     shapes = [s.shape for s, _, _ in cases]
     assert {64, 128, 256} == {s.d for s in shapes}
@@ -915,8 +918,7 @@ def test_main_runs_the_serving_matrix_alone_and_writes_markdown(tmp_path, monkey
 
     monkeypatch.setattr(bench, "run_serving_row", fake_row)
     out = tmp_path / "bench"
-    assert bench.main(["--shapes", "none", "--serving-shapes", "none", "--serving-matrix", "--quick",
-                       "--out", str(out)]) == 0
+    assert bench.main(["--serving-matrix", "--quick", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     text = (out / "serving.md").read_text()
     assert text in printed + "\n" and not (out / "table.md").exists()

@@ -7,6 +7,8 @@
     python -m flash_decode.bench --shapes "b=1,L=1k/32k" --num-splits 1,2,4,8,16,32 --peers none
     python -m flash_decode.bench --read-same-bytes --peers cudnn   # a plain read of each cache too
     python -m flash_decode.bench --shapes none --lengths "32768,1024*7;hq=8,hkv=1:16k,4k*3"  # ragged batches
+    python -m flash_decode.bench --kv-dtype fp8_e4m3 --read-same-bytes --paged16 --sinks --peers flashinfer
+    python -m flash_decode.bench --serving-matrix   # ragged lengths on shuffled pages, FlashInfer on the same
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
@@ -34,7 +36,12 @@ Eager time: plain calls in a loop, synchronized at the end (host overhead
 included). TB/s counts K and V bytes only (q and out are under 1% on every
 default shape); the ceiling is the best streaming read (torch.sum, Triton)
 over rotating 1 GiB buffers, measured first.
-Outputs: results.json, results.csv and bandwidth.png under --out.
+fp8 caches (--kv-dtype) come with a (batch, nheads_kv) descale; each row times the same
+shape with caches in q's dtype too. The serving matrix (--serving-matrix) draws ragged
+lengths (seeded) and deals shuffled pools of pages, the same pools for flash_decode and
+FlashInfer (planned with the same lengths), beside a contiguous cache of those lengths.
+Outputs: results.json, results.csv and bandwidth.png under --out, and each table as
+markdown (table.md, serving.md), printed too.
 """
 
 import argparse
@@ -417,7 +424,7 @@ def serving_cases(matrix, dtypes=None, kv=None):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="flash-decode-bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[1:9]))
+                                epilog="\n".join(__doc__.split("\n")[1:11]))
     p.add_argument("--shapes", type=_shapes_arg, action="append",
                    help="shape specs, e.g. 'b=1,hq=32,hkv=8,d=128,L=32768,sq=1'; ';' separates "
                         "shapes, '/' lists alternatives, 'none' runs no table case (default: the "
@@ -455,7 +462,8 @@ def parse_args(argv=None):
     p.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), metavar="|".join(KV_DTYPES),
                    help="fp8 caches (q in --dtypes) with a (batch, nheads_kv) descale: the fp8 table "
                         "(default shapes: its own matrix), each row with flash_decode on the same shape "
-                        "in q's dtype; the SDPA peers do not take fp8 (default: caches in q's dtype)")
+                        "in q's dtype; the SDPA peers do not take fp8; no serving cases (default: caches in "
+                        "q's dtype)")
     p.add_argument("--paged16", action="store_true",
                    help="also time flash_decode and FlashInfer on a shuffled pool of 16-key pages holding "
                         "each case's keys (block_table, cache_seqlens, max_seqlen_k; the same pool for both)")
@@ -480,9 +488,13 @@ def parse_args(argv=None):
                                   for dt in args.dtypes or ["fp16"]]
         except ValueError as err:
             p.error(f"argument --serving-matrix: {err}")
+    alone = args.serving_cases and not args.shapes  # --serving-matrix runs alone unless --shapes asks for more
     if args.serving_shapes is None:
-        args.serving_shapes = [] if args.shapes else parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
-    if args.shapes:
+        args.serving_shapes = [] if args.shapes or args.kv_dtype or alone else \
+            parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
+    if alone:
+        args.cases = []
+    elif args.shapes:
         args.cases = [(s, dt) for s in itertools.chain(*args.shapes) for dt in args.dtypes or ["fp16"]]
     elif args.kv_dtype:
         args.cases = matrix_cases(FP8_QUICK if args.quick else FP8_MATRIX, args.dtypes)
