@@ -970,3 +970,17 @@ def test_run_case_checks_each_library_against_the_values_it_attends(monkeypatch,
     if kv:
         assert r["cudnn_note"] == "n/a (no fp8 cache)" and all(c["dtype"] == torch.float8_e4m3fn for c in ours)
         assert sum(c["dtype"] == torch.float16 for c in calls) == 1  # the same shape in q's dtype, timed
+
+
+def test_fp8_rows_summarized_against_their_bounds():
+    rows = [row(ours=30.0, kv_mb=134.0), row(ours=60.0, kv_mb=600.0), row(ours=5.0, kv_mb=8.0), row(kv_mb=900.0)]
+    for r, same, read in zip(rows, (55.0, 115.0, 8.0, None), (28.0, 58.0, 3.0, 29.0)):
+        r.update(kv_dtype="fp8_e4m3", same_dtype_us=same, read_us=read)
+    rows[3]["kv_dtype"] = "fp16"  # not an fp8 row: no share counted
+    s = dict(bench.fp8_bounds(rows))
+    assert s["fp8 over q's dtype where that cache is >= 256 MB"] == "max 0.545x over 2 shapes"  # 8 MB's 0.625 left out
+    assert s["fp8 caches >= 64 MB: share of the plain read's speed"] == "min 93.3% over 2 shapes"
+    assert s["fp8 caches >= 512 MB: share of the plain read's speed"] == "min 96.7% over 1 shape"
+    assert bench.fp8_bounds([row()]) == []
+    assert ("fp8 caches >= 512 MB: share of the plain read's speed", "min 96.7% over 1 shape") in \
+        bench.summarize(rows, None)

@@ -1353,6 +1353,7 @@ def summarize(rows, eager):
             pcts = [x for r in rows if lo <= r["kv_mb"] < hi and (x := share(r)) is not None]
             if pcts:
                 out.append((f"{who}, {band}: share of {of}", spread(pcts, "{:.1f}%", statistics.median, "median")))
+    out += fp8_bounds(rows)
     if eager:
         out.append((f"eager call on {eager['shape']}", f"flash_decode {eager['ours_us']:.1f} us, "
                     f"torch SDPA {eager['sdpa_us']:.1f} us ({eager['ratio']:.3f}x)"))
@@ -1442,11 +1443,11 @@ def serving_summary(rows, tie=0.01):
             wins, ties = sum(x > 1 + tie for x in ratios), sum(abs(x - 1) <= tie for x in ratios)
             out.append((f"vs FlashInfer's faster variant, pages of {page} (its time / flash_decode's)",
                         f"geomean {geomean(ratios):.3f}x, min {min(ratios):.3f}x; {wins} ahead, {ties} within "
-                        f"±{tie:.0%}, {len(ratios) - wins - ties} behind over {len(ratios)} shapes"))
+                        f"±{tie:.0%}, {len(ratios) - wins - ties} behind over {_shapes(len(ratios))}"))
         over = [r[key + "_vs_contiguous"] for r in rows if r.get(key + "_vs_contiguous")]
         if over:
             out.append((f"pages of {page} over the contiguous cache of the same lengths",
-                        f"median {statistics.median(over):.3f}x, max {max(over):.3f}x over {len(over)} shapes"))
+                        f"median {statistics.median(over):.3f}x, max {max(over):.3f}x over {_shapes(len(over))}"))
     return out
 
 
@@ -1464,6 +1465,29 @@ def write_markdown(out_dir, rows, summary, matrix, peers, meta):
         print("\n" + text)
         (out_dir / name).write_text(text + "\n")
         print(f"wrote {out_dir / name}")
+
+
+def _shapes(n):
+    return f"{n} shape" + ("s" if n != 1 else "")
+
+
+def fp8_bounds(rows):
+    """[(what, value)]: fp8 rows against the bounds they are held to: their time over the same
+    shape's in q's dtype where that cache is 256 MB or more, and their share of the plain
+    read's speed (of the fp8 bytes) from 64 MB and from 512 MB of them."""
+    out = []
+    slower = [r["ours_us"] / r["same_dtype_us"] for r in rows
+              if r.get("ours_us") and r.get("same_dtype_us") and 2 * r["kv_mb"] >= 256]
+    if slower:
+        out.append(("fp8 over q's dtype where that cache is >= 256 MB", f"max {max(slower):.3f}x over {_shapes(len(slower))}"))
+    for lo in (64, 512):
+        shares = [r["read_us"] / r["ours_us"] for r in rows
+                  if r.get("kv_dtype", r["dtype"]) in KV_DTYPES and r.get("read_us") and r.get("ours_us")
+                  and r["kv_mb"] >= lo]
+        if shares:
+            out.append((f"fp8 caches >= {lo} MB: share of the plain read's speed",
+                        f"min {min(shares):.1%} over {_shapes(len(shares))}"))
+    return out
 
 
 def csv_columns(peers):
