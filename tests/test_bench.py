@@ -984,3 +984,17 @@ def test_fp8_rows_summarized_against_their_bounds():
     assert bench.fp8_bounds([row()]) == []
     assert ("fp8 caches >= 512 MB: share of the plain read's speed", "min 96.7% over 1 shape") in \
         bench.summarize(rows, None)
+
+
+def test_time_sinks_catches_a_call_that_drops_them(monkeypatch):
+    monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (call(layers[0]) is not None and 3.0, "g"))
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 512, 16), torch.randn(1, 2, 512, 16)
+    ref = bench.reference(q, k, v)
+
+    def call(layer, sinks=None):
+        out = bench.reference(q, *layer)
+        return (bench.with_sinks(out, q, layer[0], sinks) if sinks is not None else out).transpose(1, 2)
+
+    assert bench.time_sinks(call, [(k, v)], q, k, ref, "fp16", 3) == dict(sinks_check="ok", sinks_us=3.0)
+    dropped = bench.time_sinks(lambda layer, sinks=None: call(layer), [(k, v)], q, k, ref, "fp16", 3)
+    assert dropped["sinks_check"].startswith("MISMATCH") and "sinks_us" not in dropped
