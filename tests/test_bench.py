@@ -998,3 +998,15 @@ def test_time_sinks_catches_a_call_that_drops_them(monkeypatch):
     assert bench.time_sinks(call, [(k, v)], q, k, ref, "fp16", 3) == dict(sinks_check="ok", sinks_us=3.0)
     dropped = bench.time_sinks(lambda layer, sinks=None: call(layer), [(k, v)], q, k, ref, "fp16", 3)
     assert dropped["sinks_check"].startswith("MISMATCH") and "sinks_us" not in dropped
+
+
+def test_quick_matrices_warm_only_flashinfer_modules_the_full_ones_use():
+    # FlashInfer compiles a module per (q dtype, cache dtype, head dim) on first use: a quick
+    # run warms modules the full run uses, and nothing else.
+    def modules(cases):
+        return {(dt, s.d) for s, dt in cases}
+    assert modules(bench.matrix_cases(bench.FP8_QUICK)) <= modules(bench.matrix_cases(bench.FP8_MATRIX))
+    serving = {(dt, kv, s.shape.d) for s, dt, kv in bench.serving_cases(bench.SERVING_MATRIX)}
+    assert {(dt, kv, s.shape.d) for s, dt, kv in bench.serving_cases(bench.SERVING_MATRIX_QUICK)} <= serving
+    fp8 = {(dt, "fp8_e4m3", d) for dt, d in modules(bench.matrix_cases(bench.FP8_MATRIX))}
+    assert {m for m in serving if m[1]} <= fp8  # the serving matrix's fp8 rows reuse the fp8 table's modules

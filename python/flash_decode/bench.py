@@ -148,7 +148,7 @@ FP8_MATRIX = [
     ("fp16", "b=8,d=64,L=32k;b=16,d=256,L=2k"),
     ("bf16", "b=1,L=32k;b=64,L=4k"),
 ]
-FP8_QUICK = [("fp16", "b=1,L=4k;b=8,L=8k"), ("bf16", "b=16,d=256,L=2k")]
+FP8_QUICK = [("fp16", "b=1,L=4k;b=8,L=8k;b=16,d=256,L=2k"), ("bf16", "b=1,L=32k")]  # FlashInfer modules: the full one's
 
 # The serving matrix (--serving-matrix): (q dtype, cache dtype or None for q's, spec); L=LO-HI
 # draws each sequence's length uniformly from [LO, HI] (seeded); 16 shapes, 3-4 min.
