@@ -1494,9 +1494,10 @@ def fp8_bounds(rows):
 
 
 def csv_columns(peers):
-    base = ["dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "check", "ours_us",
-            "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note",
-            "sweep_us", "read_us", "read_tbs", "read_pct"]
+    base = ["dtype", "kv_dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "plan_note", "check",
+            "ours_us", "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note",
+            "sweep_us", "read_us", "read_tbs", "read_pct", "same_dtype_us", "sinks_us", "sinks_check",
+            "paged16_us", "paged16_check", "fi_paged16_us", "fi_paged16_note"]
     return base + [f"{p}_{k}" for p in peers for k in ("us", "tbs", "ratio", "note")]
 
 
