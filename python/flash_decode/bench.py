@@ -761,17 +761,15 @@ def flashinfer_decodes(fi, workspace, tables, qo, layers, page, name, kv_dt=None
     return variants
 
 
-def flashinfer_variants(q, kvs, shape, dtype, kv=None):
+def flashinfer_variants(fi, workspace, q, kvs, shape, dtype, kv=None):
     """[(name, call, layers)]: FlashInfer over NHD paged views of the layers, per page
     size (16, and L: one page per sequence) and, for seqlen_q 1, with the decode
     wrapper's tensor cores off and on; for seqlen_q > 1 the causal prefill wrapper.
     q is (b, hq, sq, d), kvs the (b, hkv, L, d) layers; copies, where a layer is not
     contiguous in (b, L, hkv, d), are made here, outside the timed region."""
-    fi = import_flashinfer()
     b, hq, hkv, d, L, sq = shape
     dt, kv_dt = DTYPES[dtype], cache_dtype(dtype, kv)
     dev = q.device
-    workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=dev)
     qo = q.transpose(1, 2).reshape(b * sq, hq, d).contiguous()  # (b * sq, hq, d) rows
     ours = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in kvs]
     if not ours[0][0].is_contiguous():  # one copy per layer, as many as fit, like expanded K/V
@@ -805,14 +803,28 @@ def run_flashinfer(q, kvs, ref, shape, dtype, repeats, kv=None):
         return None, "n/a (flashinfer not installed)"
     if shape.sq > 1:
         ref = reference(q, *kvs[0], nb=ref.shape[0], causal=True)
+
+    def variants_of(fi, workspace):
+        variants = flashinfer_variants(fi, workspace, q, kvs, shape, dtype, kv)
+        if not variants:
+            raise ValueError(f"cache length {shape.L} is not a multiple of 16")
+        return variants
+    return fastest_flashinfer(variants_of, lambda out: out.view(shape.b, shape.sq, shape.hq, shape.d).transpose(1, 2),
+                              ref, dtype, repeats)
+
+
+def fastest_flashinfer(variants_of, shaped, ref, dtype, repeats):
+    """(µs or None, note): fastest_matching over variants_of(fi, workspace), FlashInfer's
+    variants built (and planned, outside the timing) there; n/a where FlashInfer does not
+    import or its variants cannot be built."""
+    fi = import_flashinfer()
+    if fi is None:
+        return None, "n/a (flashinfer not installed)"
     try:
-        variants = flashinfer_variants(q, kvs, shape, dtype, kv)
+        variants = variants_of(fi, torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=ref.device))
     except Exception as exc:  # noqa: BLE001
         return None, f"n/a ({_reason(exc)})"
-    if not variants:
-        return None, f"n/a (cache length {shape.L} is not a multiple of 16)"
-    return fastest_matching(variants, lambda out: out.view(shape.b, shape.sq, shape.hq, shape.d).transpose(1, 2),
-                            ref, dtype, repeats)
+    return fastest_matching(variants, shaped, ref, dtype, repeats)
 
 
 def fastest_matching(variants, shaped, ref, dtype, repeats):
@@ -1008,29 +1020,15 @@ def run_pool(q, lengths, page, hkv, dtype, kv, repeats, peers=(), seed=0, read=F
             out["us"] = time_kernel(call, layers, repeats)[0]
     except Exception as exc:  # noqa: BLE001 (report it, still time FlashInfer)
         out["check"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
-    if page and "flashinfer" in peers:
-        out["fi_us"], out["fi_note"] = flashinfer_on_pool(q, layers, fi_tables, page, kv_dt, stored, dtype, repeats)
+    if page and "flashinfer" in peers:  # planned on the host from the same pages and lengths
+        out["fi_us"], out["fi_note"] = fastest_flashinfer(
+            lambda fi, workspace: flashinfer_decodes(fi, workspace, [t.to(q.device) for t in fi_tables],
+                                                     q.reshape(b, hq, d), layers, page, f"page{page}", kv_dt),
+            lambda o: o.view(q.shape), stored, dtype, repeats)
     flat = layer_bytes(layers, nbytes=attended) if read and triton is not None else []
     if flat:
         out["read_us"] = time_kernel(triton_read(flat[0].numel()), flat, repeats)[0]
     return out
-
-
-def flashinfer_on_pool(q, layers, tables, page, kv_dt, ref, dtype, repeats):
-    """(µs or None, note): the faster matching FlashInfer decode (CUDA or tensor cores) over
-    layers of pages for its tables (indptr, indices, last_page_len; planned here, on the
-    host, outside the timing), against ref (q's shape, the stored values)."""
-    fi = import_flashinfer()
-    if fi is None:
-        return None, "n/a (flashinfer not installed)"
-    b, _, hq, d = q.shape
-    try:
-        workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=q.device)
-        variants = flashinfer_decodes(fi, workspace, [t.to(q.device) for t in tables], q.reshape(b, hq, d), layers,
-                                      page, f"page{page}", kv_dt)
-    except Exception as exc:  # noqa: BLE001
-        return None, f"n/a ({_reason(exc)})"
-    return fastest_matching(variants, lambda out: out.view(q.shape), ref, dtype, repeats)
 
 
 def serving_layers(shape, dtype, page, n, capacity=1):
@@ -1251,28 +1249,22 @@ def run_flashinfer_lengths(q, layers, lengths, repeats):
     """(µs or None, note): FlashInfer's decode wrapper on a --lengths batch (its page table
     from the lengths, planned on the host), pages of 16 and one page per sequence, tensor
     cores off and on: the fastest variant that matches fp32 SDPA, named in the note."""
-    fi = import_flashinfer()
-    if fi is None:
-        return None, "n/a (flashinfer not installed)"
     if min(lengths) < 1:
         return None, "n/a (a sequence without keys)"
-    b, _, hq, d = q.shape
     cap = layers[0][0].shape[1]
-    workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=q.device)
-    qo = q.reshape(b, hq, d)
-    variants = []
-    try:
+
+    def variants_of(fi, workspace):
+        variants = []
         for page in (16, cap):
             if cap % page:
                 continue
             paged = [(paged_view(k, page), paged_view(v, page)) for k, v in layers]
             tables = ragged_paged_indices(lengths, cap, page, device=q.device)
-            variants += flashinfer_decodes(fi, workspace, tables, qo, paged, page,
+            variants += flashinfer_decodes(fi, workspace, tables, q.reshape(q.shape[0], *q.shape[2:]), paged, page,
                                            "page16" if page == 16 else "one page per sequence")
-    except Exception as exc:  # noqa: BLE001
-        return None, f"n/a ({_reason(exc)})"
-    return fastest_matching(variants, lambda out: out.view(q.shape), lengths_reference(q, *layers[0], lengths),
-                            "fp16", repeats)
+        return variants
+    return fastest_flashinfer(variants_of, lambda out: out.view(q.shape), lengths_reference(q, *layers[0], lengths),
+                              "fp16", repeats)
 
 
 def run_lengths(args, log):
