@@ -1010,3 +1010,22 @@ def test_quick_matrices_warm_only_flashinfer_modules_the_full_ones_use():
     assert {(dt, kv, s.shape.d) for s, dt, kv in bench.serving_cases(bench.SERVING_MATRIX_QUICK)} <= serving
     fp8 = {(dt, "fp8_e4m3", d) for dt, d in modules(bench.matrix_cases(bench.FP8_MATRIX))}
     assert {m for m in serving if m[1]} <= fp8  # the serving matrix's fp8 rows reuse the fp8 table's modules
+
+
+def test_paged16_columns_hold_every_sequence_whole(monkeypatch):
+    seen = []
+
+    def fake_pool(q, lengths, page, hkv, dtype, kv, repeats, peers=(), seed=0, read=False):
+        seen.append((q.shape, lengths, page, hkv, dtype, kv, repeats, peers, seed, read))
+        return dict(us=31.0, layers=3, check="ok", fi_us=34.0, fi_note="page16, tensor cores, graph")
+
+    monkeypatch.setattr(bench, "run_pool", fake_pool)
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))
+    args = bench.parse_args(["--kv-dtype", "fp8_e5m2", "--paged16", "--repeats", "4", "--seed", "2"])
+    got = bench.paged16_columns(Shape(2, 32, 8, 64, 4096, 1), "bf16", "fp8_e5m2", ["flashinfer"], args)
+    assert got == dict(paged16_us=31.0, paged16_layers=3, paged16_check="ok", fi_paged16_us=34.0,
+                       fi_paged16_note="page16, tensor cores, graph")
+    assert seen == [((2, 1, 32, 64), [4096, 4096], 16, 8, "bf16", "fp8_e5m2", 4, ["flashinfer"], 2, False)]
+    assert bench.paged16_columns(Shape(2, 32, 8, 64, 4096, 4), "bf16", None, [], args) == \
+        dict(paged16_check="n/a (seqlen_q > 1)")
