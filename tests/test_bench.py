@@ -1029,3 +1029,30 @@ def test_paged16_columns_hold_every_sequence_whole(monkeypatch):
     assert seen == [((2, 1, 32, 64), [4096, 4096], 16, 8, "bf16", "fp8_e5m2", 4, ["flashinfer"], 2, False)]
     assert bench.paged16_columns(Shape(2, 32, 8, 64, 4096, 4), "bf16", None, [], args) == \
         dict(paged16_check="n/a (seqlen_q > 1)")
+
+
+def test_a_flashinfer_module_that_does_not_build_is_tried_once(monkeypatch):
+    fake, tries = FakeFlashInfer(), []
+    decode = fake.BatchDecodeWithPagedKVCacheWrapper
+
+    class Unbuilt(decode):
+        def plan(self, *args, **kw):
+            if self.tc:
+                tries.append(kw["kv_data_type"])
+                raise RuntimeError("Ninja build failed: fp8 kv with fp16 q" if len(tries) == 1 else "workspace full")
+            super().plan(*args, **kw)
+
+    fake.BatchDecodeWithPagedKVCacheWrapper = Unbuilt
+    monkeypatch.setattr(bench, "FLASHINFER_UNBUILT", {})
+    qo = torch.randn(2, 4, 8).half()
+    tables = bench.shuffled_pages([20, 5], 16)[1]
+    layers = [(torch.randn(3, 16, 2, 8).half(),) * 2]
+    for kv_dt in (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float16, torch.float16):
+        (cc, cc_call, _), (tc, tc_call, _) = bench.flashinfer_decodes(fake, torch.empty(64, dtype=torch.uint8), tables, qo, layers, 16,
+                                                                             "page16", kv_dt)
+        assert (cc, tc) == ("page16, no tensor cores", "page16, tensor cores") and cc_call(layers[0]).shape == qo.shape
+        with pytest.raises(RuntimeError):
+            tc_call(layers[0])
+    # fp8 built once and failed: not tried again; fp16 failed for another reason each time: tried each time
+    assert tries == [torch.float8_e4m3fn, torch.float16, torch.float16]
+    assert list(bench.FLASHINFER_UNBUILT.values()) == ["Ninja build failed: fp8 kv with fp16 q"]

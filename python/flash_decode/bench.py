@@ -51,6 +51,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import statistics
 import sys
 import time
@@ -749,16 +750,36 @@ def flashinfer_decode(fi, workspace, tables, heads, page, dt, tensor_cores, kv_d
     return w
 
 
+FLASHINFER_UNBUILT = {}  # (tensor cores, q dtype, cache dtype, head dim): why its module did not build
+
+
 def flashinfer_decodes(fi, workspace, tables, qo, layers, page, name, kv_dt=None):
     """[(name, call, layers)]: FlashInfer's decode wrapper, CUDA cores and tensor cores, over
-    layers of NHD pages of page keys for tables; qo (b, hq, d) in q's dtype."""
+    layers of NHD pages of page keys for tables; qo (b, hq, d) in q's dtype. A variant whose
+    plan fails gets a call that raises why, so the other still runs; a module that failed to
+    build (FlashInfer compiles it in plan) is not tried again in this process, since each
+    try costs minutes."""
     heads = (qo.shape[1], layers[0][0].shape[2], qo.shape[2])
     variants = []
     for tc in (False, True):
-        w = flashinfer_decode(fi, workspace, tables, heads, page, qo.dtype, tc, kv_dt)
-        variants.append((f"{name}, {'tensor cores' if tc else 'no tensor cores'}", lambda kv, w=w: w.run(qo, kv),
-                         layers))
+        key = (tc, qo.dtype, kv_dt or qo.dtype, heads[2])
+        try:
+            if key in FLASHINFER_UNBUILT:
+                raise RuntimeError(f"did not build before: {FLASHINFER_UNBUILT[key]}")
+            w = flashinfer_decode(fi, workspace, tables, heads, page, qo.dtype, tc, kv_dt)
+            call = lambda kv, w=w: w.run(qo, kv)  # noqa: E731
+        except Exception as exc:  # noqa: BLE001
+            if key not in FLASHINFER_UNBUILT and re.search("ninja|nvcc|compil|build", str(exc), re.I):
+                FLASHINFER_UNBUILT[key] = _reason(exc)
+            call = _raises(exc)
+        variants.append((f"{name}, {'tensor cores' if tc else 'no tensor cores'}", call, layers))
     return variants
+
+
+def _raises(exc):
+    def call(*_):
+        raise exc
+    return call
 
 
 def flashinfer_variants(fi, workspace, q, kvs, shape, dtype, kv=None):
