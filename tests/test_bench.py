@@ -684,7 +684,8 @@ def test_attended_bytes_count_keys_held_not_pages():
 
 def test_parse_serving_ranges_and_errors():
     got = bench.parse_serving("b=8,L=2k-8k; hq=8,hkv=1,b=16,L=4k;b=1/2,d=256,L=100-1536")
-    assert got == [bench.Serving(Shape(8, 32, 8, 128, 8192, 1), 2048), bench.Serving(Shape(16, 8, 1, 128, 4096, 1), 4096),
+    assert got == [bench.Serving(Shape(8, 32, 8, 128, 8192, 1), 2048),
+                   bench.Serving(Shape(16, 8, 1, 128, 4096, 1), 4096),
                    bench.Serving(Shape(1, 32, 8, 256, 1536, 1), 100), bench.Serving(Shape(2, 32, 8, 256, 1536, 1), 100)]
     assert bench.serving_label(got[0]) == "32/8 d128 b=8 L=2048-8192" and bench.serving_label(got[1]).endswith("L=4096")
     for bad in ("b=8,L=8k-2k", "b=8,L=0-5", "b=8,L=1k,sq=2", "b=8,L=1k-x", "q=1"):
@@ -842,7 +843,8 @@ def test_serving_markdown_and_summary():
 def test_table_markdown_has_the_fp8_paged_and_sinks_columns_where_measured():
     r = row(cudnn=40.0, flashinfer=33.0)
     r.update(kv_dtype="fp8_e4m3", same_dtype_us=55.0, read_us=28.0, paged16_us=31.0, fi_paged16_us=34.1,
-             fi_paged16_note="page16, no tensor cores, graph", sinks_us=30.3, flashinfer_note="page16, tensor cores, graph")
+             fi_paged16_note="page16, no tensor cores, graph", sinks_us=30.3,
+             flashinfer_note="page16, tensor cores, graph")
     plain = row(L=1024, ours=5.0, kv_mb=4.19)
     cols = bench.table_columns([r, plain], ["cudnn", "flashinfer"])
     heads = [c[0] for c in cols]
@@ -853,7 +855,8 @@ def test_table_markdown_has_the_fp8_paged_and_sinks_columns_where_measured():
                           "×FlashInfer there", "with sinks µs", "sinks / without"]
     cells = bench.markdown(cols, [r, plain]).split("\n")[2:]
     assert cells[0].startswith("| fp16 / fp8_e4m3 | 1 | 32/8 | 128 | 32768 | 1 |")
-    assert "| **30.0** |" in cells[0] and "| 0.545 |" in cells[0] and "| 1.10 (page16, tensor cores, graph) |" in cells[0]
+    assert "| **30.0** |" in cells[0] and "| 0.545 |" in cells[0]
+    assert "| 1.10 (page16, tensor cores, graph) |" in cells[0]
     assert "| 31.0 | 1.10 (page16, no tensor cores, graph) | 30.3 | 1.010 |" in cells[0]
     assert cells[1].startswith("| fp16 | 1 |") and cells[1].endswith("| – | – | – | – |")
     assert [c[0] for c in bench.table_columns([plain], ["cudnn"])][-1] == "% ceiling"  # nothing optional measured
@@ -1048,8 +1051,9 @@ def test_a_flashinfer_module_that_does_not_build_is_tried_once(monkeypatch):
     tables = bench.shuffled_pages([20, 5], 16)[1]
     layers = [(torch.randn(3, 16, 2, 8).half(),) * 2]
     for kv_dt in (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float16, torch.float16):
-        (cc, cc_call, _), (tc, tc_call, _) = bench.flashinfer_decodes(fake, torch.empty(64, dtype=torch.uint8), tables, qo, layers, 16,
-                                                                             "page16", kv_dt)
+        workspace = torch.empty(64, dtype=torch.uint8)
+        (cc, cc_call, _), (tc, tc_call, _) = bench.flashinfer_decodes(fake, workspace, tables, qo, layers, 16, "page16",
+                                                                      kv_dt)
         assert (cc, tc) == ("page16, no tensor cores", "page16, tensor cores") and cc_call(layers[0]).shape == qo.shape
         with pytest.raises(RuntimeError):
             tc_call(layers[0])

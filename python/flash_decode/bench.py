@@ -932,7 +932,8 @@ def run_case(shape, dtype, peers, args):
     ref = reference(q, *kvs[0])  # the caches' values as stored: the peers' reference (FlashInfer: no descale)
 
     def attended(nb):  # the first nb sequences' K and V as flash_decode attends them, (b, hkv, L, d) fp32
-        return [dequantized(x, fp8.get(name), nb).transpose(1, 2) for x, name in zip(ours[0], ("k_descale", "v_descale"))]
+        return [dequantized(x, fp8.get(name), nb).transpose(1, 2)
+                for x, name in zip(ours[0], ("k_descale", "v_descale"))]
     ref_ours = reference(q, *attended(len(ref))) if kv else ref
     ours_call = lambda layer, **kw: flash_decode.flash_decode(q_ours, layer[0], layer[1], **fp8, **kw)  # noqa: E731
     row["layers"] = n
@@ -1426,7 +1427,8 @@ def table_columns(rows, peers):
         cols += [("shuffled pages of 16 µs", "--:", _cell("paged16_us")),
                  ("×FlashInfer there", "---", _ratio("fi_paged16_us", "paged16_us", "{:.2f}", "fi_paged16_note"))]
     if has("sinks_us"):
-        cols += [("with sinks µs", "--:", _cell("sinks_us")), ("sinks / without", "--:", _ratio("sinks_us", "ours_us"))]
+        cols += [("with sinks µs", "--:", _cell("sinks_us")),
+                 ("sinks / without", "--:", _ratio("sinks_us", "ours_us"))]
     return cols
 
 
@@ -1434,8 +1436,11 @@ def serving_columns():
     """The serving matrix's markdown columns: per pool, µs (× the contiguous cache) and
     FlashInfer's time over flash_decode's (its faster variant named)."""
     def pool(key, name):
-        return [(f"{name} µs (× contiguous)", "--:", lambda r: f"{r[key + '_us']:.1f} ({r[key + '_vs_contiguous']:.3f})"
-                 if r.get(key + "_vs_contiguous") else str(r.get(key + "_us") or r.get(key + "_check", "–"))),
+        def timed(r):
+            if r.get(key + "_vs_contiguous"):
+                return f"{r[key + '_us']:.1f} ({r[key + '_vs_contiguous']:.3f})"
+            return str(r.get(key + "_us") or r.get(key + "_check", "–"))
+        return [(f"{name} µs (× contiguous)", "--:", timed),
                 (f"×FlashInfer, {name}", "---", _ratio(f"{key}_fi_us", f"{key}_us", "{:.3f}", f"{key}_fi_note"))]
     cols = [("dtype", "---", _dtypes), ("heads q/kv", "--:", lambda r: f"{r['hq']}/{r['hkv']}"),
             ("d", "--:", _cell("d", "{}")), ("batch", "--:", _cell("b", "{}")),
@@ -1495,7 +1500,8 @@ def fp8_bounds(rows):
     slower = [r["ours_us"] / r["same_dtype_us"] for r in rows
               if r.get("ours_us") and r.get("same_dtype_us") and 2 * r["kv_mb"] >= 256]
     if slower:
-        out.append(("fp8 over q's dtype where that cache is >= 256 MB", f"max {max(slower):.3f}x over {_shapes(len(slower))}"))
+        out.append(("fp8 over q's dtype where that cache is >= 256 MB",
+                    f"max {max(slower):.3f}x over {_shapes(len(slower))}"))
     for lo in (64, 512):
         shares = [r["read_us"] / r["ours_us"] for r in rows
                   if r.get("kv_dtype", r["dtype"]) in KV_DTYPES and r.get("read_us") and r.get("ours_us")
