@@ -475,7 +475,7 @@ def parse_args(argv=None):
                         f"of {' and '.join(map(str, SERVING_PAGES))} keys and on a contiguous cache, "
                         "flash_decode and FlashInfer on the same pools, graph-timed; 'default' (the "
                         "built-in matrix, its quick one with --quick) or specs like 'b=8,L=2k-8k' in "
-                        "--dtypes with --kv-dtype caches")
+                        "--dtypes with --kv-dtype caches; alone unless --shapes asks for the table too")
     p.add_argument("--seed", type=int, default=0, help="seed of the serving matrix's lengths and pages")
     args = p.parse_args(argv)
     if args.serving_matrix is None:
