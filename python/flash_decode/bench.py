@@ -921,7 +921,7 @@ def run_case(shape, dtype, peers, args):
     kv = args.kv_dtype
     nbytes = kv_bytes(shape, dtype, kv)
     row = dict(dtype=dtype, kv_dtype=kv or dtype, **shape._asdict(), kv_mb=round(nbytes / MB, 2))
-    if kv:  # the 0.55x question: the same shape in q's dtype, in this run, before the fp8 layers
+    if kv:  # what fp8 gains: the same shape in q's dtype, in this run, before the fp8 layers exist
         row["same_dtype_us"] = time_in_q_dtype(shape, dtype, args)
         settle(args.settle)
     n = layer_count(nbytes, torch.cuda.mem_get_info()[0])
