@@ -53,7 +53,7 @@ func TestInvariantPlanAcrossBatches(t *testing.T) {
 	}{
 		{"GQA 4 d128 f16", Shape{DType: Float16, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128}},
 		{"MQA d64 bf16, 4 tokens", Shape{DType: BFloat16, SeqlenQ: 4, HeadsQ: 16, HeadsKV: 1, HeadDim: 64}},
-		{"GQA 8 d256, 4 tokens (32 rows)", Shape{DType: Float16, SeqlenQ: 4, HeadsQ: 64, HeadsKV: 8, HeadDim: 256}},
+		{"GQA 8 d256, 4 tokens (2 row tiles)", Shape{DType: Float16, SeqlenQ: 4, HeadsQ: 64, HeadsKV: 8, HeadDim: 256}},
 		{"paged", Shape{DType: Float16, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, Serving: true, Paged: true}},
 		{"paged, appending 2", Shape{DType: BFloat16, SeqlenQ: 2, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, Serving: true, Paged: true, SeqlenNew: 2}},
 		{"serving, 32-row, window", Shape{DType: Float16, SeqlenQ: 4, HeadsQ: 64, HeadsKV: 8, HeadDim: 128, Serving: true, WindowKeys: 1029}},

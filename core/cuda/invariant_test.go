@@ -41,7 +41,7 @@ func TestInvariantBitsAcrossBatches(t *testing.T) {
 		{name: "f16 d128 GQA 4, 9 splits", dt: f16, seqlenQ: 1, headsQ: 8, headsKV: 2, headDim: 128, length: 4500},
 		{name: "bf16 d64 MQA 3 tokens causal, one split", dt: bf16, seqlenQ: 3, headsQ: 8, headsKV: 1, headDim: 64, length: 700, causal: true},
 		{name: "f16 d128 paged 16, GQA 8 2 tokens", dt: f16, seqlenQ: 2, headsQ: 16, headsKV: 2, headDim: 128, length: 9000, pageSize: 16, causal: true},
-		{name: "bf16 d256 paged 64, 32 rows", dt: bf16, seqlenQ: 4, headsQ: 16, headsKV: 2, headDim: 256, length: 3333, pageSize: 64},
+		{name: "bf16 d256 paged 64, 32 rows in 2 row tiles", dt: bf16, seqlenQ: 4, headsQ: 16, headsKV: 2, headDim: 256, length: 3333, pageSize: 64},
 	}
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, c := range cases {
