@@ -50,11 +50,8 @@ def layers_of(b, hq, hkv, d, L, sq, page):
 def time_us(lens, layers, invariant):
     call = lambda: [flash_decode.flash_decode(q, k, v, cache_seqlens=lens, block_table=t, causal=True,
                                               batch_invariant=invariant) for q, k, v, t in layers]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
+    call()  # plans and module loads before the capture
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
