@@ -186,3 +186,28 @@ func (c invariantCase) run(t *testing.T, r *rand.Rand, run invariantRun, q, k, v
 	download(t, cu.DevicePtr(p.LSE)+cu.DevicePtr(4*run.pos*len(lse)), lse)
 	return out, lse
 }
+
+// TestInvariantParams: a batch-invariant plan hands the kernels its tile
+// budget, MaxSplits, stage 1's tile keys and a window's cap, and no other
+// mode's fields; other plans leave the budget 0.
+func TestInvariantParams(t *testing.T) {
+	for _, tc := range launchCases() {
+		p := tc.p
+		pl, err := core.MakePlan(p.PlanShape(), core.H200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := params(&p, &pl, 10<<30)
+		if !p.BatchInvariant {
+			if k.invariant_tiles != 0 {
+				t.Errorf("%s: invariant_tiles %d without batch_invariant", tc.name, k.invariant_tiles)
+			}
+			continue
+		}
+		if int(k.invariant_tiles) != pl.InvariantTiles || int(k.invariant_max_splits) != core.MaxSplits ||
+			int(k.balance_tile_keys) != pl.Variant.KeysPerTile || k.balance_splits != 0 || k.whole_items != 0 ||
+			int(k.num_splits) != pl.NumSplits || int(k.invariant_span_tiles) != pl.InvariantSpanTiles {
+			t.Errorf("%s: params %+v for plan %v", tc.name, k, pl)
+		}
+	}
+}
