@@ -23,11 +23,11 @@
 // blocks work out their sequence, item and split from all the lengths once
 // they are released. With batch-invariant splits (p.invariant_tiles > 0,
 // balance.cuh) the 3-D grid stays, and each block deals its sequence's
-// tiles by that sequence's own split count, exiting past it. KEYS (keys per tile) =
-// 8192 / D, so one tile of K plus one of V is always 32 KiB; a warp owns 16
-// keys of a tile (32 at D 64, two groups of 16: see kKeyGroups), and at D
-// 256 two warps share each 16 keys, one per half of the output columns (see
-// kDimSplit):
+// tiles by that sequence's own split count, exiting past it.
+// KEYS (keys per tile) = 8192 / D, so one tile of K plus one of V is always
+// 32 KiB; a warp owns 16 keys of a tile (32 at D 64, two groups of 16: see
+// kKeyGroups), and at D 256 two warps share each 16 keys, one per half of
+// the output columns (see kDimSplit):
 //     D  64: 128 keys, 4 warps (32 keys each), 128 threads
 //     D 128:  64 keys, 4 warps, 128 threads
 //     D 256:  32 keys, 4 warps (2 x 2 halves of D), 128 threads
