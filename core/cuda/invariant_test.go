@@ -118,8 +118,19 @@ func (c invariantCase) run(t *testing.T, r *rand.Rand, run invariantRun, q, k, v
 		s.Seqlen = c.length
 	}
 	qRow, row := c.seqlenQ*c.headsQ*c.headDim, c.headsKV*c.headDim
+	// The batch's caches are large: freed as the call returns, not as the test ends.
+	var held []cu.DevicePtr
+	defer func() {
+		for _, p := range held {
+			cu.MemFree(p)
+		}
+	}()
 	fill := func(n int, at int, x []float32) cu.DevicePtr {
-		p := upload(t, make([]uint16, n))
+		p, err := cu.MemAlloc(int64(max(2*n, 256)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
 		if err := cu.MemsetD16(p, 0x3c00, int64(n)); err != nil { // a constant (1.0 in fp16)
 			t.Fatal(err)
 		}
