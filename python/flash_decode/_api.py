@@ -48,7 +48,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                  rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
                  num_splits: int = 0, return_softmax_lse: bool = False, out: torch.Tensor | None = None,
-                 max_seqlen_k: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                 max_seqlen_k: int | None = None,
+                 batch_invariant: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
     FlashAttention 2's ``flash_attn_with_kvcache``, same names and meanings. Runs on q's device's current
@@ -73,6 +74,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return_softmax_lse: also return each row's natural-log LSE.
         out: a tensor of q's shape, dtype and device to write into.
         max_seqlen_k: with a cache_seqlens tensor, a bound on the keys a sequence attends, planned for.
+        batch_invariant: a sequence's result bits depend only on its own inputs, never on the batch, the
+            other lengths or the GPU (with num_splits=0; max_seqlen_k, if given, must bound every length).
 
     Returns:
         out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32 (batch, nheads_q, seqlen_q).
@@ -94,7 +97,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if _is_compiling():
         return _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k)
+                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant)
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
              and window_size == (-1, -1))
@@ -107,6 +110,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                cache_seqlens if cache_seqlens is None else int if type(cache_seqlens) is int else
                (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.get_device()),
                type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
+               type(batch_invariant), batch_invariant,
                None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
         if not plain:
             sig += (*map(_sig, (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
@@ -122,7 +126,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if entry is None:
         entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                         rotary_interleaved, alibi_slopes, num_splits, out)
+                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant)
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -184,11 +188,11 @@ def _sig(t):
 
 def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-             out):
+             out, batch_invariant=False):
     """Check a call, have the core prepare its layout and keep what later calls need under sig."""
     fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-                     num_splits, out)
+                     num_splits, out, batch_invariant)
     device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
                             rotary_sin=rotary_sin, cache_seqlens=cache_seqlens if fields["device_lengths"] else None,
                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
@@ -222,7 +226,7 @@ def _handle(native, fields, device):
 
 def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            out):
+            out, batch_invariant=False):
     """Check what only Python sees in a call (but the devices) and return its layout fields."""
     _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
     dims = "(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else \
@@ -255,6 +259,9 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
                   q=q.stride(), k_cache=k_cache.stride(), v_cache=v_cache.stride(),
                   out=_contiguous(q.shape) if out is None else out.stride(),
                   window_left=left, window_right=right, softcap=_float("softcap", softcap))
+    _check_bool("batch_invariant", batch_invariant)
+    if batch_invariant:
+        fields.update(batch_invariant=1)
     if block_table is not None:
         _index("block_table", block_table, batch, table=True)
         pages = block_table.shape[1]
@@ -302,11 +309,12 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
 
 def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            return_softmax_lse, out, max_seqlen_k):
+            return_softmax_lse, out, max_seqlen_k, batch_invariant=False):
     """flash_decode while torch.compile traces: the eager call's first checks (the ops' schemas would
     turn True into 1, and out= is a copy that would cast or broadcast), then an op."""
     _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out)
+            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
+            batch_invariant)
     _check_lengths(cache_seqlens, max_seqlen_k)
     if out is not None and out.device != q.device:
         raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
@@ -315,12 +323,12 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if k is None and rotary_cos is None:
         result, lse = torch.ops.flash_decode.decode(
             q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k)
+            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant)
     else:
         result, lse = torch.ops.flash_decode.decode_append(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            max_seqlen_k)
+            max_seqlen_k, batch_invariant)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result
@@ -330,7 +338,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
          dtype: torch.dtype = torch.float16, num_splits: int = 0, device: int | str | torch.device | None = None,
          seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
          window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0,
-         lengths: bool = False) -> dict[str, Any]:
+         lengths: bool = False, batch_invariant: bool = False) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes on a device, from the Go
     core: the split count num_splits=0 picks, the grid, the kernels and the workspace.
     The full reference is docs/api.md.
@@ -347,6 +355,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         rotary: rotary tables given (with seqlen_new).
         page_size: > 0: a paged cache of pages of that many keys.
         lengths: the call passes a cache_seqlens tensor.
+        batch_invariant: as in :func:`flash_decode` (the plan then has ``invariant_tiles``).
 
     Returns:
         dict: the core's plan (``num_splits``, ``grid``, ``cluster``, ``workspace_bytes``, ``kernel``, ...).
@@ -368,12 +377,14 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     left, right = _window(window_size)
     if seqlen is not None and _check_int("seqlen", seqlen) < 0:  # to the core, -1 is the whole cache
         raise ValueError(f"seqlen={seqlen} must not be negative (None: the whole cache)")
-    for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
+    for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths),
+                       ("batch_invariant", batch_invariant)):
         _check_bool(name, flag)
     q, cache = _contiguous((batch, seqlen_q, heads_q, head_dim)), _contiguous((batch, seqlen_cache, heads_kv, head_dim))
     fields = dict(dtype=_DTYPES[dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
                   head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=num_splits, device_lengths=int(lengths),
-                  q=q, k_cache=cache, v_cache=cache, out=q, window_left=left, window_right=right, page_size=page_size)
+                  q=q, k_cache=cache, v_cache=cache, out=q, window_left=left, window_right=right, page_size=page_size,
+                  batch_invariant=int(batch_invariant))
     if page_size > 0:
         pages, paged = -(-seqlen_cache // page_size), (page_size * cache[1], *cache[1:])
         fields.update(seqlen_cache=pages * page_size, num_pages=batch * pages, max_pages=pages, block_table=(pages, 1),
