@@ -18,6 +18,7 @@
 
 #include "params.h"
 #include "ptx.cuh"
+#include "sinks.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
 
@@ -25,7 +26,8 @@
 // (n <= KMAX) with the combine's formula
 //     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s:
 // lse2_of(s) gives block s's base-2 LSE of the row, o_of(s) its normalized
-// output there; writes out (and lse). Both forms below use it.
+// output there; writes out (and lse), the row's sink joined to the merged
+// state first (sinks.cuh). Both forms below use it.
 template <typename T, int KMAX, typename LseOf, typename OOf>
 __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n, int b, int kv_head, int r, int d,
                                                       LseOf lse2_of, OOf o_of) {
@@ -48,15 +50,15 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
             acc = fd_fma4(acc, w, x);
         }
     }
-    acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
     const int head = kv_head * p.group + r / p.seqlen_q;
+    acc = fd_scale4(acc, fd_sink_norm(p, p.sinks != 0, head, st));  // no visible key: output 0
     const int qi = r % p.seqlen_q;
     T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
              head * p.out_head_stride + d;
     fd_store4(out, acc);
     if (d == 0 && p.lse != 0)
         fd_ptr<float>(p.lse)[(b * p.heads_q + head) * p.seqlen_q + qi] =
-            st.d == 0.f ? -CUDART_INF_F : (off + log2f(st.d)) * CUDART_LN2_F;  // NaN stays NaN (state.cuh)
+            fd_state_lse2(st) * CUDART_LN2_F;  // NaN stays NaN (state.cuh)
 }
 
 // The pull form, for variants without kPushMerge: each block has parked its

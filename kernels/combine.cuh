@@ -9,8 +9,9 @@
 //     out = sum_s exp(lse_s - lse) * o_s
 // through the shared softmax state (state.cuh): each split is the state
 // (lse_s * log2 e, 1), empty when lse_s = -inf. A row whose splits are all
-// empty gets out = 0 and lse = -inf. It writes out in q's dtype through the
-// out strides, and lse when p.lse is not 0.
+// empty gets out = 0 and lse = -inf. With sinks, the row's sink joins its
+// merged state before it is normalized (sinks.cuh). It writes out in q's
+// dtype through the out strides, and lse when p.lse is not 0.
 //
 // Launch shape. One block of 4 warps per output row: grid batch * heads_q *
 // seqlen_q (core/variants.go CombineRows = 1), or only the rows from
@@ -51,6 +52,7 @@
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
+#include "sinks.cuh"
 #include "state.cuh"
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
@@ -84,11 +86,14 @@ __device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLIC
         [](const float4 &x) { return x; });
 }
 
-// Where output row `row` (batch, query head, query token) goes in out.
+// The query head of output row `row` (batch, query head, query token).
+__device__ __forceinline__ int fd_combine_head(const fd_params &p, int row) { return row / p.seqlen_q % p.heads_q; }
+
+// Where output row `row` goes in out.
 template <typename T>
 __device__ __forceinline__ T *fd_combine_out(const fd_params &p, int row) {
     const int b = row / (p.heads_q * p.seqlen_q);
-    const int head = row / p.seqlen_q % p.heads_q;
+    const int head = fd_combine_head(p, row);
     const int qi = row % p.seqlen_q;
     return fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride + head * p.out_head_stride;
 }
@@ -140,7 +145,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
             acc[i] = fd_axpby4(acc[i], sa, o, sb);
         }
     }
-    const float inv = fd_state_norm(st);  // every split empty: output 0
+    const float inv = fd_sink_norm(p, p.sinks != 0, fd_combine_head(p, row), st);  // every split empty: output 0
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
@@ -181,7 +186,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
     FD_TRACE(3);  // (no warps to meet)
     const int lane = threadIdx.x % 32;
-    const float inv = fd_state_norm(st);  // every split empty: output 0
+    const float inv = fd_sink_norm(p, p.sinks != 0, fd_combine_head(p, row), st);  // every split empty: output 0
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
@@ -269,7 +274,8 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
         fd_state_merge(st, part[w], sa, sb);
         acc[0] = fd_axpby4(acc[0], sa, sum[w][lane], sb);
     }
-    if (live_col) fd_store4(out + d, fd_scale4(acc[0], fd_state_norm(st)));  // every split empty: 0
+    const float inv = fd_sink_norm(p, p.sinks != 0, fd_combine_head(p, row), st);  // every split empty: output 0
+    if (live_col) fd_store4(out + d, fd_scale4(acc[0], inv));
     if (lane == 0 && d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 

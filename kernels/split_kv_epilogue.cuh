@@ -4,7 +4,8 @@
 // LSE (one split), the fp32 partials and their LSE for the combine (reduce
 // path 1, combine.cuh; partials.cuh), or, in a cluster launch, the rows
 // parked or pushed for the merge inside the cluster (reduce path 2,
-// cluster_merge.cuh), which the block runs next.
+// cluster_merge.cuh), which the block runs next. A row it writes itself
+// gets its sink there (sinks.cuh); partials and parked rows go without.
 #ifndef FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 #define FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 
@@ -12,6 +13,7 @@
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
+#include "sinks.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
 
@@ -68,6 +70,8 @@ struct fd_split_kv_write {
     template <typename BY_ROW>
     __device__ __forceinline__ void operator()(BY_ROW by_row) const {
         constexpr bool kByRow = decltype(by_row)::value;
+        const bool direct = !clustered && (p.o_partial == 0 || num_splits == 1);  // out and lse written here
+        const bool sink = p.sinks != 0 && direct;
         if constexpr (kByRow) {
             if (threadIdx.x < ROWS) {
                 const int row = threadIdx.x;
@@ -81,7 +85,9 @@ struct fd_split_kv_write {
                     wt[w] = exp2f(sm[w * ROWS + row] - off);
                     st.d += sl[w * ROWS + row] * wt[w];
                 }
-                const float inv = fd_state_norm(st);  // no visible key: output 0
+                const int r = row0 + row;
+                const int head = kv_head * p.group + r / p.seqlen_q;
+                const float inv = fd_sink_norm(p, sink && r < packed_rows, head, st);  // no visible key: output 0
 #pragma unroll
                 for (int w = 0; w < C::kKeyWarps; ++w) sw[row * C::kKeyWarps + w] = wt[w] * inv;
                 slse[row] = fd_state_lse2(st);
@@ -119,7 +125,7 @@ struct fd_split_kv_write {
                     fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
                     acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
                 }
-                acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
+                acc = fd_scale4(acc, fd_sink_norm(p, sink, kv_head * p.group + r / p.seqlen_q, st));  // no key: 0
             }
             if (push) {
                 fd_cluster_push<D, ROWS>(&merge_bar, cluster_n, rank, per_block, idx, row, acc, fd_state_lse2(st));
@@ -134,7 +140,7 @@ struct fd_split_kv_write {
             const int head = kv_head * p.group + r / p.seqlen_q;
             const int qi = r % p.seqlen_q;
             const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
-            if (p.o_partial == 0 || num_splits == 1) {
+            if (direct) {
                 T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
                          head * p.out_head_stride + d;
                 fd_store4(out, acc);
