@@ -137,7 +137,7 @@ func TestLayoutProblemErrors(t *testing.T) {
 		{"the core's: rotary dim", func(l *Layout) { l.RotaryDim = 24 }, "rotary_dim", ErrUnsupported},
 		{"an fp8 cache", func(l *Layout) { l.KVDType = int64(Float8E4M3) }, "kv_dtype", ErrUnsupported},
 		{"a descale value", func(l *Layout) { l.VDescaleValue = 2 }, "k_descale", ErrUnsupported},
-		{"sinks", func(l *Layout) { l.Sinks = 1 }, "sinks", ErrUnsupported},
+		{"sinks 2", func(l *Layout) { l.Sinks = 2 }, "sinks", ErrInvalid},
 		{"batch invariant", func(l *Layout) { l.BatchInvariant = 1 }, "batch_invariant", ErrUnsupported},
 	} {
 		l := servingLayout()
