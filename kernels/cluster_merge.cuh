@@ -26,20 +26,22 @@
 // (n <= KMAX) with the combine's formula
 //     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s:
 // lse2_of(s) gives block s's base-2 LSE of the row, o_of(s) its normalized
-// output there; writes out (and lse), the row's sink joined to the merged
-// state first (sinks.cuh). Both forms below use it.
+// output there; writes out (and lse). The merge starts from the row's sink
+// (sinks.cuh), a term 2^(sink - m) in the sum. Both forms below use it.
 template <typename T, int KMAX, typename LseOf, typename OOf>
 __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n, int b, int kv_head, int r, int d,
                                                       LseOf lse2_of, OOf o_of) {
+    const int head = kv_head * p.group + r / p.seqlen_q;
+    const float sink2 = fd_sink2(p, p.sinks != 0, head);  // -inf: none
     float lse2[KMAX];
-    float m = -CUDART_INF_F;
+    float m = sink2;
 #pragma unroll
     for (int s = 0; s < KMAX; ++s) {
         lse2[s] = s < n ? lse2_of(s) : -CUDART_INF_F;
         m = fmaxf(m, lse2[s]);
     }
     const float off = fd_state_offset(m);
-    fd_state st{m, 0.f};
+    fd_state st{m, exp2f(sink2 - off)};  // the sink's term: 0 without one
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < KMAX; ++s) {
@@ -50,15 +52,14 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
             acc = fd_fma4(acc, w, x);
         }
     }
-    const int head = kv_head * p.group + r / p.seqlen_q;
-    acc = fd_scale4(acc, fd_sink_norm(p, p.sinks != 0, head, st));  // no visible key: output 0
+    acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
     const int qi = r % p.seqlen_q;
     T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
              head * p.out_head_stride + d;
     fd_store4(out, acc);
     if (d == 0 && p.lse != 0)
         fd_ptr<float>(p.lse)[(b * p.heads_q + head) * p.seqlen_q + qi] =
-            fd_state_lse2(st) * CUDART_LN2_F;  // NaN stays NaN (state.cuh)
+            st.d == 0.f ? -CUDART_INF_F : (off + log2f(st.d)) * CUDART_LN2_F;  // NaN stays NaN (state.cuh)
 }
 
 // The pull form, for variants without kPushMerge: each block has parked its

@@ -9,9 +9,9 @@
 //     out = sum_s exp(lse_s - lse) * o_s
 // through the shared softmax state (state.cuh): each split is the state
 // (lse_s * log2 e, 1), empty when lse_s = -inf. A row whose splits are all
-// empty gets out = 0 and lse = -inf. With sinks, the row's sink joins its
-// merged state before it is normalized (sinks.cuh). It writes out in q's
-// dtype through the out strides, and lse when p.lse is not 0.
+// empty gets out = 0 and lse = -inf. With sinks, the merge starts from the
+// row's sink (sinks.cuh). It writes out in q's dtype through the out
+// strides, and lse when p.lse is not 0.
 //
 // Launch shape. One block of 4 warps per output row: grid batch * heads_q *
 // seqlen_q (core/variants.go CombineRows = 1), or only the rows from
@@ -108,6 +108,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     T *out = fd_combine_out<T>(p, row);
+    const int head = fd_combine_head(p, row);  // its sink's (sinks.cuh)
     const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);  // split s at lse_s[s * partial_rows]
     const float *o_row = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim;  // split s at + s * partial_rows * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
@@ -118,8 +119,9 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     if (BALANCED && count < 2) return;  // a row of one split: stage 1 wrote it
 
     // Warp w merges splits w, w + WARPS, ... into its own state and columns,
-    // so 8 * WARPS splits cost a single round trip to L2.
-    fd_state st = fd_state_empty();
+    // so 8 * WARPS splits cost a single round trip to L2; warp 0 starts from
+    // the row's sink.
+    fd_state st = fd_sink_state(fd_sink2(p, p.sinks != 0 && warp == 0, head));
     float4 acc[kSlices];
     fd_combine_fold(st, acc, p, lse_s, o_row, partial_rows, warp, WARPS, count);
 
@@ -145,7 +147,7 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
             acc[i] = fd_axpby4(acc[i], sa, o, sb);
         }
     }
-    const float inv = fd_sink_norm(p, p.sinks != 0, fd_combine_head(p, row), st);  // every split empty: output 0
+    const float inv = fd_state_norm(st);  // every split empty: output 0
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
@@ -170,6 +172,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     const int row = p.combine_row0 + blockIdx.x * WARPS + threadIdx.x / 32;  // a warp's row
     const bool live_row = fd_partial_row(p, row) < partial_rows;
     T *out = fd_combine_out<T>(p, row);
+    const int head = fd_combine_head(p, row);  // its sink's (sinks.cuh)
     const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);
     const float *o_row = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim;
     fd_touch_params(out, lse_s, o_row, p.num_splits);
@@ -180,13 +183,13 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     if (!live_row) return;
     if (BALANCED && count < 2) return;
 
-    fd_state st = fd_state_empty();
+    fd_state st = fd_sink_state(fd_sink2(p, p.sinks != 0, head));  // the row's sink, or empty
     float4 acc[kSlices];
     fd_combine_fold(st, acc, p, lse_s, o_row, partial_rows, 0, 1, count);
     FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
     FD_TRACE(3);  // (no warps to meet)
     const int lane = threadIdx.x % 32;
-    const float inv = fd_sink_norm(p, p.sinks != 0, fd_combine_head(p, row), st);  // every split empty: output 0
+    const float inv = fd_state_norm(st);  // every split empty: output 0
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
@@ -225,6 +228,7 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     const int d = blockIdx.x % groups * FD_COMBINE_COLS + lane % kLanes * 4;  // this lane's 4 columns
     const bool live_col = d < p.head_dim;
     T *out = fd_combine_out<T>(p, row);
+    const int head = fd_combine_head(p, row);  // its sink's (sinks.cuh)
     const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);
     const float *o_col = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim + d;
     fd_touch_params(out, lse_s, o_col, p.num_splits);
@@ -234,7 +238,8 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
     if (BALANCED && count < 2) return;
 
-    fd_state st = fd_state_empty();
+    // The lanes of warp 0's first split (sub 0) start from the row's sink.
+    fd_state st = fd_sink_state(fd_sink2(p, p.sinks != 0 && warp == 0 && lane < kLanes, head));
     float4 acc[1] = {make_float4(0.f, 0.f, 0.f, 0.f)};
     fd_fold_states<FD_COMBINE_UNROLL, 1, false, float4>(
         st, acc, warp * kSubs + lane / kLanes, count, WARPS * kSubs,
@@ -274,8 +279,7 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
         fd_state_merge(st, part[w], sa, sb);
         acc[0] = fd_axpby4(acc[0], sa, sum[w][lane], sb);
     }
-    const float inv = fd_sink_norm(p, p.sinks != 0, fd_combine_head(p, row), st);  // every split empty: output 0
-    if (live_col) fd_store4(out + d, fd_scale4(acc[0], inv));
+    if (live_col) fd_store4(out + d, fd_scale4(acc[0], fd_state_norm(st)));  // every split empty: 0
     if (lane == 0 && d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 

@@ -5,7 +5,8 @@
 // path 1, combine.cuh; partials.cuh), or, in a cluster launch, the rows
 // parked or pushed for the merge inside the cluster (reduce path 2,
 // cluster_merge.cuh), which the block runs next. A row it writes itself
-// gets its sink there (sinks.cuh); partials and parked rows go without.
+// starts its merge from its sink (sinks.cuh); partials and parked rows
+// from the empty state.
 #ifndef FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 #define FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 
@@ -71,23 +72,31 @@ struct fd_split_kv_write {
     __device__ __forceinline__ void operator()(BY_ROW by_row) const {
         constexpr bool kByRow = decltype(by_row)::value;
         const bool direct = !clustered && (p.o_partial == 0 || num_splits == 1);  // out and lse written here
-        const bool sink = p.sinks != 0 && direct;
+        if constexpr (!kByRow) {
+            if (p.sinks != 0 && direct) {  // rows with sinks merge by row: the sink joins once a row
+                (*this)(fd_bool<true>{});
+                return;
+            }
+        }
         if constexpr (kByRow) {
             if (threadIdx.x < ROWS) {
                 const int row = threadIdx.x;
-                fd_state st = fd_state_empty();
+                const int r = row0 + row;
+                const int head = kv_head * p.group + r / p.seqlen_q;
+                // A row written here starts from its sink (-inf: none).
+                const float sink2 = fd_sink2(p, p.sinks != 0 && direct && r < packed_rows, head);
+                fd_state st{sink2, 0.f};
 #pragma unroll
                 for (int w = 0; w < C::kKeyWarps; ++w) st.m = fmaxf(st.m, sm[w * ROWS + row]);
                 const float off = fd_state_offset(st.m);
+                st.d = exp2f(sink2 - off);  // the sink's term: 0 without one
                 float wt[C::kKeyWarps];
 #pragma unroll
                 for (int w = 0; w < C::kKeyWarps; ++w) {
                     wt[w] = exp2f(sm[w * ROWS + row] - off);
                     st.d += sl[w * ROWS + row] * wt[w];
                 }
-                const int r = row0 + row;
-                const int head = kv_head * p.group + r / p.seqlen_q;
-                const float inv = fd_sink_norm(p, sink && r < packed_rows, head, st);  // no visible key: output 0
+                const float inv = fd_state_norm(st);  // no visible key: output 0
 #pragma unroll
                 for (int w = 0; w < C::kKeyWarps; ++w) sw[row * C::kKeyWarps + w] = wt[w] * inv;
                 slse[row] = fd_state_lse2(st);
@@ -125,7 +134,7 @@ struct fd_split_kv_write {
                     fd_state_merge(st, fd_state{sm[wr], sl[wr]}, sa, sb);
                     acc = fd_axpby4(acc, sa, *reinterpret_cast<const float4 *>(so + wr * C::kMergeStride + d), sb);
                 }
-                acc = fd_scale4(acc, fd_sink_norm(p, sink, kv_head * p.group + r / p.seqlen_q, st));  // no key: 0
+                acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
             }
             if (push) {
                 fd_cluster_push<D, ROWS>(&merge_bar, cluster_n, rank, per_block, idx, row, acc, fd_state_lse2(st));
