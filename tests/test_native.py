@@ -42,7 +42,7 @@ def test_public_api():
                         ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
                         ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
                         ("num_splits", 0), ("return_softmax_lse", False), ("out", None),
-                        ("max_seqlen_k", None)]
+                        ("max_seqlen_k", None), ("sinks", None)]
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
