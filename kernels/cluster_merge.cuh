@@ -18,7 +18,6 @@
 
 #include "params.h"
 #include "ptx.cuh"
-#include "sinks.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
 
@@ -26,22 +25,19 @@
 // (n <= KMAX) with the combine's formula
 //     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s:
 // lse2_of(s) gives block s's base-2 LSE of the row, o_of(s) its normalized
-// output there; writes out (and lse). The merge starts from the row's sink
-// (sinks.cuh), a term 2^(sink - m) in the sum. Both forms below use it.
+// output there; writes out (and lse). Both forms below use it.
 template <typename T, int KMAX, typename LseOf, typename OOf>
 __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n, int b, int kv_head, int r, int d,
                                                       LseOf lse2_of, OOf o_of) {
-    const int head = kv_head * p.group + r / p.seqlen_q;
-    const float sink2 = fd_sink2(p, p.sinks != 0, head);  // -inf: none
     float lse2[KMAX];
-    float m = sink2;
+    float m = -CUDART_INF_F;
 #pragma unroll
     for (int s = 0; s < KMAX; ++s) {
         lse2[s] = s < n ? lse2_of(s) : -CUDART_INF_F;
         m = fmaxf(m, lse2[s]);
     }
     const float off = fd_state_offset(m);
-    fd_state st{m, exp2f(sink2 - off)};  // the sink's term: 0 without one
+    fd_state st{m, 0.f};
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < KMAX; ++s) {
@@ -53,6 +49,7 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
         }
     }
     acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
+    const int head = kv_head * p.group + r / p.seqlen_q;
     const int qi = r % p.seqlen_q;
     T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
              head * p.out_head_stride + d;

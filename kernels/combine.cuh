@@ -9,9 +9,8 @@
 //     out = sum_s exp(lse_s - lse) * o_s
 // through the shared softmax state (state.cuh): each split is the state
 // (lse_s * log2 e, 1), empty when lse_s = -inf. A row whose splits are all
-// empty gets out = 0 and lse = -inf. With sinks, the merge starts from the
-// row's sink (sinks.cuh). It writes out in q's dtype through the out
-// strides, and lse when p.lse is not 0.
+// empty gets out = 0 and lse = -inf. It writes out in q's dtype through the
+// out strides, and lse when p.lse is not 0.
 //
 // Launch shape. One block of 4 warps per output row: grid batch * heads_q *
 // seqlen_q (core/variants.go CombineRows = 1), or only the rows from
@@ -52,7 +51,6 @@
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
-#include "sinks.cuh"
 #include "state.cuh"
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
@@ -86,14 +84,11 @@ __device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLIC
         [](const float4 &x) { return x; });
 }
 
-// The query head of output row `row` (batch, query head, query token).
-__device__ __forceinline__ int fd_combine_head(const fd_params &p, int row) { return row / p.seqlen_q % p.heads_q; }
-
-// Where output row `row` goes in out.
+// Where output row `row` (batch, query head, query token) goes in out.
 template <typename T>
 __device__ __forceinline__ T *fd_combine_out(const fd_params &p, int row) {
     const int b = row / (p.heads_q * p.seqlen_q);
-    const int head = fd_combine_head(p, row);
+    const int head = row / p.seqlen_q % p.heads_q;
     const int qi = row % p.seqlen_q;
     return fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride + head * p.out_head_stride;
 }
@@ -108,7 +103,6 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     T *out = fd_combine_out<T>(p, row);
-    const int head = fd_combine_head(p, row);  // its sink's (sinks.cuh)
     const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);  // split s at lse_s[s * partial_rows]
     const float *o_row = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim;  // split s at + s * partial_rows * head_dim
     fd_touch_params(out, lse_s, o_row, p.num_splits);  // argument loads overlap the wait (ptx.cuh)
@@ -119,9 +113,8 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
     if (BALANCED && count < 2) return;  // a row of one split: stage 1 wrote it
 
     // Warp w merges splits w, w + WARPS, ... into its own state and columns,
-    // so 8 * WARPS splits cost a single round trip to L2; warp 0 starts from
-    // the row's sink.
-    fd_state st = fd_sink_state(fd_sink2(p, p.sinks != 0 && warp == 0, head));
+    // so 8 * WARPS splits cost a single round trip to L2.
+    fd_state st = fd_state_empty();
     float4 acc[kSlices];
     fd_combine_fold(st, acc, p, lse_s, o_row, partial_rows, warp, WARPS, count);
 
@@ -172,7 +165,6 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     const int row = p.combine_row0 + blockIdx.x * WARPS + threadIdx.x / 32;  // a warp's row
     const bool live_row = fd_partial_row(p, row) < partial_rows;
     T *out = fd_combine_out<T>(p, row);
-    const int head = fd_combine_head(p, row);  // its sink's (sinks.cuh)
     const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);
     const float *o_row = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim;
     fd_touch_params(out, lse_s, o_row, p.num_splits);
@@ -183,7 +175,7 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     if (!live_row) return;
     if (BALANCED && count < 2) return;
 
-    fd_state st = fd_sink_state(fd_sink2(p, p.sinks != 0, head));  // the row's sink, or empty
+    fd_state st = fd_state_empty();
     float4 acc[kSlices];
     fd_combine_fold(st, acc, p, lse_s, o_row, partial_rows, 0, 1, count);
     FD_TRACE(2);  // dev/trace/trace.cu: the loads have landed and are merged
@@ -228,7 +220,6 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     const int d = blockIdx.x % groups * FD_COMBINE_COLS + lane % kLanes * 4;  // this lane's 4 columns
     const bool live_col = d < p.head_dim;
     T *out = fd_combine_out<T>(p, row);
-    const int head = fd_combine_head(p, row);  // its sink's (sinks.cuh)
     const float *lse_s = fd_ptr<float>(p.lse_partial) + fd_partial_row(p, row);
     const float *o_col = fd_ptr<float>(p.o_partial) + (long long)fd_partial_row(p, row) * p.head_dim + d;
     fd_touch_params(out, lse_s, o_col, p.num_splits);
@@ -238,8 +229,7 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
     if (p.combine_early_dependents) fd_pdl_launch_dependents();
     if (BALANCED && count < 2) return;
 
-    // The lanes of warp 0's first split (sub 0) start from the row's sink.
-    fd_state st = fd_sink_state(fd_sink2(p, p.sinks != 0 && warp == 0 && lane < kLanes, head));
+    fd_state st = fd_state_empty();
     float4 acc[1] = {make_float4(0.f, 0.f, 0.f, 0.f)};
     fd_fold_states<FD_COMBINE_UNROLL, 1, false, float4>(
         st, acc, warp * kSubs + lane / kLanes, count, WARPS * kSubs,

@@ -4,9 +4,7 @@
 // LSE (one split), the fp32 partials and their LSE for the combine (reduce
 // path 1, combine.cuh; partials.cuh), or, in a cluster launch, the rows
 // parked or pushed for the merge inside the cluster (reduce path 2,
-// cluster_merge.cuh), which the block runs next. A row it writes itself
-// starts its merge from its sink (sinks.cuh); partials and parked rows
-// from the empty state.
+// cluster_merge.cuh), which the block runs next.
 #ifndef FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 #define FLASHDECODE_SPLIT_KV_EPILOGUE_CUH
 
@@ -14,7 +12,6 @@
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
-#include "sinks.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
 
@@ -71,25 +68,13 @@ struct fd_split_kv_write {
     template <typename BY_ROW>
     __device__ __forceinline__ void operator()(BY_ROW by_row) const {
         constexpr bool kByRow = decltype(by_row)::value;
-        const bool direct = !clustered && (p.o_partial == 0 || num_splits == 1);  // out and lse written here
-        if constexpr (!kByRow) {
-            if (p.sinks != 0 && direct) {  // rows with sinks merge by row: the sink joins once a row
-                (*this)(fd_bool<true>{});
-                return;
-            }
-        }
         if constexpr (kByRow) {
             if (threadIdx.x < ROWS) {
                 const int row = threadIdx.x;
-                const int r = row0 + row;
-                const int head = kv_head * p.group + r / p.seqlen_q;
-                // A row written here starts from its sink (-inf: none).
-                const float sink2 = fd_sink2(p, p.sinks != 0 && direct && r < packed_rows, head);
-                fd_state st{sink2, 0.f};
+                fd_state st = fd_state_empty();
 #pragma unroll
                 for (int w = 0; w < C::kKeyWarps; ++w) st.m = fmaxf(st.m, sm[w * ROWS + row]);
                 const float off = fd_state_offset(st.m);
-                st.d = exp2f(sink2 - off);  // the sink's term: 0 without one
                 float wt[C::kKeyWarps];
 #pragma unroll
                 for (int w = 0; w < C::kKeyWarps; ++w) {
@@ -149,7 +134,7 @@ struct fd_split_kv_write {
             const int head = kv_head * p.group + r / p.seqlen_q;
             const int qi = r % p.seqlen_q;
             const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
-            if (direct) {
+            if (p.o_partial == 0 || num_splits == 1) {
                 T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
                          head * p.out_head_stride + d;
                 fd_store4(out, acc);
