@@ -75,9 +75,9 @@ type HostProblem struct {
 // and its lse; a split that sees no key yields o = 0 and lse = -inf. Stage
 // 2 merges the splits of a row with the max-LSE trick; a row that sees no
 // key gets out = 0 and lse = -inf. numSplits == 1 is the kernels'
-// single-stage path: the one split is the answer. With Sinks, each row's
-// sink then joins its final state (addSink): a row that sees no key gets
-// lse = its sink.
+// single-stage path: the one split is the answer. With Sinks, split 0
+// starts from the row's sink, the state (sink * log2(e), 1) with output 0,
+// as the kernels' does: a row that sees no key gets lse = its sink.
 func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []float32, err error) {
 	const op = "reference"
 	if err := h.check(op); err != nil {
@@ -127,9 +127,6 @@ func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []flo
 				} else {
 					lse[row] = mergePartials(o, oPart, lsePart)
 				}
-				if h.Sinks != nil {
-					lse[row] = addSink(o, lse[row], h.Sinks[hq])
-				}
 			}
 		}
 	}
@@ -155,6 +152,9 @@ func (h *HostProblem) splitPartial(o, q, kc, vc []float32, b, kvh, hq, i, n, lo 
 	pos := n - h.SeqlenQ + i
 	m := float32(math.Inf(-1)) // running max of the base-2 scores
 	var l float32              // running sum of exp2(x - m)
+	if h.Sinks != nil && split == 0 {
+		m, l = h.Sinks[hq]*math.Log2E, 1 // the sink: a term with no value
+	}
 	x := make([]float32, tiles.keys)
 	for t := tiles.first + split; t < tiles.end; t += step {
 		t0, te := t*tiles.keys, min((t+1)*tiles.keys, n)
