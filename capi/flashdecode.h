@@ -196,7 +196,10 @@ typedef struct fd_layout {
     int64_t v_descale[2];
     double k_descale_value; /* without the arrays: the scales of an fp8 k_cache, v_cache (0: 1) */
     double v_descale_value;
-    int64_t sinks;          /* 1: fd_run passes sinks, float32 (heads_q,) contiguous logits */
+    int64_t sinks;          /* 1: fd_run passes sinks, float32 (heads_q,) contiguous logits: query
+                               head h's softmax gets exp(sinks[h]) more in its denominator, with
+                               no value, and the LSE includes it (a row with no key: out 0, LSE
+                               sinks[h]); any layout takes it, and its plan is the same */
     int64_t batch_invariant; /* 1: a sequence's result never depends on the batch it is in */
 } fd_layout;
 
@@ -213,7 +216,8 @@ typedef struct fd_ptrs {
     uint64_t block_table, cache_batch_idx, cache_leftpad, alibi_slopes;
     uint64_t k_new, v_new, rotary_cos, rotary_sin;
     uint64_t k_descale, v_descale; /* float32 scales of an fp8 cache, with the layout's descale */
-    uint64_t sinks;                /* float32 (heads_q,) sink logits, with the layout's sinks */
+    uint64_t sinks;                /* float32 (heads_q,) sink logits, given exactly with the
+                                      layout's sinks, 4-byte aligned; read at each fd_run */
 } fd_ptrs;
 
 /* A prepared layout: nonzero id, from fd_prepare, until its fd_release. */

@@ -155,6 +155,7 @@ func LayoutOf(p *Problem) Layout {
 		RotaryDim: int64(p.Rotary.Dim), RotaryRows: int64(p.Rotary.Rows),
 		RotaryCos: [2]int64{p.Rotary.Stride, 1}, RotarySin: [2]int64{p.Rotary.Stride, 1},
 		RotaryInterleaved: layoutFlag(p.Rotary.Interleaved), BatchInvariant: layoutFlag(p.BatchInvariant),
+		Sinks: layoutFlag(p.HasSinks),
 	}
 	if p.Window.Enabled {
 		l.WindowLeft, l.WindowRight = int64(p.Window.Left), int64(p.Window.Right)
@@ -218,6 +219,7 @@ func (l *Layout) convert() (Problem, error) {
 	}{
 		{"device_lengths", l.DeviceLengths}, {"causal", l.Causal}, {"leftpad", l.Leftpad},
 		{"alibi", l.Alibi}, {"rotary_interleaved", l.RotaryInterleaved}, {"batch_invariant", l.BatchInvariant},
+		{"sinks", l.Sinks},
 	} {
 		if f.v != 0 && f.v != 1 {
 			return Problem{}, invalid(op, f.name, fmt.Sprintf("%d; must be 0 or 1", f.v))
@@ -284,8 +286,6 @@ func (l *Layout) convert() (Problem, error) {
 		return Problem{}, unsupported(op, "kv_dtype", fmt.Sprintf("%d; the caches take q's dtype", l.KVDType))
 	case l.Descale != 0 || l.KDescaleValue != 0 || l.VDescaleValue != 0:
 		return Problem{}, unsupported(op, "k_descale", "descales are for fp8 caches")
-	case l.Sinks != 0:
-		return Problem{}, unsupported(op, "sinks", "not in this build")
 	case l.BatchInvariant != 0 && l.NumSplits != 0:
 		return Problem{}, invalid(op, "num_splits", fmt.Sprintf("%d with batch_invariant; must be 0: each sequence's own length sets its splits", l.NumSplits))
 	}
@@ -314,6 +314,7 @@ func (l *Layout) convert() (Problem, error) {
 		New:    Append{K: ts[4], V: ts[5], Seqlen: n(l.SeqlenNew)},
 		Rotary: Rotary{Stride: outer[2], Dim: n(l.RotaryDim), Rows: n(l.RotaryRows), Interleaved: l.RotaryInterleaved != 0},
 	}
+	p.HasSinks = l.Sinks != 0
 	if l.WindowLeft != -1 || l.WindowRight != -1 {
 		p.Window = Window{Enabled: true, Left: n(l.WindowLeft), Right: n(l.WindowRight)}
 	}

@@ -137,9 +137,9 @@ func TestLayoutProblemErrors(t *testing.T) {
 		{"the core's: rotary dim", func(l *Layout) { l.RotaryDim = 24 }, "rotary_dim", ErrUnsupported},
 		{"an fp8 cache", func(l *Layout) { l.KVDType = int64(Float8E4M3) }, "kv_dtype", ErrUnsupported},
 		{"a descale value", func(l *Layout) { l.VDescaleValue = 2 }, "k_descale", ErrUnsupported},
-		{"sinks", func(l *Layout) { l.Sinks = 1 }, "sinks", ErrUnsupported},
 		{"batch_invariant 2", func(l *Layout) { l.BatchInvariant = 2 }, "batch_invariant", ErrInvalid},
 		{"batch_invariant with num_splits", func(l *Layout) { l.BatchInvariant, l.NumSplits = 1, 4 }, "num_splits", ErrInvalid},
+		{"sinks 2", func(l *Layout) { l.Sinks = 2 }, "sinks", ErrInvalid},
 	} {
 		l := servingLayout()
 		tt.edit(&l)

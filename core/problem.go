@@ -163,10 +163,12 @@ type Problem struct {
 	// KDescale and VDescale scale an fp8 cache (Shape.KVDType); per call
 	// where they point to device arrays.
 	KDescale, VDescale Descale
-	// Sinks, per call, is a float32 (HeadsQ,) device array of sink logits,
-	// or 0: each row's softmax gets exp(Sinks[head]) more in its
-	// denominator, with no value.
-	Sinks uintptr
+	// Sinks, per call, is a float32 (HeadsQ,) device array of sink logits
+	// when HasSinks is set: each row's softmax gets exp(Sinks[head]) more
+	// in its denominator, with no value, and its LSE includes it (see
+	// core/sinks.go). Every form runs it; it leaves the plan alone.
+	HasSinks bool
+	Sinks    uintptr
 }
 
 // minNormalFloat32 is the smallest positive normal float32, 2^-126.
@@ -349,6 +351,9 @@ func (p *Problem) CheckPointers() error {
 	if err := p.checkServingPointers(op); err != nil {
 		return err
 	}
+	if err := p.checkSinks(op); err != nil {
+		return err
+	}
 	return p.checkOverlaps(op)
 }
 
@@ -387,7 +392,7 @@ func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
 
 // spans is the byte range of each of p's tensors: the inputs (q,
 // k_cache, v_cache first), then out, then lse.
-func (p *Problem) spans() [14]byteRange {
+func (p *Problem) spans() [15]byteRange {
 	s := p.Shape
 	el := s.DType.Size()
 	rows, seq := p.cacheDims() // paged caches hold NumPages pages of PageSize keys
@@ -411,6 +416,7 @@ func (p *Problem) spans() [14]byteRange {
 		spanOf("cache_batch_idx", p.CacheBatchIdx, uint64(s.Batch), 4),
 		spanOf("cache_leftpad", p.CacheLeftpad, uint64(s.Batch), 4),
 		spanOf("alibi_slopes", p.AlibiSlopes, slopes, 4),
+		spanOf("sinks", p.Sinks, uint64(s.HeadsQ), 4),
 		tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
 		spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4),
 	}
@@ -424,7 +430,7 @@ func (p *Problem) spans() [14]byteRange {
 func (p *Problem) checkOverlaps(op string) error {
 	// Tensors are told apart by their index in spans (no string compares:
 	// this runs every call).
-	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 12, 13
+	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 13, 14
 	all := p.spans()
 	inputs := all[:lseIdx] // the inputs and out
 	kCache, vCache := all[kIdx], all[vIdx]

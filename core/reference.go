@@ -54,6 +54,8 @@ type HostProblem struct {
 	RotaryCos, RotarySin []float32
 	RotaryDim            int
 	RotaryInterleaved    bool
+	// Sinks, (HeadsQ,), are the sink logits (core/sinks.go); nil: none.
+	Sinks []float32
 }
 
 // ReferenceDecode runs the kernels' algorithm on the CPU in float32 and
@@ -73,7 +75,9 @@ type HostProblem struct {
 // and its lse; a split that sees no key yields o = 0 and lse = -inf. Stage
 // 2 merges the splits of a row with the max-LSE trick; a row that sees no
 // key gets out = 0 and lse = -inf. numSplits == 1 is the kernels'
-// single-stage path: the one split is the answer.
+// single-stage path: the one split is the answer. With Sinks, split 0
+// starts from the row's sink, the state (sink * log2(e), 1) with output 0,
+// as the kernels' does: a row that sees no key gets lse = its sink.
 func ReferenceDecode(h *HostProblem, numSplits, keysPerTile int) (out, lse []float32, err error) {
 	const op = "reference"
 	if err := h.check(op); err != nil {
@@ -148,6 +152,9 @@ func (h *HostProblem) splitPartial(o, q, kc, vc []float32, b, kvh, hq, i, n, lo 
 	pos := n - h.SeqlenQ + i
 	m := float32(math.Inf(-1)) // running max of the base-2 scores
 	var l float32              // running sum of exp2(x - m)
+	if h.Sinks != nil && split == 0 {
+		m, l = h.Sinks[hq]*math.Log2E, 1 // the sink: a term with no value
+	}
 	x := make([]float32, tiles.keys)
 	for t := tiles.first + split; t < tiles.end; t += step {
 		t0, te := t*tiles.keys, min((t+1)*tiles.keys, n)
@@ -313,8 +320,9 @@ func rotatePair(dt DType, x0, x1, cos, sin float32) (float32, float32) {
 
 // NaiveAttention computes the same attention as ReferenceDecode in float64
 // with a plain softmax over all visible keys at once: out (Batch, SeqlenQ,
-// HeadsQ, HeadDim) and natural-log lse (Batch, HeadsQ, SeqlenQ); a row that
-// sees no key gets out = 0 and lse = -inf. It reads a sequence's new
+// HeadsQ, HeadDim) and natural-log lse (Batch, HeadsQ, SeqlenQ), the sink's
+// exp(Sinks[head]) in the sum where given; a row that sees no key gets
+// out = 0 and lse = -inf (its sink with Sinks). It reads a sequence's new
 // tokens straight from KNew and VNew (rotated at their positions), the
 // other keys from the cache, so it assumes that no two sequences' new
 // tokens share a cache slot and that their pages are in range. It is the
@@ -357,8 +365,12 @@ func NaiveAttention(h *HostProblem) (out, lse []float64, err error) {
 						keys = append(keys, j)
 					}
 				}
+				sink := math.Inf(-1) // no sink: exp(sink) = 0
+				if h.Sinks != nil {
+					sink = float64(h.Sinks[hq])
+				}
 				if len(keys) == 0 {
-					lse[row] = math.Inf(-1)
+					lse[row] = sink
 					continue
 				}
 				scores := make([]float64, len(keys))
@@ -377,7 +389,8 @@ func NaiveAttention(h *HostProblem) (out, lse []float64, err error) {
 					scores[c] = x
 					mx = max(mx, x)
 				}
-				var sum float64
+				mx = max(mx, sink)
+				sum := math.Exp(sink - mx)
 				for c, x := range scores {
 					p := math.Exp(x - mx)
 					sum += p
@@ -493,6 +506,9 @@ func (h *HostProblem) check(op string) error {
 	}
 	if n := len(h.AlibiSlopes); h.AlibiSlopes != nil && n != s.HeadsQ && n != s.Batch*s.HeadsQ {
 		return invalid(op, "alibi_slopes", fmt.Sprintf("%d slopes; want nheads_q=%d or batch*nheads_q=%d", n, s.HeadsQ, s.Batch*s.HeadsQ))
+	}
+	if h.Sinks != nil && len(h.Sinks) != s.HeadsQ {
+		return invalid(op, "sinks", fmt.Sprintf("%d logits; want nheads_q=%d", len(h.Sinks), s.HeadsQ))
 	}
 	switch r := h.RotaryDim; {
 	case r == 0 && (h.RotaryCos != nil || h.RotarySin != nil):

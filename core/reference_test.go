@@ -75,21 +75,26 @@ func TestReferenceMatchesNaive(t *testing.T) {
 	for ci, tt := range tests {
 		s := Shape{DType: Float16, Batch: tt.batch, SeqlenQ: tt.sq, HeadsQ: tt.hq, HeadsKV: tt.hkv, HeadDim: tt.d,
 			SeqlenCache: tt.cache, Seqlen: tt.seqlen}
-		h := randomHost(s, tt.lens, tt.causal, uint64(ci))
-		nOut, nLSE, err := NaiveAttention(h)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.name, err)
-		}
-		for _, n := range splits {
-			for _, kpt := range tiles {
-				t.Run(fmt.Sprintf("%s/splits=%d/tile=%d", tt.name, n, kpt), func(t *testing.T) {
-					out, lse, err := ReferenceDecode(h, n, kpt)
-					if err != nil {
-						t.Fatal(err)
-					}
-					compare(t, out, lse, nOut, nLSE)
-				})
-			}
+		matchesNaive(t, tt.name, randomHost(s, tt.lens, tt.causal, uint64(ci)), splits, tiles)
+	}
+}
+
+// matchesNaive runs ReferenceDecode on h at each split count and tile size,
+// a subtest each, against NaiveAttention (compare).
+func matchesNaive(t *testing.T, name string, h *HostProblem, splits, tiles []int) {
+	nOut, nLSE, err := NaiveAttention(h)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	for _, n := range splits {
+		for _, kpt := range tiles {
+			t.Run(fmt.Sprintf("%s/splits=%d/tile=%d", name, n, kpt), func(t *testing.T) {
+				out, lse, err := ReferenceDecode(h, n, kpt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				compare(t, out, lse, nOut, nLSE)
+			})
 		}
 	}
 }

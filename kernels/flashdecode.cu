@@ -46,6 +46,8 @@
 //   balance.cuh          a sequence's attended keys, and balanced splits
 //                        worked out on the device from the lengths
 //   state.cuh            the online-softmax state and merge all of them share
+//   sinks.cuh            attention sinks: split 0 of a row starts its online
+//                        softmax from the row's sink, which every merge then counts once
 //   ptx.cuh              cp.async / ldmatrix / mma / cluster wrappers and the
 //                        dtype pieces
 //   params.h             fd_params, the argument struct (shared with core/cuda)

@@ -75,6 +75,7 @@
 #include "load_tile.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "sinks.cuh"
 #include "split_kv_config.cuh"
 #include "split_kv_epilogue.cuh"
 #include "split_kv_forms.cuh"
@@ -287,6 +288,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             rows.set(p, mt, h, len - p.seqlen_q + qi, lo, len, key_limit[mt][h]);
         }
     }
+    // Attention sinks: split 0's key warp 0 starts from the rows' sinks (sinks.cuh).
+    if (p.sinks != 0 && split == 0 && key_warp == 0) fd_sink_start(p, kv_head, row0 + g, packed_rows, t4, m, l);
 
     F::append(p, pages, b, kv_head, base, split, row0);  // the appending forms, once the first tiles are on their way
     const typename F::score score(p);

@@ -63,6 +63,8 @@ static void test_layout_fields(void) {
         FIELD(block_table), FIELD(cache_batch), FIELD(leftpad), FIELD(window_left), FIELD(window_right),
         FIELD(softcap), FIELD(alibi), FIELD(alibi_slopes), FIELD(seqlen_new), FIELD(k_new), FIELD(v_new),
         FIELD(rotary_dim), FIELD(rotary_rows), FIELD(rotary_cos), FIELD(rotary_sin), FIELD(rotary_interleaved),
+        FIELD(kv_dtype), FIELD(descale), FIELD(k_descale), FIELD(v_descale), FIELD(k_descale_value),
+        FIELD(v_descale_value), FIELD(sinks), FIELD(batch_invariant),
     };
     const size_t nfields = sizeof fields / sizeof fields[0];
     const char *text = fd_layout_fields();
@@ -84,7 +86,8 @@ static void test_layout_fields(void) {
         if (j == nfields) continue;
         CHECK(fields[j].offset + 8 * element == 8 * i && 8 * (element + 1) <= fields[j].size,
               "%s[%zu]: offset %zu, field %zu of fd_layout_fields", f, element, fields[j].offset + 8 * element, i);
-        int is_double = !strcmp(f, "scale") || !strcmp(f, "softcap");
+        int is_double = !strcmp(f, "scale") || !strcmp(f, "softcap") || !strcmp(f, "k_descale_value") ||
+                        !strcmp(f, "v_descale_value");
         CHECK(is_double == !strcmp(kind, "d"), "%s: kind %s", f, kind);
         n++;
     }
@@ -232,6 +235,20 @@ static void test_run_refusals(int gpus) {
     CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare: \"%s\"", fd_last_error());
     expect_error("device lengths without cache_seqlens", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID,
                  "cache_seqlens");
+    fd_release(h);
+
+    // Sinks: given exactly with the layout's sinks.
+    l.device_lengths = 0;
+    p = good_ptrs(), p.sinks = 0x3000000;
+    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare: \"%s\"", fd_last_error());
+    expect_error("sinks without the layout's", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "sinks");
+    fd_release(h);
+    l.sinks = 1;
+    p.sinks = 0;
+    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare with sinks: \"%s\"", fd_last_error());
+    expect_error("NULL sinks", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "sinks");
+    p.sinks = 0x3000002;
+    expect_error("misaligned sinks", fd_run(h, &p, sizeof p, -1, NULL, 0, NULL), FD_ERR_INVALID, "sinks");
     fd_release(h);
 }
 

@@ -383,16 +383,19 @@ func (c servingCase) problem(t *testing.T, h *core.HostProblem) core.Problem {
 	return p
 }
 
+// shape is a case's Shape: every sequence of the whole cache unless its
+// lengths say otherwise, seqlenNew tokens appended.
+func shape(dt core.DType, batch, sq, hq, hkv, d, cache, splits, seqlenNew int) core.Shape {
+	return core.Shape{DType: dt, Batch: batch, SeqlenQ: sq, HeadsQ: hq, HeadsKV: hkv, HeadDim: d, SeqlenCache: cache,
+		Seqlen: -1, NumSplits: splits, SeqlenNew: seqlenNew}
+}
+
 // TestDecodeServingMatchesNaiveAttention runs the serving kernels (the
 // append, then stage 1 and its merge) against naive attention, and checks
 // the caches after the append against ReferenceAppend exactly.
 func TestDecodeServingMatchesNaiveAttention(t *testing.T) {
 	gpu(t) // skips without a GPU
 	f16, bf16 := core.Float16, core.BFloat16
-	shape := func(dt core.DType, batch, sq, hq, hkv, d, cache, splits, seqlenNew int) core.Shape {
-		return core.Shape{DType: dt, Batch: batch, SeqlenQ: sq, HeadsQ: hq, HeadsKV: hkv, HeadDim: d, SeqlenCache: cache,
-			Seqlen: -1, NumSplits: splits, SeqlenNew: seqlenNew}
-	}
 	tests := []servingCase{
 		{name: "bf16 d128 paged 16 causal", shape: shape(bf16, 3, 4, 32, 8, 128, 2048, 0, 0), lens: []int32{2048, 700, 1}, causal: true, pageSize: 16},
 		{name: "f16 d64 paged 5, 7 splits", shape: shape(f16, 2, 1, 8, 2, 64, 1000, 7, 0), lens: []int32{999, 333}, pageSize: 5},
@@ -427,38 +430,10 @@ func TestDecodeServingMatchesNaiveAttention(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ws := upload(t, make([]byte, pl.WorkspaceBytes))
-			// Decode, then the same through Prepare and Run (the append
-			// writes the same tokens again).
-			for _, prepared := range []bool{false, true} {
-				if err := cu.MemsetD8(cu.DevicePtr(p.Out.Ptr), 0xff, int64(len(h.Q)*2)); err != nil {
-					t.Fatal(err)
-				}
-				var ran core.Plan
-				if prepared {
-					l := core.LayoutOf(&p)
-					pr, err := Prepare(&l, 0)
-					if err != nil {
-						t.Fatal(err)
-					}
-					ran, err = pr.Run(&Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
-						BlockTable: p.BlockTable, CacheBatchIdx: p.CacheBatchIdx, CacheLeftpad: p.CacheLeftpad, AlibiSlopes: p.AlibiSlopes,
-						KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos, RotarySin: p.Rotary.Sin,
-						Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, p.Seqlen, 0)
-					if err != nil {
-						t.Fatal(err)
-					}
-				} else if ran, err = Decode(&p, uintptr(ws), pl.WorkspaceBytes, 0, 0); err != nil {
-					t.Fatal(err)
-				}
-				if ran != pl || !ran.Variant.Form.Serving() {
-					t.Fatalf("ran %v, planned %v", ran, pl)
-				}
-				if err := cu.Synchronize(); err != nil {
-					t.Fatal(err)
-				}
-				checkOutputs(t, &p, pl, want, wantLSE)
+			if !pl.Variant.Form.Serving() {
+				t.Fatalf("planned %v, not a serving form", pl)
 			}
+			decodeBothWays(t, &p, pl, want, wantLSE)
 			for _, c := range []struct {
 				name string
 				ptr  uintptr
@@ -473,6 +448,44 @@ func TestDecodeServingMatchesNaiveAttention(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// decodeBothWays runs p (its arrays uploaded) as planned by pl through
+// Decode, then through Prepare and Run (an append writes the same tokens
+// again), and checks each result against the reference (checkOutputs).
+func decodeBothWays(t *testing.T, p *core.Problem, pl core.Plan, want, wantLSE []float64) {
+	t.Helper()
+	ws := upload(t, make([]byte, pl.WorkspaceBytes))
+	for _, prepared := range []bool{false, true} {
+		if err := cu.MemsetD8(cu.DevicePtr(p.Out.Ptr), 0xff, int64(len(want)*2)); err != nil {
+			t.Fatal(err)
+		}
+		var ran core.Plan
+		var err error
+		if prepared {
+			l := core.LayoutOf(p)
+			pr, err := Prepare(&l, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran, err = pr.Run(&Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
+				BlockTable: p.BlockTable, CacheBatchIdx: p.CacheBatchIdx, CacheLeftpad: p.CacheLeftpad, AlibiSlopes: p.AlibiSlopes,
+				KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos, RotarySin: p.Rotary.Sin, Sinks: p.Sinks,
+				Workspace: uintptr(ws), WorkspaceBytes: pl.WorkspaceBytes}, p.Seqlen, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else if ran, err = Decode(p, uintptr(ws), pl.WorkspaceBytes, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if ran != pl {
+			t.Fatalf("ran %v, planned %v", ran, pl)
+		}
+		if err := cu.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		checkOutputs(t, p, pl, want, wantLSE)
 	}
 }
 

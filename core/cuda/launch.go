@@ -194,6 +194,7 @@ func setCall(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) 
 	k.cache_seqlens = C.fd_devptr(p.CacheSeqlens)
 	k.out = C.fd_devptr(p.Out.Ptr)
 	k.lse = C.fd_devptr(p.LSE)
+	k.sinks = C.fd_devptr(p.Sinks)
 	if pl.CombineGrid > 0 {
 		k.o_partial = C.fd_devptr(workspace)
 		k.lse_partial = C.fd_devptr(workspace + uintptr(pl.LSEPartialOffset))

@@ -114,6 +114,16 @@ func launchCases() []launchCase {
 			p.CacheSeqlens, p.Seqlen = 0, 1000
 			return p
 		}(), "any"},
+		{"sinks, the cluster merge", func() core.Problem {
+			p := plain(1, 32, 8, 1024, 0)
+			p.HasSinks, p.Sinks = true, 11*gib
+			return p
+		}(), "cluster"},
+		{"sinks, the combine", func() core.Problem {
+			p := plain(1, 32, 8, 32768, 32)
+			p.HasSinks, p.Sinks = true, 11*gib
+			return p
+		}(), "combine"},
 		{"an int length and an append", func() core.Problem {
 			p := plain(2, 32, 8, 4096, 0)
 			p.CacheSeqlens, p.Seqlen, p.New = 0, 1000, paged().New
@@ -170,7 +180,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			r := prepareProblem(t, &p)
 			args := Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
 				BlockTable: p.BlockTable, KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos,
-				RotarySin: p.Rotary.Sin, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+				RotarySin: p.Rotary.Sin, Sinks: p.Sinks, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
 			for _, call := range []string{"Decode", "Prepared.Run", "Prepared.Run again"} {
 				launched(t, log)
 				if call == "Decode" {

@@ -86,7 +86,7 @@ func TestLayoutParamsReadNoAddress(t *testing.T) {
 		zero := p
 		zero.Q.Ptr, zero.K.Ptr, zero.V.Ptr, zero.Out.Ptr, zero.LSE, zero.CacheSeqlens = 0, 0, 0, 0, 0, 0
 		zero.BlockTable, zero.CacheBatchIdx, zero.CacheLeftpad, zero.AlibiSlopes = 0, 0, 0, 0
-		zero.New.K.Ptr, zero.New.V.Ptr, zero.Rotary.Cos, zero.Rotary.Sin = 0, 0, 0, 0
+		zero.New.K.Ptr, zero.New.V.Ptr, zero.Rotary.Cos, zero.Rotary.Sin, zero.Sinks = 0, 0, 0, 0, 0
 		zero.Seqlen = 7
 		k := layoutParams(&zero, &pl)
 		if k != layoutParams(&p, &pl) {

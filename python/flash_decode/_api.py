@@ -49,7 +49,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
                  num_splits: int = 0, return_softmax_lse: bool = False, out: torch.Tensor | None = None,
                  max_seqlen_k: int | None = None,
-                 batch_invariant: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                 batch_invariant: bool = False,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
     FlashAttention 2's ``flash_attn_with_kvcache``, same names and meanings. Runs on q's device's current
@@ -76,6 +77,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         max_seqlen_k: with a cache_seqlens tensor, a bound on the keys a sequence attends, planned for.
         batch_invariant: a sequence's result bits depend only on its own inputs, never on the batch, the
             other lengths or the GPU (with num_splits=0; max_seqlen_k, if given, must bound every length).
+        sinks: float32 ``(nheads_q,)``: a logit per query head whose ``exp`` joins each row's softmax
+            denominator with no value (gpt-oss); the LSE includes it.
 
     Returns:
         out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32 (batch, nheads_q, seqlen_q).
@@ -97,10 +100,10 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if _is_compiling():
         return _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant)
+                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant, sinks)
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
-             and window_size == (-1, -1))
+             and window_size == (-1, -1) and sinks is None)
     # The layout's key. Options go in with their types: as dict keys True == 1 and 2.0 == 2,
     # and every call must refuse what its first call would. An int cache_seqlens is "an int".
     global _last
@@ -114,7 +117,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
         if not plain:
             sig += (*map(_sig, (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
-                                alibi_slopes)), type(window_size), tuple(window_size), tuple(map(type, window_size)),
+                                alibi_slopes, sinks)),
+                    type(window_size), tuple(window_size), tuple(map(type, window_size)),
                     type(softcap), softcap, type(rotary_interleaved), rotary_interleaved)
         last = _last
         if last[0] is _prepared and sig == last[1]:
@@ -126,7 +130,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if entry is None:
         entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant)
+                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant, sinks)
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -161,7 +165,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              0 if alibi_slopes is None else alibi_slopes.data_ptr(),
                              0 if k is None else k.data_ptr(), 0 if v is None else v.data_ptr(),
                              0 if rotary_cos is None else rotary_cos.data_ptr(),
-                             0 if rotary_sin is None else rotary_sin.data_ptr(), 0, 0, 0,
+                             0 if rotary_sin is None else rotary_sin.data_ptr(), 0, 0,
+                             0 if sinks is None else sinks.data_ptr(),
                              0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
         except OverflowError:  # past the core's int64
             name = "cache_seqlens" if type(cache_seqlens) is int else "max_seqlen_k"
@@ -188,15 +193,15 @@ def _sig(t):
 
 def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-             out, batch_invariant=False):
+             out, batch_invariant=False, sinks=None):
     """Check a call, have the core prepare its layout and keep what later calls need under sig."""
     fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-                     num_splits, out, batch_invariant)
+                     num_splits, out, batch_invariant, sinks)
     device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
                             rotary_sin=rotary_sin, cache_seqlens=cache_seqlens if fields["device_lengths"] else None,
                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-                            alibi_slopes=alibi_slopes, out=out)
+                            alibi_slopes=alibi_slopes, sinks=sinks, out=out)
     native = _native.binding()
     entry = [_native.function(native, "Run"), _handle(native, fields, device), 0, device,
              (fields["batch"], fields["heads_q"], fields["seqlen_q"]), q.is_contiguous(), type(cache_seqlens) is int,
@@ -226,7 +231,7 @@ def _handle(native, fields, device):
 
 def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            out, batch_invariant=False):
+            out, batch_invariant=False, sinks=None):
     """Check what only Python sees in a call (but the devices) and return its layout fields."""
     _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
     dims = "(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else \
@@ -279,6 +284,14 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
             raise ValueError(f"alibi_slopes must have shape (nheads_q,) = ({heads_q},) or (batch, nheads_q) = "
                              f"({batch}, {heads_q}), got {tuple(alibi_slopes.shape)}")
         fields.update(alibi=1, alibi_slopes=((0,) + alibi_slopes.stride())[-2:])  # batch stride 0: per head
+    if sinks is not None:
+        dims = f"(nheads_q,) = ({heads_q},)"
+        _tensor("sinks", sinks, 1, dims, torch.float32)
+        if sinks.shape[0] != heads_q:
+            raise ValueError(f"sinks must have shape {dims}, got {tuple(sinks.shape)}")
+        if heads_q > 1 and sinks.stride(0) != 1:  # no stride in the layout
+            raise ValueError(f"sinks must be contiguous, got stride {sinks.stride()}")
+        fields.update(sinks=1)
     given = dict(k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
     for a, b, what in (("k", "v", "the new keys and values are appended"),
                        ("rotary_cos", "rotary_sin", "the rotary tables come")):
@@ -309,12 +322,12 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
 
 def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            return_softmax_lse, out, max_seqlen_k, batch_invariant=False):
+            return_softmax_lse, out, max_seqlen_k, batch_invariant=False, sinks=None):
     """flash_decode while torch.compile traces: the eager call's first checks (the ops' schemas would
     turn True into 1, and out= is a copy that would cast or broadcast), then an op."""
     _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
-            batch_invariant)
+            batch_invariant, sinks)
     _check_lengths(cache_seqlens, max_seqlen_k)
     if out is not None and out.device != q.device:
         raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
@@ -323,12 +336,12 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if k is None and rotary_cos is None:
         result, lse = torch.ops.flash_decode.decode(
             q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant)
+            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, sinks)
     else:
         result, lse = torch.ops.flash_decode.decode_append(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            max_seqlen_k, batch_invariant)
+            max_seqlen_k, batch_invariant, sinks)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result

@@ -1,0 +1,33 @@
+package core
+
+import "fmt"
+
+// Attention sinks (gpt-oss; FlashInfer's sinks): query head h's softmax has
+// one more term exp(sinks[h]) in its denominator, with no value:
+//
+//	out = sum_j exp(s_j) v_j / (sum_j exp(s_j) + exp(sinks[h]))
+//	lse = log(sum_j exp(s_j) + exp(sinks[h]))
+//
+// s_j being the final score (scaled, softcapped, ALiBi'd). A row that sees
+// no key gets out = 0 and lse = sinks[h]. Split 0 of each row starts its
+// online softmax from the sink, the state (sinks[h], 1) with output 0
+// (kernels/sinks.cuh), and the merges of the splits count it once: sinks
+// change neither the plan nor the tile loop.
+//
+// So does merge_states of attention states where exactly one carried the
+// sink: that state's sum holds exp(sinks[h]), the others' do not, and the
+// merge adds the sums.
+
+// checkSinks is CheckPointers' part for the sinks array: given exactly
+// when the layout has sinks, and 4-byte aligned.
+func (p *Problem) checkSinks(op string) error {
+	switch {
+	case p.HasSinks && p.Sinks == 0:
+		return invalid(op, "sinks", "null device pointer")
+	case !p.HasSinks && p.Sinks != 0:
+		return invalid(op, "sinks", fmt.Sprintf("address %#x given without HasSinks (a layout with sinks=1)", p.Sinks))
+	case p.Sinks%4 != 0:
+		return invalid(op, "sinks", fmt.Sprintf("address %#x is not 4-byte aligned", p.Sinks))
+	}
+	return nil
+}
