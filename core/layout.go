@@ -159,6 +159,7 @@ func LayoutOf(p *Problem) Layout {
 	if p.Window.Enabled {
 		l.WindowLeft, l.WindowRight = int64(p.Window.Left), int64(p.Window.Right)
 	}
+	layoutFP8(&l, p)
 	return l
 }
 
@@ -280,10 +281,6 @@ func (l *Layout) convert() (Problem, error) {
 		return Problem{}, invalid(op, "rotary_sin", fmt.Sprintf("row stride %d differs from rotary_cos's %d; the tables must share a layout", outer[3], outer[2]))
 	}
 	switch { // the fields of features this build does not run yet
-	case l.KVDType != 0 && l.KVDType != l.DType:
-		return Problem{}, unsupported(op, "kv_dtype", fmt.Sprintf("%d; the caches take q's dtype", l.KVDType))
-	case l.Descale != 0 || l.KDescaleValue != 0 || l.VDescaleValue != 0:
-		return Problem{}, unsupported(op, "k_descale", "descales are for fp8 caches")
 	case l.Sinks != 0:
 		return Problem{}, unsupported(op, "sinks", "not in this build")
 	case l.BatchInvariant != 0:
@@ -315,6 +312,9 @@ func (l *Layout) convert() (Problem, error) {
 	}
 	if l.WindowLeft != -1 || l.WindowRight != -1 {
 		p.Window = Window{Enabled: true, Left: n(l.WindowLeft), Right: n(l.WindowRight)}
+	}
+	if err := p.convertFP8(op, l); err != nil {
+		return Problem{}, err
 	}
 	return p, nil
 }

@@ -135,8 +135,8 @@ func TestLayoutProblemErrors(t *testing.T) {
 		{"the core's: stride", func(l *Layout) { l.Q[2] = 4 }, "q", ErrUnsupported},
 		{"the core's: window", func(l *Layout) { l.WindowLeft = -2 }, "window_size", ErrInvalid},
 		{"the core's: rotary dim", func(l *Layout) { l.RotaryDim = 24 }, "rotary_dim", ErrUnsupported},
-		{"an fp8 cache", func(l *Layout) { l.KVDType = int64(Float8E4M3) }, "kv_dtype", ErrUnsupported},
-		{"a descale value", func(l *Layout) { l.VDescaleValue = 2 }, "k_descale", ErrUnsupported},
+		{"a bfloat16 cache for float16", func(l *Layout) { l.KVDType = int64(BFloat16) }, "kv_dtype", ErrUnsupported},
+		{"a descale value with a float16 cache", func(l *Layout) { l.VDescaleValue = 2 }, "v_descale", ErrInvalid},
 		{"sinks", func(l *Layout) { l.Sinks = 1 }, "sinks", ErrUnsupported},
 		{"batch invariant", func(l *Layout) { l.BatchInvariant = 1 }, "batch_invariant", ErrUnsupported},
 	} {

@@ -104,8 +104,8 @@ type Problem struct {
 	Shape
 
 	// Q is (Batch, SeqlenQ, HeadsQ, HeadDim); K and V are (Batch,
-	// SeqlenCache, HeadsKV, HeadDim); Out is (Batch, SeqlenQ, HeadsQ,
-	// HeadDim) in DType and must not overlap itself.
+	// SeqlenCache, HeadsKV, HeadDim) in CacheDType; Out is (Batch, SeqlenQ,
+	// HeadsQ, HeadDim) in DType and must not overlap itself.
 	Q, K, V, Out Tensor
 
 	// LSE, if not 0, receives the natural-log log-sum-exp as float32
@@ -154,9 +154,10 @@ type Problem struct {
 	New              Append // new tokens written into the cache before attention
 	Rotary           Rotary // rotary embedding of q and the new keys (with New only)
 
-	// KDescale and VDescale scale an fp8 cache (Shape.KVDType); per call
-	// where they point to device arrays.
+	// KDescale and VDescale scale an fp8 cache (Shape.KVDType): values, or
+	// with DescaleArrays per-call device arrays (their Ptr, both given).
 	KDescale, VDescale Descale
+	DescaleArrays      bool
 	// Sinks, per call, is a float32 (HeadsQ,) device array of sink logits,
 	// or 0: each row's softmax gets exp(Sinks[head]) more in its
 	// denominator, with no value.
@@ -243,7 +244,7 @@ func (s Shape) validateSizes(op string) error {
 	if s.NumSplits < 0 {
 		return invalid(op, "num_splits", fmt.Sprintf("%d; must be 0 (automatic) or positive", s.NumSplits))
 	}
-	return nil
+	return s.validateKVDType(op)
 }
 
 // Validate reports the first thing wrong with p: its Shape (see
@@ -301,12 +302,16 @@ func (p *Problem) ValidateLayout() error {
 	if overflows32(float64(p.Scale) * math.Log2E) { // the kernels scale by it in base 2, in float32
 		return invalid(op, "softmax_scale", fmt.Sprintf("%v; softmax_scale*log2(e) must fit in float32", p.Scale))
 	}
+	if err := p.validateFP8(op); err != nil {
+		return err
+	}
 	return p.validateServing(op)
 }
 
 // CheckPointers checks p's device addresses: q, k_cache, v_cache and out
 // non-null and 16-byte aligned (k_cache and v_cache may be null when
 // SeqlenCache is 0: nothing is read), lse and cache_seqlens (optional)
+// 4-byte aligned, the descale arrays given exactly with DescaleArrays and
 // 4-byte aligned, and that what the kernels write shares no byte with
 // anything else: out and lse with every other tensor of the call, and,
 // with an append, k_cache and v_cache with every other tensor, and with
@@ -341,6 +346,9 @@ func (p *Problem) CheckPointers() error {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("address %#x is not 4-byte aligned", p.CacheSeqlens))
 	}
 	if err := p.checkServingPointers(op); err != nil {
+		return err
+	}
+	if err := p.checkDescalePointers(op); err != nil {
 		return err
 	}
 	return p.checkOverlaps(op)
@@ -381,9 +389,9 @@ func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
 
 // spans is the byte range of each of p's tensors: the inputs (q,
 // k_cache, v_cache first), then out, then lse.
-func (p *Problem) spans() [14]byteRange {
+func (p *Problem) spans() [16]byteRange {
 	s := p.Shape
-	el := s.DType.Size()
+	el, cel := s.DType.Size(), s.CacheDType().Size()
 	rows, seq := p.cacheDims() // paged caches hold NumPages pages of PageSize keys
 	var table, slopes uint64   // elements of a rotary table and of alibi_slopes
 	if p.Rotary.Dim > 0 && p.Rotary.Rows > 0 {
@@ -394,8 +402,8 @@ func (p *Problem) spans() [14]byteRange {
 	}
 	return [...]byteRange{
 		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
-		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
-		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, cel),
+		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, cel),
 		spanOf("cache_seqlens", p.CacheSeqlens, uint64(s.Batch), 4),
 		tensorRange("k", p.New.K, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
 		tensorRange("v", p.New.V, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
@@ -405,6 +413,8 @@ func (p *Problem) spans() [14]byteRange {
 		spanOf("cache_batch_idx", p.CacheBatchIdx, uint64(s.Batch), 4),
 		spanOf("cache_leftpad", p.CacheLeftpad, uint64(s.Batch), 4),
 		spanOf("alibi_slopes", p.AlibiSlopes, slopes, 4),
+		p.descaleSpan("k_descale", p.KDescale),
+		p.descaleSpan("v_descale", p.VDescale),
 		tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
 		spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4),
 	}
@@ -418,7 +428,7 @@ func (p *Problem) spans() [14]byteRange {
 func (p *Problem) checkOverlaps(op string) error {
 	// Tensors are told apart by their index in spans (no string compares:
 	// this runs every call).
-	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 12, 13
+	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 14, 15
 	all := p.spans()
 	inputs := all[:lseIdx] // the inputs and out
 	kCache, vCache := all[kIdx], all[vIdx]

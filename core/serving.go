@@ -278,7 +278,7 @@ func (p *Problem) cachesShareElements(k, v byteRange) bool {
 	if !k.overlaps(v) {
 		return false
 	}
-	el := p.DType.Size()
+	el := p.CacheDType().Size()
 	rows, seq := p.cacheDims()
 	size := [4]int{rows, seq, p.HeadsKV, p.HeadDim}
 	d := int64(p.V.Ptr) - int64(p.K.Ptr)
