@@ -168,13 +168,10 @@ func (d Descale) descaleLast(batch, heads int) int64 {
 	return last + h*d.HeadStride
 }
 
-// descaleSpan is the byte range of the float32 descale array d (empty
-// without one).
-func (p *Problem) descaleSpan(name string, d Descale) byteRange {
-	if d.Ptr == 0 {
-		return byteRange{name: name}
-	}
-	return spanOf(name, d.Ptr, uint64(max(d.descaleLast(p.Batch, p.HeadsKV), 0))+1, 4)
+// scales is the float32 elements a (batch, heads) descale array of d's
+// strides spans, valid ones (validateFP8) fitting in 64 bits.
+func (d Descale) scales(batch, heads int) uint64 {
+	return uint64(max(batch-1, 0))*uint64(d.BatchStride) + uint64(max(heads-1, 0))*uint64(d.HeadStride) + 1
 }
 
 // checkDescalePointers is CheckPointers' part for the descales: both

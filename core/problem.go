@@ -400,6 +400,10 @@ func (p *Problem) spans() [16]byteRange {
 	if p.Alibi {
 		slopes = uint64(max(s.Batch-1, 0))*uint64(p.AlibiBatchStride) + uint64(s.HeadsQ)
 	}
+	var kScales, vScales uint64 // elements of the descale arrays
+	if p.DescaleArrays {
+		kScales, vScales = p.KDescale.scales(s.Batch, s.HeadsKV), p.VDescale.scales(s.Batch, s.HeadsKV)
+	}
 	return [...]byteRange{
 		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
 		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, cel),
@@ -413,8 +417,8 @@ func (p *Problem) spans() [16]byteRange {
 		spanOf("cache_batch_idx", p.CacheBatchIdx, uint64(s.Batch), 4),
 		spanOf("cache_leftpad", p.CacheLeftpad, uint64(s.Batch), 4),
 		spanOf("alibi_slopes", p.AlibiSlopes, slopes, 4),
-		p.descaleSpan("k_descale", p.KDescale),
-		p.descaleSpan("v_descale", p.VDescale),
+		spanOf("k_descale", p.KDescale.Ptr, kScales, 4),
+		spanOf("v_descale", p.VDescale.Ptr, vScales, 4),
 		tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
 		spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4),
 	}
