@@ -290,6 +290,10 @@ func TestFP8Validate(t *testing.T) {
 		{"descales of a float16 cache", fp8Problem, func(p *Problem) { p.KVDType = 0 }, "k_descale", ErrInvalid},
 		{"a float16 cache's value", validProblem, func(p *Problem) { p.VDescale.Value = 1 }, "v_descale", ErrInvalid},
 		{"an e4m3 cache under bfloat16", fp8Problem, func(p *Problem) { p.DType = BFloat16 }, "", nil},
+		// The kernels copy 16 bytes at a time: 16 fp8 elements, 8 of float16.
+		{"an fp8 row stride of 8 bytes", fp8Problem, func(p *Problem) { p.V.SeqStride += 8 }, "v_cache", ErrUnsupported},
+		{"a float16 row stride of 16 bytes", validProblem, func(p *Problem) { p.V.SeqStride += 8 }, "", nil},
+		{"an fp8 row stride of 16 bytes", fp8Problem, func(p *Problem) { p.K.SeqStride += 16 }, "", nil},
 		{"a bfloat16 cache under float16", validProblem, func(p *Problem) { p.KVDType = BFloat16 }, "kv_dtype", ErrUnsupported},
 	}
 	for _, tt := range tests {

@@ -281,18 +281,20 @@ func (p *Problem) ValidateLayout() error {
 		return err
 	}
 	s := p.Shape
+	el, cel := s.DType.Size(), s.CacheDType().Size()
 	for _, x := range [...]struct {
 		name string
 		t    Tensor
 		seq  int
 		hds  int
+		elem int
 	}{
-		{"q", p.Q, s.SeqlenQ, s.HeadsQ},
-		{"k_cache", p.K, s.SeqlenCache, s.HeadsKV},
-		{"v_cache", p.V, s.SeqlenCache, s.HeadsKV},
-		{"out", p.Out, s.SeqlenQ, s.HeadsQ},
+		{"q", p.Q, s.SeqlenQ, s.HeadsQ, el},
+		{"k_cache", p.K, s.SeqlenCache, s.HeadsKV, cel},
+		{"v_cache", p.V, s.SeqlenCache, s.HeadsKV, cel},
+		{"out", p.Out, s.SeqlenQ, s.HeadsQ, el},
 	} {
-		if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.name == "out"); err != nil {
+		if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.elem, x.name == "out"); err != nil {
 			return err
 		}
 	}
@@ -483,17 +485,18 @@ func (p *Problem) CheckWorkspace(ptr uintptr, bytes int) error {
 }
 
 // checkStrides checks the strides of one (batch, seq, heads, head_dim)
-// tensor with the given sizes; exclusive means it is written and must not
-// overlap itself.
-func checkStrides(op, name string, t Tensor, size [4]int, exclusive bool) error {
+// tensor of elem-byte elements with the given sizes; exclusive means it is
+// written and must not overlap itself.
+func checkStrides(op, name string, t Tensor, size [4]int, elem int, exclusive bool) error {
 	stride := [4]int64{t.BatchStride, t.SeqStride, t.HeadStride, 1}
 	dims := [3]string{"batch", "seq", "head"}
+	load := int64(16 / elem) // the elements of a 16-byte load
 	for i, st := range stride[:3] {
 		if st < 0 {
 			return invalid(op, name, fmt.Sprintf("negative %s stride %d", dims[i], st))
 		}
-		if st%8 != 0 {
-			return unsupported(op, name, fmt.Sprintf("%s stride %d is not a multiple of 8 elements; the kernels load 8 elements at a time", dims[i], st))
+		if st%load != 0 {
+			return unsupported(op, name, fmt.Sprintf("%s stride %d is not a multiple of %d elements; the kernels load %d elements at a time", dims[i], st, load, load))
 		}
 	}
 	// The largest element offset must fit in the kernels' 64-bit arithmetic
