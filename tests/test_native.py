@@ -42,12 +42,12 @@ def test_public_api():
                         ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
                         ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
                         ("num_splits", 0), ("return_softmax_lse", False), ("out", None),
-                        ("max_seqlen_k", None)]
+                        ("max_seqlen_k", None), ("k_descale", None), ("v_descale", None)]
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
         "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary", "page_size",
-        "lengths"}
+        "lengths", "kv_dtype", "k_descale", "v_descale"}
     for fn in (flash_decode.flash_decode, flash_decode.plan):
         assert "Example" in fn.__doc__ and ">>>" in fn.__doc__
 
@@ -516,7 +516,7 @@ def test_layout_prepared_once_workspace_from_binding(layout_binding):
     for handle, seqlen, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seqlens, *serving, ws, ws_bytes, stream in runs:
         assert (handle, seqlen, q_ptr, k_ptr, v_ptr, seqlens) == (1, -1, q.data_ptr(), k.data_ptr(),
                                                                  v.data_ptr(), lens.data_ptr())
-        assert out_ptr and lse_ptr and ws and ws_bytes == 1000 and serving == [0] * 8
+        assert out_ptr and lse_ptr and ws and ws_bytes == 1000 and serving == [0] * 11
 
 
 @pytest.mark.parametrize("q_bhsd", [(2, 8, 1, 64), (2, 8, 3, 64)], ids=["contiguous but a size-1 stride", "strided"])
@@ -543,7 +543,7 @@ def test_int_cache_seqlens_passed_per_call(layout_binding):
     assert [r[1] for r in runs] == lengths and all(r[7] == 0 for r in runs)  # no lengths tensor
     # A call gets the largest workspace the layout has needed, asked of the core when it grows.
     assert [seqlen for _, seqlen in layout_binding.args("Workspace")] == [700, 701, 1000]
-    assert [r[17] for r in runs] == [5600, 5608, 5608, 5608, 8000, 8000]
+    assert [r[-2] for r in runs] == [5600, 5608, 5608, 5608, 8000, 8000]
     # The value is still checked on every call, however many came before.
     with pytest.raises(ValueError, match=r"^cache_seqlens=-1 must not be negative"):
         flash_decode.flash_decode(q, k, v, cache_seqlens=-1, num_splits=4)

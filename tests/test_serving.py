@@ -37,11 +37,12 @@ def test_signature_is_flash_attn_with_kvcache():
     assert list(keywords) == ["rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
                               "block_table", "softmax_scale", "causal", "window_size", "softcap",
                               "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse", "out",
-                              "max_seqlen_k"]
+                              "max_seqlen_k", "k_descale", "v_descale"]
     assert keywords == dict(rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
-                            num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None)
+                            num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None, k_descale=None,
+                            v_descale=None)
     doc = flash_decode.flash_decode.__doc__
     for name in keywords:
         assert f"{name}" in doc, name
@@ -105,7 +106,7 @@ def test_layout_sent_to_prepare(layout_binding):
     ((handle, seqlen, *pointers, ws, ws_bytes, stream),) = layout_binding.args("Run")
     assert (handle, seqlen, ws_bytes, stream) == (1, -1, 1000, 0) and ws
     names = ["q", "k_cache", "v_cache", "out", "lse", "cache_seqlens", "block_table", "cache_batch_idx",
-             "cache_leftpad", "alibi_slopes", "k", "v", "rotary_cos", "rotary_sin"]
+             "cache_leftpad", "alibi_slopes", "k", "v", "rotary_cos", "rotary_sin", "k_descale", "v_descale", "sinks"]
     tensors = dict(a, out=out, lse=lse)
     assert pointers == [tensors[n].data_ptr() if n in tensors else 0 for n in names]
 
@@ -177,7 +178,7 @@ def test_defaults_are_the_plain_layout(layout_binding, defaults):
     assert layout["window_left"] == layout["window_right"] == -1 and layout["softcap"] == 0.0
     assert layout["seqlen_new"] == layout["rotary_dim"] == layout["rotary_interleaved"] == 0
     ((_, _, *pointers, _, _, _),) = layout_binding.args("Run")
-    assert pointers[6:] == [0] * 8
+    assert pointers[6:] == [0] * 11
 
 
 def test_serving_layout_prepared_once(layout_binding):
@@ -201,7 +202,7 @@ def test_int_cache_seqlens_with_append(layout_binding):
     assert layout_binding.args("Workspace") == [(1, 10), (1, 11), (1, 30)]  # when a length needs more
     runs = layout_binding.args("Run")
     assert [r[1] for r in runs] == lengths and all(r[7] == 0 for r in runs)
-    assert [r[17] for r in runs] == [80, 88, 88, 240]
+    assert [r[-2] for r in runs] == [80, 88, 88, 240]
     with pytest.raises(ValueError, match=r"^cache_seqlens=-1 must not be negative"):
         call(dict(a, cache_seqlens=-1))
 
@@ -402,9 +403,10 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
-def check_refused(device, mutate, exc, name):
-    """The call raises exc naming name, and the caches hold what they held."""
-    args = valid_args(device)
+def check_refused(device, mutate, exc, name, make_args=valid_args):
+    """The call of make_args(device), mutated, raises exc naming name, and the caches hold
+    what they held, byte for byte (NaN slots too)."""
+    args = make_args(device)
     mutate(args)
     before = [args[n].clone() for n in ("k_cache", "v_cache")]
     with pytest.raises(exc) as info:
@@ -413,7 +415,7 @@ def check_refused(device, mutate, exc, name):
     if device != "cpu":
         torch.cuda.synchronize()
     for cache, saved in zip((args["k_cache"], args["v_cache"]), before):
-        assert torch.equal(cache.nan_to_num(), saved.nan_to_num())
+        assert torch.equal(cache.view(torch.uint8), saved.view(torch.uint8))
 
 
 @pytest.mark.parametrize("case_id, mutate, exc, name, python", CASES, ids=IDS)
