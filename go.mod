@@ -2,12 +2,10 @@ module github.com/flash-decode/flash-decode
 
 go 1.26
 
-require (
-	github.com/go-python/gopy v0.5.0
-	gorgonia.org/cu v0.9.6
-)
+require gorgonia.org/cu v0.9.6
 
 require (
+	github.com/go-python/gopy v0.5.0 // indirect
 	github.com/gonuts/commander v0.1.0 // indirect
 	github.com/gonuts/flag v0.1.0 // indirect
 	github.com/google/uuid v1.1.1 // indirect
