@@ -71,7 +71,12 @@
 //     (MergeBalanced, Plan.BalancedSplitCounts).
 //
 // A requested num_splits n > 0 is clamped to [1, min(MaxSplits, key
-// tiles)] and splits every item. The model's constants are fitted to split
+// tiles)] and splits every item. A batch-invariant shape
+// (Shape.BatchInvariant) skips the model: a split is a fixed number of key
+// tiles from the layout, each sequence's count comes from its own length on
+// the device, and the combine merges them (MergeInvariant,
+// Plan.InvariantSplitCounts), so that no sequence's bits depend on its
+// batch or the GPU. The model's constants are fitted to split
 // sweeps on an H200; docs/tuning.md has them and a worked example, and a
 // test checks every pick against the sweeps.
 //

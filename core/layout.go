@@ -154,7 +154,7 @@ func LayoutOf(p *Problem) Layout {
 		SeqlenNew: int64(p.New.Seqlen), KNew: layoutStrides(p.New.K), VNew: layoutStrides(p.New.V),
 		RotaryDim: int64(p.Rotary.Dim), RotaryRows: int64(p.Rotary.Rows),
 		RotaryCos: [2]int64{p.Rotary.Stride, 1}, RotarySin: [2]int64{p.Rotary.Stride, 1},
-		RotaryInterleaved: layoutFlag(p.Rotary.Interleaved),
+		RotaryInterleaved: layoutFlag(p.Rotary.Interleaved), BatchInvariant: layoutFlag(p.BatchInvariant),
 	}
 	if p.Window.Enabled {
 		l.WindowLeft, l.WindowRight = int64(p.Window.Left), int64(p.Window.Right)
@@ -218,7 +218,7 @@ func (l *Layout) convert() (Problem, error) {
 		v    int64
 	}{
 		{"device_lengths", l.DeviceLengths}, {"causal", l.Causal}, {"leftpad", l.Leftpad},
-		{"alibi", l.Alibi}, {"rotary_interleaved", l.RotaryInterleaved},
+		{"alibi", l.Alibi}, {"rotary_interleaved", l.RotaryInterleaved}, {"batch_invariant", l.BatchInvariant},
 	} {
 		if f.v != 0 && f.v != 1 {
 			return Problem{}, invalid(op, f.name, fmt.Sprintf("%d; must be 0 or 1", f.v))
@@ -283,8 +283,8 @@ func (l *Layout) convert() (Problem, error) {
 	switch { // the fields of features this build does not run yet
 	case l.Sinks != 0:
 		return Problem{}, unsupported(op, "sinks", "not in this build")
-	case l.BatchInvariant != 0:
-		return Problem{}, unsupported(op, "batch_invariant", "not in this build")
+	case l.BatchInvariant != 0 && l.NumSplits != 0:
+		return Problem{}, invalid(op, "num_splits", fmt.Sprintf("%d with batch_invariant; must be 0: each sequence's own length sets its splits", l.NumSplits))
 	}
 	var scale float32 // 0: the core's default
 	if l.Scale != 0 {
@@ -301,7 +301,8 @@ func (l *Layout) convert() (Problem, error) {
 	}
 	p := Problem{
 		Shape: Shape{DType: DType(n(l.DType)), Batch: batch, SeqlenQ: seqQ, HeadsQ: hq, HeadsKV: hkv, HeadDim: d,
-			SeqlenCache: n(l.SeqlenCache), Seqlen: -1, NumSplits: n(l.NumSplits), DeviceLengths: l.DeviceLengths != 0},
+			SeqlenCache: n(l.SeqlenCache), Seqlen: -1, NumSplits: n(l.NumSplits), DeviceLengths: l.DeviceLengths != 0,
+			BatchInvariant: l.BatchInvariant != 0},
 		Q: ts[0], K: ts[1], V: ts[2], Out: ts[3],
 		Scale: scale, Causal: l.Causal != 0,
 		BlockTableStride: outer[0], PageSize: n(l.PageSize), NumPages: n(l.NumPages), MaxPages: n(l.MaxPages),

@@ -138,7 +138,8 @@ func TestLayoutProblemErrors(t *testing.T) {
 		{"a bfloat16 cache for float16", func(l *Layout) { l.KVDType = int64(BFloat16) }, "kv_dtype", ErrUnsupported},
 		{"a descale value with a float16 cache", func(l *Layout) { l.VDescaleValue = 2 }, "v_descale", ErrInvalid},
 		{"sinks", func(l *Layout) { l.Sinks = 1 }, "sinks", ErrUnsupported},
-		{"batch invariant", func(l *Layout) { l.BatchInvariant = 1 }, "batch_invariant", ErrUnsupported},
+		{"batch_invariant 2", func(l *Layout) { l.BatchInvariant = 2 }, "batch_invariant", ErrInvalid},
+		{"batch_invariant with num_splits", func(l *Layout) { l.BatchInvariant, l.NumSplits = 1, 4 }, "num_splits", ErrInvalid},
 	} {
 		l := servingLayout()
 		tt.edit(&l)

@@ -69,6 +69,15 @@ type Plan struct {
 	// length on the device, at most NumSplits (kernels/balance.cuh), in a
 	// grid of Batch*HeadsKV*RowTiles*(BalanceSplits+1) blocks.
 	BalanceSplits int `json:"balance_splits,omitzero"`
+
+	// Batch-invariant plans (Shape.BatchInvariant; MergeInvariant, or
+	// MergeNone where no sequence splits): InvariantTiles is the key tiles
+	// a split reads, from the layout alone; each sequence's split count
+	// comes from its own length on the device (InvariantSplitCounts), at
+	// most NumSplits, which only sizes the grid and the workspace for the
+	// planned bound. InvariantSpanTiles (a window) caps the tiles counted.
+	InvariantTiles     int `json:"invariant_tiles,omitzero"`
+	InvariantSpanTiles int `json:"invariant_span_tiles,omitzero"`
 }
 
 // Merge is how a plan merges the splits of an item into out and lse.
@@ -91,10 +100,13 @@ const (
 	// MergeBalanced: the lengths on the device size each sequence's splits;
 	// the balanced combine merges.
 	MergeBalanced
+	// MergeInvariant: each sequence's own length sizes its splits at a
+	// fixed tile budget (Shape.BatchInvariant); the balanced combine merges.
+	MergeInvariant
 )
 
 var mergeNames = [...]string{MergeNone: "none", MergeCombine: "combine", MergeCluster: "cluster",
-	MergePairs: "pairs", MergeTail: "tail", MergeBalanced: "balanced"}
+	MergePairs: "pairs", MergeTail: "tail", MergeBalanced: "balanced", MergeInvariant: "invariant"}
 
 // String returns m's name as the plan JSON gives it ("combine").
 func (m Merge) String() string {
@@ -125,7 +137,9 @@ func (m *Merge) UnmarshalText(b []byte) error {
 
 // Combines reports whether m runs the combine kernel (and so needs the
 // workspace's partials).
-func (m Merge) Combines() bool { return m == MergeCombine || m == MergeTail || m == MergeBalanced }
+func (m Merge) Combines() bool {
+	return m == MergeCombine || m == MergeTail || m == MergeBalanced || m == MergeInvariant
+}
 
 // EarlyDependents reports whether stage 1 lets the next kernel in the
 // stream be scheduled as soon as it starts (programmatic dependent launch):
@@ -205,11 +219,14 @@ func checkPlanInputs(s Shape, d Device) error {
 // planVariant plans valid inputs: the split count (requested, tailSplit or
 // autoSplits), the merge, the grids, the workspace and the append.
 func planVariant(s Shape, v Variant, d Device) (Plan, error) {
+	if s.BatchInvariant {
+		return planInvariant(s, v, d)
+	}
 	sms, blocksPerSM := d.SMs, d.blocksPerSM(v)
 	packed := s.HeadsQ / s.HeadsKV * s.SeqlenQ // query rows sharing one K/V head
-	rowTiles := ceilDiv(packed, v.Rows)
-	if s.HeadsKV*rowTiles > maxGridYZ {
-		return Plan{}, unsupported(planOp, "nheads_kv", fmt.Sprintf("%d heads x %d row tiles exceed the launch grid's y limit %d", s.HeadsKV, rowTiles, maxGridYZ))
+	rowTiles, err := rowTilesOf(s, v)
+	if err != nil {
+		return Plan{}, err
 	}
 	tiles := ceilDiv(s.plannedKeys(), v.KeysPerTile)
 
@@ -273,18 +290,7 @@ func planVariant(s Shape, v Variant, d Device) (Plan, error) {
 		mode = merging(splits)
 	}
 
-	p := Plan{
-		Variant:     v,
-		Merge:       mode,
-		NumSplits:   splits,
-		RowTiles:    rowTiles,
-		Grid:        [3]int{splits, s.HeadsKV * rowTiles, s.Batch},
-		Threads:     v.Threads,
-		SharedBytes: v.SharedBytes,
-		SMs:         sms,
-		BlocksPerSM: blocksPerSM,
-		Cluster:     1,
-	}
+	p := newPlan(s, v, d, mode, splits, rowTiles)
 	switch mode {
 	case MergeBalanced:
 		// The combine that equal lengths' count takes, in its balanced twin.
@@ -309,11 +315,39 @@ func planVariant(s Shape, v Variant, d Device) (Plan, error) {
 	case MergeCombine:
 		p.setCombine(v, splits, rows, s.HeadDim)
 	}
+	if err := p.finish(s, v); err != nil {
+		return Plan{}, err
+	}
+	return p, nil
+}
+
+// newPlan is a plan of s run by v on d that merges by mode, in a plain
+// launch of the stage-1 grid (splits, K/V heads x row tiles, batch).
+func newPlan(s Shape, v Variant, d Device, mode Merge, splits, rowTiles int) Plan {
+	return Plan{Variant: v, Merge: mode, NumSplits: splits, RowTiles: rowTiles,
+		Grid: [3]int{splits, s.HeadsKV * rowTiles, s.Batch}, Threads: v.Threads, SharedBytes: v.SharedBytes,
+		SMs: d.SMs, BlocksPerSM: d.blocksPerSM(v), Cluster: 1}
+}
+
+// rowTilesOf is Plan.RowTiles for s run by v, refused where the K/V heads'
+// row tiles pass the launch grid's y limit.
+func rowTilesOf(s Shape, v Variant) (int, error) {
+	rowTiles := ceilDiv(s.HeadsQ/s.HeadsKV*s.SeqlenQ, v.Rows)
+	if s.HeadsKV*rowTiles > maxGridYZ {
+		return 0, unsupported(planOp, "nheads_kv", fmt.Sprintf("%d heads x %d row tiles exceed the launch grid's y limit %d", s.HeadsKV, rowTiles, maxGridYZ))
+	}
+	return rowTiles, nil
+}
+
+// finish lays out the workspace of a plan whose merge and grids are set,
+// adds the append kernel and checks the grids.
+func (p *Plan) finish(s Shape, v Variant) error {
+	rows := s.Batch * s.HeadsQ * s.SeqlenQ
 	if s.RotaryQ {
 		p.QRotBytes = rows * s.HeadDim * s.DType.Size()
 	}
 	partials := 0
-	if mode.Combines() {
+	if p.Merge.Combines() {
 		partials = p.NumSplits
 	}
 	p.LSEPartialOffset, p.QRotOffset, p.WorkspaceBytes = workspaceLayout(partials, rows-p.CombineRow0, s.HeadDim, p.QRotBytes)
@@ -321,10 +355,7 @@ func planVariant(s Shape, v Variant, d Device) (Plan, error) {
 		p.Append, p.AppendThreads = v.Append, appendThreads
 		p.AppendGrid = [3]int{max(s.SeqlenNew, s.SeqlenQ), s.Batch, s.appendParts()}
 	}
-	if err := p.checkGrids(s); err != nil {
-		return Plan{}, err
-	}
-	return p, nil
+	return p.checkGrids(s)
 }
 
 // checkGrids refuses a plan whose launches pass CUDA's grid limits

@@ -17,6 +17,9 @@ func (p Plan) String() string {
 	switch p.Merge {
 	case MergeNone:
 		b.WriteString("; 1 split, no combine")
+		if p.InvariantTiles > 0 {
+			fmt.Fprintf(&b, " (batch-invariant, %d tiles a split)", p.InvariantTiles)
+		}
 	case MergeCluster:
 		fmt.Fprintf(&b, "; %d splits merged in clusters of %d, no combine", p.NumSplits, p.Cluster)
 	case MergePairs:
@@ -24,6 +27,9 @@ func (p Plan) String() string {
 	case MergeBalanced:
 		fmt.Fprintf(&b, "; %d splits for equal lengths, balanced by the lengths on the device (at most %d a sequence); combine %s %d x %d threads",
 			p.BalanceSplits, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads)
+	case MergeInvariant:
+		fmt.Fprintf(&b, "; batch-invariant, %d tiles a split, at most %d splits a sequence; combine %s %d x %d threads",
+			p.InvariantTiles, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads)
 	case MergeTail:
 		fmt.Fprintf(&b, "; %d items whole, the rest in %d splits; combine %s %d x %d threads from row %d",
 			p.WholeItems, p.NumSplits, p.Combine, p.CombineGrid, p.CombineThreads, p.CombineRow0)

@@ -16,6 +16,7 @@ type planInput struct {
 	seqlenCache, seqlen, numSplits, seqlenNew      int
 	windowKeys, sms                                int
 	serving, rotary, clusters, paged, lengths      bool
+	invariant                                      bool
 }
 
 func (in planInput) shape() (Shape, Device) {
@@ -23,7 +24,7 @@ func (in planInput) shape() (Shape, Device) {
 		DType: DType(in.dtype), Batch: in.batch, SeqlenQ: in.seqlenQ, HeadsQ: in.headsKV * in.group,
 		HeadsKV: in.headsKV, HeadDim: in.headDim, SeqlenCache: in.seqlenCache, Seqlen: in.seqlen,
 		NumSplits: in.numSplits, Serving: in.serving, SeqlenNew: in.seqlenNew, WindowKeys: in.windowKeys,
-		RotaryQ: in.rotary, Paged: in.paged, DeviceLengths: in.lengths,
+		RotaryQ: in.rotary, Paged: in.paged, DeviceLengths: in.lengths, BatchInvariant: in.invariant,
 	}
 	d := Device{SMs: in.sms}
 	switch {
@@ -98,6 +99,8 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		MergePairs:    p.NumSplits == 2 && p.Cluster == 2 && p.SharedBytes == v.ClusterDenseSharedBytes,
 		MergeTail:     p.WholeItems > 0 && p.BalanceSplits == 0,
 		MergeBalanced: p.BalanceSplits > 0 && p.WholeItems == 0,
+		MergeInvariant: p.InvariantTiles > 0 && p.NumSplits > 1 && p.Cluster == 1 && p.WholeItems == 0 &&
+			p.BalanceSplits == 0,
 	}
 	if ok, known := modeFields[p.Merge]; !known || !ok || (p.PrefetchTiles > 0 && p.Merge != MergeCluster) {
 		fail("the merge mode does not match the fields it sets")
@@ -122,7 +125,7 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 		fail("a cluster is not one cluster of every split")
 	case combines != (p.CombineGrid > 0) || combines != (p.Combine != ""):
 		fail("the combine runs exactly when splits are not merged in stage 1")
-	case combines && (p.BalanceSplits > 0) != strings.HasSuffix(p.Combine, BalancedCombine("")):
+	case combines && (p.BalanceSplits > 0 || p.InvariantTiles > 0) != strings.HasSuffix(p.Combine, BalancedCombine("")):
 		fail("a balanced plan's combine is not the balanced twin, or a plain plan's is")
 	case combines && (p.CombineGrid%groups != 0 || p.CombineGrid > math.MaxInt32 ||
 		p.CombineGrid/groups*p.CombineRows < rows-p.CombineRow0 || (p.CombineGrid/groups-1)*p.CombineRows >= rows-p.CombineRow0):
@@ -175,6 +178,10 @@ func checkPlanInvariants(t *testing.T, in planInput) {
 	if p.SMs != d.SMs || p.BlocksPerSM < 1 {
 		fail("the plan does not record the device it was made for")
 	}
+	if s.BatchInvariant != (p.InvariantTiles > 0) || (s.BatchInvariant && (p.Merge != MergeNone && p.Merge != MergeInvariant ||
+		p.Combine != "" && p.Combine != BalancedCombine(v.Combine) || p.InvariantTiles != invariantTiles(s, v))) {
+		fail("a batch-invariant plan is not exactly one of the invariant tile budget, merged by the 4-warp combine's balanced twin")
+	}
 }
 
 // knownCombine reports whether p's combine, its threads and its rows a block
@@ -192,7 +199,7 @@ func knownCombine(p Plan, v Variant) bool {
 		{v.CombineWide, v.CombineWideThreads, 1},
 	} {
 		name := c.name
-		if p.Merge == MergeBalanced {
+		if p.Merge == MergeBalanced || p.Merge == MergeInvariant {
 			name = BalancedCombine(name)
 		}
 		if c.name != "" && p.Combine == name && p.CombineThreads == c.threads && p.CombineRows == c.rows {
@@ -234,6 +241,10 @@ func drawPlanInput(r *rand.Rand) planInput {
 	}
 	in.paged = in.serving && r.IntN(2) == 0 || r.IntN(64) == 0
 	in.lengths = r.IntN(2) == 0
+	in.invariant = r.IntN(4) == 0
+	if in.invariant && r.IntN(8) != 0 {
+		in.numSplits = 0
+	}
 	return in
 }
 
@@ -253,19 +264,20 @@ func TestPlanInvariants(t *testing.T) {
 // FuzzMakePlan checks the same invariants on inputs the fuzzer chooses
 // (go test -fuzz FuzzMakePlan ./core); without -fuzz it runs the seeds.
 func FuzzMakePlan(f *testing.F) {
-	f.Add(int(Float16), 1, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 132, false, false, true, false, false)
-	f.Add(int(BFloat16), 8, 4, 8, 8, 256, 4096, 1000, 0, 1, 0, 132, true, true, true, true, true)
-	f.Add(int(Float16), 64, 1, 1, 64, 64, 131072, -1, 0, 0, 4097, 132, true, false, true, false, true)
-	f.Add(int(Float16), 3, 16, 2, 1, 72, 16, 15, 3, 16, 0, 7, true, true, false, false, false)
-	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false, false, true)
-	f.Add(int(Float16), 2, 1, 8, 4, 128, 4096, -1, 0, 1, 0, 132, true, false, true, true, false)
-	f.Add(int(Float16), 8, 1, 8, 4, 128, 32768, 64, 0, 0, 0, 132, false, false, true, false, true)
+	f.Add(int(Float16), 1, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 132, false, false, true, false, false, false)
+	f.Add(int(BFloat16), 8, 4, 8, 8, 256, 4096, 1000, 0, 1, 0, 132, true, true, true, true, true, false)
+	f.Add(int(Float16), 64, 1, 1, 64, 64, 131072, -1, 0, 0, 4097, 132, true, false, true, false, true, false)
+	f.Add(int(Float16), 3, 16, 2, 1, 72, 16, 15, 3, 16, 0, 7, true, true, false, false, false, false)
+	f.Add(int(Float16), 65535, 1, 1, 1, 8, 1, -1, 0, 0, 0, 1, false, false, false, false, true, false)
+	f.Add(int(Float16), 2, 1, 8, 4, 128, 4096, -1, 0, 1, 0, 132, true, false, true, true, false, false)
+	f.Add(int(Float16), 8, 1, 8, 4, 128, 32768, 64, 0, 0, 0, 132, false, false, true, false, true, false)
+	f.Add(int(Float16), 64, 1, 8, 4, 128, 32768, -1, 0, 0, 0, 108, true, false, false, true, true, true)
 	// A tail split past gridDim.x's limit, with an append kernel that must not launch.
-	f.Add(int(Float16), 32774, 1, 65524, 1, 128, 1024, -1, 0, 1, 0, 132, true, true, true, false, false)
+	f.Add(int(Float16), 32774, 1, 65524, 1, 128, 1024, -1, 0, 1, 0, 132, true, true, true, false, false, false)
 	f.Fuzz(func(t *testing.T, dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
-		seqlenNew, windowKeys, sms int, serving, rotary, clusters, paged, lengths bool) {
+		seqlenNew, windowKeys, sms int, serving, rotary, clusters, paged, lengths, invariant bool) {
 		in := planInput{dtype, batch, seqlenQ, headsKV, group, headDim, seqlenCache, seqlen, numSplits,
-			seqlenNew, windowKeys, sms, serving, rotary, clusters, paged, lengths}
+			seqlenNew, windowKeys, sms, serving, rotary, clusters, paged, lengths, invariant}
 		// Sizes beyond these only repeat the limits Validate checks, and
 		// would make the checker's products overflow.
 		if headsKV < 1 || headsKV > 1<<16 || group < 1 || group > 1<<16 || sms > 1<<12 || windowKeys > 1<<31 {

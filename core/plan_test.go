@@ -969,7 +969,7 @@ func TestPlanRefusesGridsPastCUDA(t *testing.T) {
 // TestMergeNames: each merge mode has a name that JSON carries both ways,
 // and an unknown mode or name is an error.
 func TestMergeNames(t *testing.T) {
-	for m := MergeNone; m <= MergeBalanced; m++ {
+	for m := MergeNone; m <= MergeInvariant; m++ {
 		b, err := json.Marshal(m)
 		var back Merge
 		if err != nil || json.Unmarshal(b, &back) != nil || back != m || string(b) != `"`+m.String()+`"` {

@@ -69,6 +69,12 @@ type Shape struct {
 	// and no rotary it runs the contiguous cache's appending form of the
 	// serving kernel (FormAppend), otherwise the serving form (Shape.Form).
 	Contiguous bool
+
+	// BatchInvariant makes a sequence's result bits depend only on its own
+	// inputs and options, never on its batch, the other lengths or the
+	// GPU: a fixed key budget a split from the layout, each sequence's
+	// split count from its own length, one merge (Plan.InvariantTiles).
+	BatchInvariant bool
 }
 
 // CacheDType returns the caches' element type.

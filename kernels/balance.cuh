@@ -18,6 +18,10 @@
 // The combine's balanced twins (fd_combine_*_bal) work out c_b the same
 // way (fd_row_splits) and merge c_b splits a row; a row with c_b = 1 is
 // written by stage 1, and they skip it.
+// Batch-invariant splits (fd_invariant_splits, below) are the same idea
+// with c_b from the sequence's own length and a fixed tile budget instead
+// of the batch's: stage 1 keeps its 3-D grid, and the balanced combine
+// merges them.
 #ifndef FLASHDECODE_BALANCE_CUH
 #define FLASHDECODE_BALANCE_CUH
 
@@ -140,19 +144,38 @@ __device__ __noinline__ fd_balance_pick fd_balance_block(fd_balance_args a, int 
     return pick;
 }
 
+// Batch-invariant splits (p.invariant_tiles > 0, core Plan.InvariantTiles):
+// sequence b's split count from its own length alone,
+//     tiles_b = ceil(keys_b / tile keys), at most p.invariant_span_tiles where set (a window)
+//     per_b   = max(p.invariant_tiles, ceil(tiles_b / p.invariant_max_splits))
+//     c_b     = clamp(ceil(tiles_b / per_b), 1, p.num_splits)
+// keys_b counted as stage 1 counts them (fd_attended_keys). Stage 1 deals
+// b's tiles round robin by c_b and the combine merges its c_b splits in
+// order, so neither the batch, the other lengths, the grid nor the SMs
+// reach its bits. The clamp to the grid's num_splits binds only for a
+// length past the plan's bound (max_seqlen_k): the workspace stays safe.
+__device__ __forceinline__ int fd_invariant_splits(const fd_params &p, int len) {
+    int tiles = (fd_attended_keys(len, p.seqlen_new, p.seqlen_cache) + p.balance_tile_keys - 1) / p.balance_tile_keys;
+    if (p.invariant_span_tiles > 0) tiles = min(tiles, p.invariant_span_tiles);
+    const int per = max(p.invariant_tiles, (tiles + p.invariant_max_splits - 1) / p.invariant_max_splits);
+    return min(max((tiles + per - 1) / per, 1), p.num_splits);
+}
+
 // The split count c_b of output row `row`'s sequence (batch, head, query
 // order), for the balanced combine (fd_combine_*_bal): each warp works it
-// out from the lengths as stage 1 did, every lane calling. It runs before
-// the combine's PDL wait: stage 1's blocks let the combine in only after
-// their own wait, so the lengths are final by then, and the count is ready
-// when the partials are.
+// out from the lengths as stage 1 did, every lane calling (batch-invariant
+// splits: from the sequence's own length). It runs before the combine's
+// PDL wait: stage 1's blocks let the combine in only after their own wait,
+// so the lengths are final by then, and the count is ready when the
+// partials are.
 __device__ __forceinline__ int fd_row_splits(const fd_params &p, int row) {
     const fd_balance_args a = fd_balance_args_of(p);
+    const int b = min(row / (p.heads_q * p.seqlen_q), a.batch - 1);
+    if (p.invariant_tiles > 0) return fd_invariant_splits(p, fd_balance_len(a, b));
     long long total = 0;
     for (int i = threadIdx.x % 32; i < a.batch; i += 32) total += fd_balance_tiles(a, fd_balance_len(a, i));
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-    const int b = min(row / (p.heads_q * p.seqlen_q), a.batch - 1);
     return fd_balance_splits_of(a, fd_balance_tiles(a, fd_balance_len(a, b)), total);
 }
 

@@ -109,6 +109,16 @@ typedef struct fd_params {
     // Attention sinks: const float (heads_q,), or 0: row r of head h has
     // exp(sinks[h]) more in its softmax denominator, with no value.
     fd_devptr sinks;
+
+    // Batch-invariant splits (balance.cuh, core.Plan.InvariantTiles): > 0,
+    // each sequence's split count comes from its own length alone, at
+    // invariant_tiles key tiles (of balance_tile_keys keys) a split, the
+    // split's tiles dealt round robin by that count; the grid's num_splits
+    // is only the most any sequence takes, and its blocks past their
+    // sequence's count exit. 0: off.
+    int invariant_tiles;
+    int invariant_max_splits;  // the most splits a sequence takes (core.MaxSplits): longer ones take more tiles a split
+    int invariant_span_tiles;  // > 0 (a window): the most tiles counted for a sequence, ceil(window keys / tile) + 1
 } fd_params;
 
 #ifdef __cplusplus

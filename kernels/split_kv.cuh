@@ -21,11 +21,13 @@
 // wave frees instead of landing two to an SM on a few SMs. Or, with
 // balanced splits (p.balance_splits > 0, balance.cuh), a 1-D grid whose
 // blocks work out their sequence, item and split from all the lengths once
-// they are released. KEYS (keys per tile) =
-// 8192 / D, so one tile of K plus one of V is always 32 KiB; a warp owns 16
-// keys of a tile (32 at D 64, two groups of 16: see kKeyGroups), and at D
-// 256 two warps share each 16 keys, one per half of the output columns (see
-// kDimSplit):
+// they are released. With batch-invariant splits (p.invariant_tiles > 0,
+// balance.cuh) the 3-D grid stays, and each block deals its sequence's
+// tiles by that sequence's own split count, exiting past it.
+// KEYS (keys per tile) = 8192 / D, so one tile of K plus one of V is always
+// 32 KiB; a warp owns 16 keys of a tile (32 at D 64, two groups of 16: see
+// kKeyGroups), and at D 256 two warps share each 16 keys, one per half of
+// the output columns (see kDimSplit):
 //     D  64: 128 keys, 4 warps (32 keys each), 128 threads
 //     D 128:  64 keys, 4 warps, 128 threads
 //     D 256:  32 keys, 4 warps (2 x 2 halves of D), 128 threads
@@ -165,6 +167,11 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         q_base = fd_ptr<const T>(p.q) + b * p.q_batch_stride;
         k_base = fd_ptr<const T>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
         v_base = fd_ptr<const T>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+    }
+
+    if (p.invariant_tiles > 0) {  // batch-invariant: the sequence's own split count (balance.cuh)
+        num_splits = fd_invariant_splits(p, p.cache_seqlens ? fd_ptr<const int>(p.cache_seqlens)[b] : p.seqlen);
+        if (split >= num_splits) return;
     }
 
     // A paged cache: where the keys of a tile are (the form's page ring).

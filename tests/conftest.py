@@ -239,3 +239,17 @@ def assert_names(err, exc, name):
     with it, the Go core's read "flashdecode: <op>: <name>: ..."."""
     assert type(err) is exc, f"{type(err).__name__}: {err}"
     assert re.match(rf"(?:flashdecode: \w+: )?{name}\b", str(err)), f"message does not name {name!r}: {err}"
+
+
+def capture(call):
+    """call() warmed up on a side stream (plans, module load), then captured in a CUDA graph:
+    returns (graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = call()
+    return graph, result

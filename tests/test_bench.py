@@ -618,3 +618,445 @@ def test_run_flashinfer_reports_the_fastest_matching_variant(monkeypatch, sq):
         assert (us, note) == (11, "page16, causal prefill, graph")
     monkeypatch.setattr(bench, "matches", lambda out, ref, dtype: (False, 1.0))
     assert bench.run_peer("flashinfer", q, kvs, ref, shape, "fp16", 1)[1].startswith("n/a (page16")
+
+
+# ---- fp8 caches, sinks, the serving matrix ----
+
+def test_parse_args_kv_dtype_runs_the_fp8_matrix():
+    args = bench.parse_args(["--kv-dtype", "fp8_e4m3"])
+    assert args.kv_dtype == "fp8_e4m3" and args.cases == bench.matrix_cases(bench.FP8_MATRIX)
+    assert args.serving_shapes == [] and args.serving_cases == []
+    assert bench.parse_args([]).kv_dtype is None and not bench.parse_args([]).paged16
+    assert bench.parse_args(["--kv-dtype", "fp8_e5m2", "--quick"]).cases == bench.matrix_cases(bench.FP8_QUICK)
+    shaped = bench.parse_args(["--kv-dtype", "fp8_e5m2", "--shapes", "b=2", "--paged16", "--sinks"])
+    assert [s.b for s, _ in shaped.cases] == [2] and shaped.paged16 and shaped.sinks
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--kv-dtype", "fp8"])
+
+
+def test_fp8_matrix_decodes_one_token_from_4_mb_to_1_gb():
+    cases = bench.matrix_cases(bench.FP8_MATRIX)
+    assert len(cases) == len(set(cases)) and 12 <= len(cases) <= 20
+    assert {s.sq for s, _ in cases} == {1}  # FlashInfer's decode wrapper on every shape
+    assert {dt for _, dt in cases} == {"fp16", "bf16"} and {64, 128, 256} == {s.d for s, _ in cases}
+    mb = [bench.kv_bytes(s, dt, "fp8_e4m3") / bench.MB for s, dt in cases]
+    assert min(mb) < 16 and max(mb) < 1100 and sum(m >= 512 for m in mb) >= 3  # the 95% band has shapes
+    assert all(bench.kv_bytes(s, dt, "fp8_e5m2") * 2 == bench.kv_bytes(s, dt) for s, dt in cases)
+    # each shape's fp16 size is at least 256 MB somewhere (the 0.55x target's range)
+    assert sum(bench.kv_bytes(s, dt) >= 256e6 for s, dt in cases) >= 6
+
+
+def test_shuffled_pages_deal_a_permutation_to_both_tables():
+    lengths, page = [40, 16, 1, 17], 16
+    table, (indptr, indices, last) = bench.shuffled_pages(lengths, page, torch.Generator().manual_seed(3))
+    assert table.dtype == indptr.dtype == indices.dtype == last.dtype == torch.int32
+    assert sorted(indices.tolist()) == list(range(7))  # every page of the pool once
+    assert indptr.tolist() == [0, 3, 4, 5, 7] and last.tolist() == [8, 16, 1, 1] and table.shape == (4, 3)
+    for i, n in enumerate([3, 1, 1, 2]):  # flash_decode's row i holds FlashInfer's pages of sequence i
+        assert table[i, :n].tolist() == indices[indptr[i]:indptr[i + 1]].tolist()
+        assert not table[i, n:].any()
+    again = bench.shuffled_pages(lengths, page, torch.Generator().manual_seed(3))[0]
+    assert torch.equal(table, again)  # seeded
+    shuffles = {tuple(bench.shuffled_pages([16] * 8, 1, torch.Generator().manual_seed(s))[1][1].tolist())
+                for s in range(4)}
+    assert len(shuffles) == 4 and tuple(range(128)) not in shuffles  # shuffled, per seed
+    table, (indptr, indices, last) = bench.shuffled_pages([3, 1], 1)
+    assert last.tolist() == [1, 1] and indptr.tolist() == [0, 3, 4] and sorted(indices.tolist()) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="no keys"):
+        bench.shuffled_pages([5, 0], 16)
+
+
+def test_ragged_lengths_are_seeded_and_in_range():
+    a = bench.ragged_lengths(256, 128, 2048, seed=0)
+    assert a == bench.ragged_lengths(256, 128, 2048, seed=0) != bench.ragged_lengths(256, 128, 2048, seed=1)
+    assert len(a) == 256 and min(a) >= 128 and max(a) <= 2048 and len(set(a)) > 100
+    assert min(a) < 300 and max(a) > 1900  # spread over the range, ends included
+    assert bench.ragged_lengths(3, 32768, 32768, seed=5) == [32768] * 3
+
+
+def test_attended_bytes_count_keys_held_not_pages():
+    assert bench.attended_bytes([100, 28], 8, 128, 1) == 2 * 128 * 8 * 128
+    assert bench.attended_bytes([100, 28], 8, 128, 2) == 2 * bench.attended_bytes([100, 28], 8, 128, 1)
+    shape = Shape(b=4, hq=32, hkv=8, d=64, L=1000, sq=1)
+    assert bench.attended_bytes([1000] * 4, 8, 64, 2) == bench.kv_bytes(shape, "fp16") == \
+        2 * bench.kv_bytes(shape, "bf16", "fp8_e4m3")
+
+
+def test_parse_serving_ranges_and_errors():
+    got = bench.parse_serving("b=8,L=2k-8k; hq=8,hkv=1,b=16,L=4k;b=1/2,d=256,L=100-1536")
+    assert got == [bench.Serving(Shape(8, 32, 8, 128, 8192, 1), 2048),
+                   bench.Serving(Shape(16, 8, 1, 128, 4096, 1), 4096),
+                   bench.Serving(Shape(1, 32, 8, 256, 1536, 1), 100), bench.Serving(Shape(2, 32, 8, 256, 1536, 1), 100)]
+    assert bench.serving_label(got[0]) == "32/8 d128 b=8 L=2048-8192" and bench.serving_label(got[1]).endswith("L=4096")
+    for bad in ("b=8,L=8k-2k", "b=8,L=0-5", "b=8,L=1k,sq=2", "b=8,L=1k-x", "q=1"):
+        with pytest.raises(ValueError):
+            bench.parse_serving(bad)
+
+
+def test_serving_matrix_covers_the_issue_shapes():
+    args = bench.parse_args(["--serving-matrix"])
+    cases = args.serving_cases
+    assert cases == bench.serving_cases(bench.SERVING_MATRIX) and args.cases == [] == args.serving_shapes  # alone
+    with_table = bench.parse_args(["--serving-matrix", "--shapes", "b=2"])
+    assert with_table.serving_cases == cases and [s.b for s, _ in with_table.cases] == [2]
+    assert 12 <= len(cases) <= 16 and len(set(cases)) == len(cases)
+    shapes = [s.shape for s, _, _ in cases]
+    assert {64, 128, 256} == {s.d for s in shapes}
+    assert {1, 4, 8} <= {s.hq // s.hkv for s in shapes} and any(s.hkv == 1 for s in shapes)  # GQA 1/4/8, MQA
+    assert min(s.b for s in shapes) == 1 and max(s.b for s in shapes) == 256
+    assert {dt for _, dt, _ in cases} == {"fp16", "bf16"} and "fp8_e4m3" in {kv for _, _, kv in cases}
+    assert sum(s.lo < s.shape.L for s, _, _ in cases) >= 10  # ragged
+    assert bench.Serving(Shape(8, 16, 8, 256, 8192, 1), 2048) in [s for s, _, _ in cases]  # the d256 loss
+    assert all(bench.kv_bytes(s.shape, "fp16") < 4.5e9 for s, _, _ in cases)
+    quick = bench.parse_args(["--serving-matrix", "--quick"]).serving_cases
+    assert quick == bench.serving_cases(bench.SERVING_MATRIX_QUICK) and len(quick) <= 4
+    own = bench.parse_args(["--serving-matrix", "b=4,L=1k-2k", "--dtypes", "bf16", "--kv-dtype", "fp8_e5m2"])
+    assert own.serving_cases == [(bench.Serving(Shape(4, 32, 8, 128, 2048, 1), 1024), "bf16", "fp8_e5m2")]
+    assert bench.parse_args([]).serving_cases == []
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--serving-matrix", "b=4,L=2k-1k"])
+
+
+def test_layer_bytes_reads_fp8_bytes_as_fp16_and_cuts_to_attended():
+    buf = torch.zeros(3, 2, 4, 64, 2, 8).to(torch.float8_e4m3fn)  # layers, K/V, pages, page, hkv, d
+    kvs = [(buf[i, 0], buf[i, 1]) for i in range(3)]
+    views = bench.layer_bytes(kvs, block=64)
+    assert [v.dtype for v in views] == [torch.float16] * 3 and views[0].numel() == 4 * 64 * 2 * 8  # 2 * K bytes / 2
+    assert views[1].data_ptr() == buf[1].data_ptr()
+    cut = bench.layer_bytes(kvs, block=64, nbytes=1000)  # 500 fp16 elements, cut to whole blocks
+    assert cut[0].numel() == 448 and cut[0].data_ptr() == buf[0].data_ptr()
+    half = torch.zeros(3, 2, 4, 64, 2, 8, dtype=torch.float16)
+    assert bench.layer_bytes([(half[0, 0], half[0, 1])], block=64, nbytes=1000)[0].numel() == 448
+
+
+def test_fp8_descales_and_the_values_attended():
+    d = bench.fp8_descales(3, 2, "fp8_e4m3", device="cpu")
+    assert set(d) == {"k_descale", "v_descale"} and d["k_descale"].shape == (3, 2)
+    assert d["k_descale"].dtype == torch.float32 and not torch.equal(d["k_descale"], d["v_descale"])
+    lo, hi = bench.DESCALE_RANGE
+    assert all(lo <= x <= hi for t in d.values() for x in t.flatten().tolist())
+    assert torch.equal(d["k_descale"], bench.fp8_descales(3, 2, "fp8_e5m2", device="cpu")["k_descale"])  # seeded
+    assert bench.fp8_descales(3, 2, None) == {}
+    x = torch.randn(3, 5, 2, 4).to(torch.float8_e4m3fn)
+    got = bench.dequantized(x, d["k_descale"], nb=2)
+    assert got.shape == (2, 5, 2, 4) and got.dtype == torch.float32
+    torch.testing.assert_close(got[1, :, 0], x[1, :, 0].float() * d["k_descale"][1, 0], rtol=0, atol=0)
+    torch.testing.assert_close(bench.dequantized(x, None), x.float(), rtol=0, atol=0)
+
+
+def test_with_sinks_is_an_extra_logit_without_a_value():
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
+    sinks = torch.randn(4)
+    got = bench.with_sinks(bench.reference(q, k, v), q, k, sinks)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = q @ kk.transpose(-1, -2) / 8 ** 0.5  # (2, 4, 1, 10), then the sink's column, whose value is 0
+    p = torch.softmax(torch.cat([s, sinks.view(1, 4, 1, 1).expand(2, 4, 1, 1)], -1), -1)[..., :10]
+    torch.testing.assert_close(got, p @ vv, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, bench.reference(q, k, v), atol=1e-3)
+
+
+def fake_flash_decode(calls):
+    """flash_decode on the CPU for run_pool: the keys of each sequence through block_table
+    (or a contiguous cache), times the descales, per sequence over cache_seqlens."""
+    def fd(q, k_cache, v_cache, *, cache_seqlens, max_seqlen_k, block_table=None, k_descale=None, v_descale=None):
+        calls.append(dict(block_table=block_table, max_seqlen_k=max_seqlen_k, fp8=k_descale is not None))
+        k, v = bench.dense((k_cache, v_cache, block_table), q.shape[0], max_seqlen_k)
+        k, v = bench.dequantized(k, k_descale, len(k)), bench.dequantized(v, v_descale, len(v))
+        return bench.lengths_reference(q, k, v, cache_seqlens.tolist()).to(q.dtype)
+    return fd
+
+
+@pytest.mark.parametrize("kv", [None, "fp8_e4m3"])
+@pytest.mark.parametrize("page", [16, 1, 0])
+def test_run_pool_gives_both_libraries_the_same_pages(monkeypatch, page, kv):
+    fake, calls = FakeFlashInfer(), []
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: fake)
+    monkeypatch.setattr(bench, "FLASHINFER_WORKSPACE", 64)
+    monkeypatch.setattr(bench, "L2_ROTATION_BYTES", 1)  # 3 layers
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 10**9))
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", fake_flash_decode(calls))
+
+    def timed(call, layers, repeats):  # FlashInfer's variants cost what FakeFlashInfer says, flash_decode 7
+        fake.last = None
+        return call(layers[-1]) is not None and (fake.last or 7.0), "g"
+    monkeypatch.setattr(bench, "time_kernel", timed)
+    q = torch.randn(3, 1, 4, 16).half()
+    lengths = [40, 5, 17]
+    r = bench.run_pool(q, lengths, page, 2, "fp16", kv, 3, peers=("flashinfer",), seed=1, read=True)
+    assert r["check"] == "ok" and r["us"] == 7.0 and r["layers"] == 3
+    assert calls[0]["max_seqlen_k"] == 40 and calls[0]["fp8"] == bool(kv)
+    if page:
+        assert calls[0]["block_table"].shape == (3, -(-40 // page))
+        assert r["fi_note"] == f"page{page}, tensor cores, g" and r["fi_us"] == 10 - (page == 16)
+    else:
+        assert calls[0]["block_table"] is None and "fi_us" not in r
+    # The references come from flash_decode's block_table: FlashInfer matches them only on
+    # the same pages, so tables dealt apart leave it n/a.
+    real = bench.shuffled_pages
+    monkeypatch.setattr(bench, "shuffled_pages", lambda *a: (lambda t, fi: (t.flip(0), fi))(*real(*a)))
+    if page:
+        r = bench.run_pool(q, lengths, page, 2, "fp16", kv, 3, peers=("flashinfer",), seed=1)
+        assert r["check"] == "ok" and r["fi_us"] is None and "mismatch" in r["fi_note"]
+
+
+def test_run_pool_without_flashinfer_or_room(monkeypatch):
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: None)
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", fake_flash_decode([]))
+    monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (5.0, "g"))
+    monkeypatch.setattr(bench, "L2_ROTATION_BYTES", 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 10**9))
+    q = torch.randn(2, 1, 4, 16).half()
+    r = bench.run_pool(q, [20, 3], 16, 2, "fp16", None, 3, peers=("flashinfer",))
+    assert (r["fi_us"], r["fi_note"]) == (None, "n/a (flashinfer not installed)") and r["us"] == 5.0
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, 10**9))
+    assert bench.run_pool(q, [20, 3], 16, 2, "fp16", None, 3) == dict(check="n/a (does not fit)")
+
+
+def serving_row(lo=2048, hi=8192, contiguous=10.0, page16=10.5, fi16=11.0, page1=12.0, fi1=11.9, kv=None):
+    r = dict(dtype="fp16", kv_dtype=kv or "fp16", b=8, hq=32, hkv=8, d=128, lo=lo, hi=hi, kv_mb=100.0,
+             contiguous_us=contiguous, contiguous_read_us=9.0, contiguous_check="ok")
+    for page, us, fi in ((16, page16, fi16), (1, page1, fi1)):
+        r.update({f"page{page}_us": us, f"page{page}_vs_contiguous": us / contiguous, f"page{page}_fi_us": fi,
+                  f"page{page}_fi_ratio": fi / us, f"page{page}_fi_note": f"page{page}, tensor cores, graph"})
+    return r
+
+
+def test_serving_markdown_and_summary():
+    rows = [serving_row(), serving_row(fi16=10.55, kv="fp8_e4m3"), serving_row(lo=32768, hi=32768, fi16=9.0)]
+    text = bench.markdown(bench.serving_columns(), rows)
+    lines = text.split("\n")
+    assert len(lines) == 5 and lines[0].startswith("| dtype | heads q/kv | d | batch | lengths | MB attended |")
+    assert lines[2].startswith("| fp16 | 32/8 | 128 | 8 | 2048-8192 | 100.0 | 10.0 | 9.0 | 90% | 10.5 (1.050) |")
+    assert "| 1.048 (page16, tensor cores, graph) |" in lines[2]
+    assert lines[3].startswith("| fp16 / fp8_e4m3 |") and "| 32768 |" in lines[4]
+    s = dict(bench.serving_summary(rows))
+    ratios = [11.0 / 10.5, 10.55 / 10.5, 9.0 / 10.5]
+    assert s["vs FlashInfer's faster variant, pages of 16 (its time / flash_decode's)"] == \
+        f"geomean {math.prod(ratios) ** (1 / 3):.3f}x, min 0.857x; 1 ahead, 1 within ±1%, 1 behind over 3 shapes"
+    assert s["pages of 1 over the contiguous cache of the same lengths"] == "median 1.200x, max 1.200x over 3 shapes"
+    na = dict(serving_row(), page1_us=None, page1_check="n/a (does not fit)", page1_fi_us=None,
+              page1_fi_note="n/a (flashinfer not installed)", page1_vs_contiguous=None, page1_fi_ratio=None)
+    line = bench.markdown(bench.serving_columns(), [na]).split("\n")[2]
+    assert line.endswith("| n/a (does not fit) | n/a (flashinfer not installed) |")
+
+
+def test_table_markdown_has_the_fp8_paged_and_sinks_columns_where_measured():
+    r = row(cudnn=40.0, flashinfer=33.0)
+    r.update(kv_dtype="fp8_e4m3", same_dtype_us=55.0, read_us=28.0, paged16_us=31.0, fi_paged16_us=34.1,
+             fi_paged16_note="page16, no tensor cores, graph", sinks_us=30.3,
+             flashinfer_note="page16, tensor cores, graph")
+    plain = row(L=1024, ours=5.0, kv_mb=4.19)
+    cols = bench.table_columns([r, plain], ["cudnn", "flashinfer"])
+    heads = [c[0] for c in cols]
+    assert heads[:11] == ["dtype", "batch", "heads q/kv", "d", "cache len", "seqlen_q", "cache MB", "splits", "µs",
+                          "TB/s", "% ceiling"]
+    assert heads[11:] == ["plain read µs", "of the read's speed", "µs, caches in q's dtype", "fp8 / q's dtype",
+                          "×cuDNN", "×FlashInfer (its fastest variant)", "shuffled pages of 16 µs",
+                          "×FlashInfer there", "with sinks µs", "sinks / without"]
+    cells = bench.markdown(cols, [r, plain]).split("\n")[2:]
+    assert cells[0].startswith("| fp16 / fp8_e4m3 | 1 | 32/8 | 128 | 32768 | 1 |")
+    assert "| **30.0** |" in cells[0] and "| 0.545 |" in cells[0]
+    assert "| 1.10 (page16, tensor cores, graph) |" in cells[0]
+    assert "| 31.0 | 1.10 (page16, no tensor cores, graph) | 30.3 | 1.010 |" in cells[0]
+    assert cells[1].startswith("| fp16 | 1 |") and cells[1].endswith("| – | – | – | – |")
+    assert [c[0] for c in bench.table_columns([plain], ["cudnn"])][-1] == "% ceiling"  # nothing optional measured
+    s = dict(bench.summarize([r], None))
+    assert s["fp8 caches against the same shape in q's dtype (time / time)"] == "0.545x (1 shape)"
+    assert s["with sinks against without (time / time)"] == "1.010x (1 shape)"
+    assert s["vs FlashInfer on the same shuffled pages of 16 (its time / flash_decode's)"] == "1.100x (1 shape)"
+
+
+def test_format_row_shows_the_fp8_sinks_and_paged_figures():
+    r = row(flashinfer=33.0)
+    r.update(kv_dtype="fp8_e4m3", same_dtype_us=55.0, sinks_us=30.3, sinks_check="ok", paged16_us=31.0,
+             paged16_check="ok", fi_paged16_us=None, fi_paged16_note="n/a (flashinfer not installed)")
+    del r["num_splits"]  # a plan() that does not take the fp8 cache yet
+    r["plan_note"] = "n/a (TypeError: kv_dtype)"
+    line = bench.format_row(r, ["flashinfer"])
+    assert line.startswith("fp16 / fp8_e4m3 b=1,hq=32,hkv=8,d=128,L=32768,sq=1 134.0MB x3 splits=? | 30.0us")
+    assert line.endswith("90% | in fp16 55.0us | with sinks 30.3us | shuffled pages of 16 31.0us"
+                         " | fi_paged16_note n/a (flashinfer not installed) | plan_note n/a (TypeError: kv_dtype)"
+                         " | flashinfer 1.10x")
+
+
+def test_serving_row_runs_each_pool_on_the_same_lengths(monkeypatch):
+    seen = []
+
+    def fake_pool(q, lengths, page, hkv, dtype, kv, repeats, peers=(), seed=0, read=False):
+        seen.append((tuple(lengths), page, kv, read, q.shape))
+        us = {0: 10.0, 16: 10.4, 1: 12.0}[page]
+        return dict(us=us, check="ok", layers=3, **({"fi_us": 11.0, "fi_note": f"page{page}, tensor cores, graph"}
+                                                    if page else {"read_us": 9.0}))
+
+    monkeypatch.setattr(bench, "run_pool", fake_pool)
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+    monkeypatch.setattr(torch, "randn", lambda *size, device=None, dtype=None: torch.zeros(size, dtype=dtype))
+    args = bench.parse_args(["--shapes", "none", "--serving-matrix", "b=4,L=100-200", "--seed", "7"])
+    serving, dtype, kv = args.serving_cases[0]
+    r = bench.run_serving_row(serving, dtype, kv, args)
+    lengths = tuple(bench.ragged_lengths(4, 100, 200, 7))
+    assert seen == [(lengths, 0, None, True, (4, 1, 32, 128)), (lengths, 16, None, False, (4, 1, 32, 128)),
+                    (lengths, 1, None, False, (4, 1, 32, 128))]
+    assert r["keys"] == sum(lengths) and r["kv_mb"] == round(bench.attended_bytes(lengths, 8, 128, 2) / 1e6, 2)
+    assert r["page16_vs_contiguous"] == pytest.approx(1.04) and r["page1_vs_contiguous"] == pytest.approx(1.2)
+    assert r["page16_fi_ratio"] == pytest.approx(11 / 10.4) and r["contiguous_read_us"] == 9.0
+    assert "contiguous_fi_ratio" not in r and (r["lo"], r["hi"]) == (100, 200)
+    line = bench.format_serving_matrix_row(r, serving)
+    assert line == ("fp16/fp16 32/8 d128 b=4 L=100-200 | contiguous 10.0us | page16 10.4us, FlashInfer 11.0us "
+                    "(1.058x) | page1 12.0us, FlashInfer 11.0us (0.917x) | read 9.0us")
+
+
+def test_main_runs_the_serving_matrix_alone_and_writes_markdown(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "gpu_missing", lambda: None)
+    monkeypatch.setattr(bench, "read_ceiling", lambda repeats: {"triton": 3.1})
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+    monkeypatch.setattr(bench, "eager_tiny", lambda: None)
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
+
+    def fake_row(serving, dtype, kv, args):
+        if serving.shape.b == 2:
+            raise RuntimeError("out of memory")
+        return serving_row(lo=serving.lo, hi=serving.shape.L, kv=kv)
+
+    monkeypatch.setattr(bench, "run_serving_row", fake_row)
+    out = tmp_path / "bench"
+    assert bench.main(["--serving-matrix", "--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    text = (out / "serving.md").read_text()
+    assert text in printed + "\n" and not (out / "table.md").exists()
+    assert text.startswith("a GPU, torch ") and "FlashInfer: not importable here, so no FlashInfer figures" in text
+    assert "| fp16 / fp8_e4m3 | 32/8 | 128 | 8 | 512-4096 |" in text
+    assert "[serving 2/3] fp16/fp16 32/8 d128 b=2 L=100-1536 | contiguous n/a (RuntimeError: out of memory)" in printed
+    assert "- vs FlashInfer's faster variant, pages of 16 (its time / flash_decode's): geomean 1.048x" in text
+    data = json.loads((out / "results.json").read_text())
+    assert len(data["meta"]["serving_matrix"]) == 3 and data["meta"]["seed"] == 0
+
+
+@pytest.mark.parametrize("kv", [None, "fp8_e4m3"])
+def test_run_case_checks_each_library_against_the_values_it_attends(monkeypatch, kv):
+    # On the CPU: flash_decode gets the descales (its reference: the values times them),
+    # FlashInfer none (its reference: the fp8 values as stored); sinks rescale flash_decode's.
+    fake, calls = FakeFlashInfer(), []
+    monkeypatch.setattr(bench, "import_flashinfer", lambda: fake)
+    monkeypatch.setattr(bench, "FLASHINFER_WORKSPACE", 64)
+    monkeypatch.setattr(bench, "L2_ROTATION_BYTES", 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 10**9))
+    real_randn, real_cache = torch.randn, bench.random_cache
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))
+    monkeypatch.setattr(bench, "random_cache", lambda size, dt, device="cuda": real_cache(size, dt, "cpu"))
+    monkeypatch.setattr(bench, "time_eager", lambda call, layers, calls=50: 1.0)
+    monkeypatch.setattr(bench, "settle", lambda seconds: None)
+
+    def timed(call, layers, repeats):
+        fake.last = None
+        return call(layers[0]) is not None and (fake.last or 20.0 + len(calls) % 2), "graph"
+
+    def fd(q, k, v, *, k_descale=None, v_descale=None, sinks=None, num_splits=0):
+        calls.append(dict(descale=k_descale is not None, sinks=sinks is not None, dtype=k.dtype))
+        k, v = (bench.dequantized(x, s, len(x)).transpose(1, 2) for x, s in ((k, k_descale), (v, v_descale)))
+        out = bench.reference(q.transpose(1, 2), k, v, nb=len(q))
+        return (bench.with_sinks(out, q.transpose(1, 2), k, sinks) if sinks is not None else out).transpose(1, 2)
+
+    monkeypatch.setattr(bench, "time_kernel", timed)
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", fd)
+    argv = ["--shapes", "b=2,hq=4,hkv=2,d=16,L=64", "--sinks", "--peers", "none"] + (["--kv-dtype", kv] if kv else [])
+    args = bench.parse_args(argv)
+    args.ceiling = 1.0
+    r = bench.run_case(args.cases[0][0], "fp16", ["cudnn", "flashinfer"], args)
+    assert r["check"] == "ok" and r["sinks_check"] == "ok" and r["sinks_us"] and r["ours_us"]
+    assert (r["flashinfer_us"], r["flashinfer_note"]) == (9, "page16, tensor cores, graph")
+    assert r["kv_dtype"] == (kv or "fp16") and r["kv_mb"] == round(2 * 2 * 64 * 2 * 16 * (1 if kv else 2) / 1e6, 2)
+    assert ("same_dtype_us" in r) == bool(kv) and ("sdpa_eager_us" in r) != bool(kv)
+    ours = [c for c in calls if c["dtype"] != torch.float16] if kv else calls
+    assert ours and all(c["descale"] == bool(kv) for c in ours) and [c["sinks"] for c in ours].count(True) == 2
+    if kv:
+        assert r["cudnn_note"] == "n/a (no fp8 cache)" and all(c["dtype"] == torch.float8_e4m3fn for c in ours)
+        assert sum(c["dtype"] == torch.float16 for c in calls) == 1  # the same shape in q's dtype, timed
+
+
+def test_fp8_rows_summarized_against_their_bounds():
+    rows = [row(ours=30.0, kv_mb=134.0), row(ours=60.0, kv_mb=600.0), row(ours=5.0, kv_mb=8.0), row(kv_mb=900.0)]
+    for r, same, read in zip(rows, (55.0, 115.0, 8.0, None), (28.0, 58.0, 3.0, 29.0)):
+        r.update(kv_dtype="fp8_e4m3", same_dtype_us=same, read_us=read)
+    rows[3]["kv_dtype"] = "fp16"  # not an fp8 row: no share counted
+    s = dict(bench.fp8_bounds(rows))
+    assert s["fp8 over q's dtype where that cache is >= 256 MB"] == "max 0.545x over 2 shapes"  # 8 MB's 0.625 left out
+    assert s["fp8 caches >= 64 MB: share of the plain read's speed"] == "min 93.3% over 2 shapes"
+    assert s["fp8 caches >= 512 MB: share of the plain read's speed"] == "min 96.7% over 1 shape"
+    assert bench.fp8_bounds([row()]) == []
+    assert ("fp8 caches >= 512 MB: share of the plain read's speed", "min 96.7% over 1 shape") in \
+        bench.summarize(rows, None)
+
+
+def test_time_sinks_catches_a_call_that_drops_them(monkeypatch):
+    monkeypatch.setattr(bench, "time_kernel", lambda call, layers, repeats: (call(layers[0]) is not None and 3.0, "g"))
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 512, 16), torch.randn(1, 2, 512, 16)
+    ref = bench.reference(q, k, v)
+
+    def call(layer, sinks=None):
+        out = bench.reference(q, *layer)
+        return (bench.with_sinks(out, q, layer[0], sinks) if sinks is not None else out).transpose(1, 2)
+
+    assert bench.time_sinks(call, [(k, v)], q, k, ref, "fp16", 3) == dict(sinks_check="ok", sinks_us=3.0)
+    dropped = bench.time_sinks(lambda layer, sinks=None: call(layer), [(k, v)], q, k, ref, "fp16", 3)
+    assert dropped["sinks_check"].startswith("MISMATCH") and "sinks_us" not in dropped
+
+
+def test_quick_matrices_warm_only_flashinfer_modules_the_full_ones_use():
+    # FlashInfer compiles a module per (q dtype, cache dtype, head dim) on first use: a quick
+    # run warms modules the full run uses, and nothing else.
+    def modules(cases):
+        return {(dt, s.d) for s, dt in cases}
+    assert modules(bench.matrix_cases(bench.FP8_QUICK)) <= modules(bench.matrix_cases(bench.FP8_MATRIX))
+    serving = {(dt, kv, s.shape.d) for s, dt, kv in bench.serving_cases(bench.SERVING_MATRIX)}
+    assert {(dt, kv, s.shape.d) for s, dt, kv in bench.serving_cases(bench.SERVING_MATRIX_QUICK)} <= serving
+    fp8 = {(dt, "fp8_e4m3", d) for dt, d in modules(bench.matrix_cases(bench.FP8_MATRIX))}
+    assert {m for m in serving if m[1]} <= fp8  # the serving matrix's fp8 rows reuse the fp8 table's modules
+
+
+def test_paged16_columns_hold_every_sequence_whole(monkeypatch):
+    seen = []
+
+    def fake_pool(q, lengths, page, hkv, dtype, kv, repeats, peers=(), seed=0, read=False):
+        seen.append((q.shape, lengths, page, hkv, dtype, kv, repeats, peers, seed, read))
+        return dict(us=31.0, layers=3, check="ok", fi_us=34.0, fi_note="page16, tensor cores, graph")
+
+    monkeypatch.setattr(bench, "run_pool", fake_pool)
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))
+    args = bench.parse_args(["--kv-dtype", "fp8_e5m2", "--paged16", "--repeats", "4", "--seed", "2"])
+    got = bench.paged16_columns(Shape(2, 32, 8, 64, 4096, 1), "bf16", "fp8_e5m2", ["flashinfer"], args)
+    assert got == dict(paged16_us=31.0, paged16_layers=3, paged16_check="ok", fi_paged16_us=34.0,
+                       fi_paged16_note="page16, tensor cores, graph")
+    assert seen == [((2, 1, 32, 64), [4096, 4096], 16, 8, "bf16", "fp8_e5m2", 4, ["flashinfer"], 2, False)]
+    assert bench.paged16_columns(Shape(2, 32, 8, 64, 4096, 4), "bf16", None, [], args) == \
+        dict(paged16_check="n/a (seqlen_q > 1)")
+
+
+def test_a_flashinfer_module_that_does_not_build_is_tried_once(monkeypatch):
+    fake, tries = FakeFlashInfer(), []
+    decode = fake.BatchDecodeWithPagedKVCacheWrapper
+
+    class Unbuilt(decode):
+        def plan(self, *args, **kw):
+            if self.tc:
+                tries.append(kw["kv_data_type"])
+                raise RuntimeError("Ninja build failed: fp8 kv with fp16 q" if len(tries) == 1 else "workspace full")
+            super().plan(*args, **kw)
+
+    fake.BatchDecodeWithPagedKVCacheWrapper = Unbuilt
+    monkeypatch.setattr(bench, "FLASHINFER_UNBUILT", {})
+    qo = torch.randn(2, 4, 8).half()
+    tables = bench.shuffled_pages([20, 5], 16)[1]
+    layers = [(torch.randn(3, 16, 2, 8).half(),) * 2]
+    for kv_dt in (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float16, torch.float16):
+        workspace = torch.empty(64, dtype=torch.uint8)
+        (cc, cc_call, _), (tc, tc_call, _) = bench.flashinfer_decodes(fake, workspace, tables, qo, layers, 16, "page16",
+                                                                      kv_dt)
+        assert (cc, tc) == ("page16, no tensor cores", "page16, tensor cores") and cc_call(layers[0]).shape == qo.shape
+        with pytest.raises(RuntimeError):
+            tc_call(layers[0])
+    # fp8 built once and failed: not tried again; fp16 failed for another reason each time: tried each time
+    assert tries == [torch.float8_e4m3fn, torch.float16, torch.float16]
+    assert list(bench.FLASHINFER_UNBUILT.values()) == ["Ninja build failed: fp8 kv with fp16 q"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flash_decode
-from conftest import assert_matches_reference, plant
+from conftest import assert_matches_reference, capture, plant
 
 pytestmark = pytest.mark.cuda
 
@@ -289,15 +289,8 @@ def test_balanced_splits_graph_replay():
     # The split counts follow the lengths a replay finds, not the captured ones.
     q, k, v = make(4, 1, 32, 8, 128, 16384)
     cache_seqlens = lengths(16384, 16384, 16384, 16384)
-    call = lambda: flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens, return_softmax_lse=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = call()
+    graph, (out, lse) = capture(
+        lambda: flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens, return_softmax_lse=True))
     for new in [(16384, 3, 0, 100), (0, 0, 0, 0), (1, 16384, 2, 16384)]:
         cache_seqlens.copy_(lengths(*new))
         graph.replay()
@@ -309,16 +302,8 @@ def test_balanced_splits_graph_replay():
 def test_cuda_graph_replay_with_new_lengths(num_splits):
     q, k, v = make(3, 4, 32, 8, 128, 2048)
     cache_seqlens = lengths(2048, 5, 0)
-    call = lambda: flash_decode.flash_decode(q, k, v, cache_seqlens=cache_seqlens, causal=True,
-                                             num_splits=num_splits, return_softmax_lse=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up (plans, module load) off the capture
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = call()
+    graph, (out, lse) = capture(lambda: flash_decode.flash_decode(
+        q, k, v, cache_seqlens=cache_seqlens, causal=True, num_splits=num_splits, return_softmax_lse=True))
     for step, new in enumerate([(1, 2048, 17), (0, 0, 3), (2048, 2048, 2048), (700, 1, 2)]):
         cache_seqlens.copy_(lengths(*new))
         q.copy_(randn(*q.shape, seed=10 + step))

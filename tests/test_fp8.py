@@ -338,7 +338,8 @@ RECORDED = []
 
 def _recording_decode(q, k_cache, v_cache, cache_seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table,
                       softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, num_splits,
-                      max_seqlen_k=None, k_descale=None, v_descale=None, k_descale_value=None, v_descale_value=None):
+                      max_seqlen_k=None, batch_invariant=False, k_descale=None, v_descale=None, k_descale_value=None,
+                      v_descale_value=None):
     """A CPU kernel for flash_decode::decode that records its descale arguments."""
     RECORDED.append((k_descale, v_descale, k_descale_value, v_descale_value))
     b, sq, hq, _ = q.shape

@@ -37,12 +37,12 @@ def test_signature_is_flash_attn_with_kvcache():
     assert list(keywords) == ["rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
                               "block_table", "softmax_scale", "causal", "window_size", "softcap",
                               "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse", "out",
-                              "max_seqlen_k", "k_descale", "v_descale"]
+                              "max_seqlen_k", "batch_invariant", "k_descale", "v_descale"]
     assert keywords == dict(rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
-                            num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None, k_descale=None,
-                            v_descale=None)
+                            num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None,
+                            batch_invariant=False, k_descale=None, v_descale=None)
     doc = flash_decode.flash_decode.__doc__
     for name in keywords:
         assert f"{name}" in doc, name

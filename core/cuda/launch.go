@@ -248,6 +248,10 @@ func plainParams(p *core.Problem, pl *core.Plan) C.fd_params {
 		k.balance_splits = C.int(pl.BalanceSplits)
 		k.balance_tile_keys = C.int(pl.Variant.KeysPerTile)
 	}
+	if pl.InvariantTiles > 0 { // batch-invariant splits (kernels/balance.cuh)
+		k.invariant_tiles, k.invariant_span_tiles = C.int(pl.InvariantTiles), C.int(pl.InvariantSpanTiles)
+		k.invariant_max_splits, k.balance_tile_keys = C.int(core.MaxSplits), C.int(pl.Variant.KeysPerTile)
+	}
 	scale := p.EffectiveScale()
 	k.scale = C.float(scale)
 	k.scale_log2 = C.float(float64(scale) * math.Log2E)

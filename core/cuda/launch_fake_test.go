@@ -66,7 +66,8 @@ type launchCase struct {
 
 // launchCases are problems at made-up addresses whose plans take every
 // path a decode launches: one split, clusters, the combines, whole items,
-// balanced splits, the append kernel and the appends fused into stage 1.
+// balanced splits, the append kernel, the appends fused into stage 1 and
+// batch-invariant splits.
 func launchCases() []launchCase {
 	const gib = uintptr(1) << 30
 	plain := func(b, hq, hkv, n, splits int) core.Problem {
@@ -118,6 +119,16 @@ func launchCases() []launchCase {
 			p.CacheSeqlens, p.Seqlen, p.New = 0, 1000, paged().New
 			return p
 		}(), "fused"},
+		{"batch-invariant splits", func() core.Problem {
+			p := plain(8, 32, 8, 32768, 0)
+			p.DeviceLengths, p.BatchInvariant = true, true
+			return p
+		}(), "invariant"},
+		{"batch-invariant paged append with rotary", func() core.Problem {
+			p := paged()
+			p.BatchInvariant = true
+			return p
+		}(), "invariant"},
 	}
 }
 
@@ -139,11 +150,12 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			takes := map[string]bool{"combine": pl.Combine != "" && pl.Cluster == 1, "cluster": pl.Cluster > 1,
 				"one": pl.NumSplits == 1 && pl.Combine == "", "whole": pl.WholeItems > 0,
 				"wide": pl.Combine == pl.Variant.CombineWide, "narrow": pl.Combine == pl.Variant.CombineNarrow,
-				"dense":    pl.Combine == pl.Variant.CombineNarrowDense,
-				"append":   pl.Append != "",
-				"fused":    pl.FusedAppend() && pl.Append == "",
-				"balanced": pl.BalanceSplits > 0 && pl.Grid[1] == 1 && pl.CombineGrid > 0,
-				"any":      true}
+				"dense":     pl.Combine == pl.Variant.CombineNarrowDense,
+				"append":    pl.Append != "",
+				"fused":     pl.FusedAppend() && pl.Append == "",
+				"balanced":  pl.BalanceSplits > 0 && pl.Grid[1] == 1 && pl.CombineGrid > 0,
+				"invariant": pl.InvariantTiles > 0 && pl.Merge == core.MergeInvariant && pl.Combine == core.BalancedCombine(pl.Variant.Combine),
+				"any":       true}
 			if !takes[tc.want] {
 				t.Fatalf("the plan %+v does not take the %s path", pl, tc.want)
 			}

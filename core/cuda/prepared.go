@@ -84,8 +84,8 @@ type Args struct {
 	// KDescale and VDescale (an fp8 layout with descale arrays) and Sinks
 	// (a layout with sinks).
 	KDescale, VDescale, Sinks uintptr
-	Workspace                                            uintptr
-	WorkspaceBytes                                       int
+	Workspace                 uintptr
+	WorkspaceBytes            int
 }
 
 // Workspace returns the bytes of workspace Run needs when called with this

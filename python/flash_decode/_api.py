@@ -49,7 +49,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                  rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
                  num_splits: int = 0, return_softmax_lse: bool = False, out: torch.Tensor | None = None,
-                 max_seqlen_k: int | None = None, k_descale: float | torch.Tensor | None = None,
+                 max_seqlen_k: int | None = None, batch_invariant: bool = False,
+                 k_descale: float | torch.Tensor | None = None,
                  v_descale: float | torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
@@ -76,6 +77,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return_softmax_lse: also return each row's natural-log LSE.
         out: a tensor of q's shape, dtype and device to write into.
         max_seqlen_k: with a cache_seqlens tensor, a bound on the keys a sequence attends, planned for.
+        batch_invariant: a sequence's result bits depend only on its own inputs, never on the batch, the
+            other lengths or the GPU (with num_splits=0; max_seqlen_k, if given, must bound every length).
         k_descale, v_descale: an fp8 cache's scales (an element x attends as x * descale; new tokens are
             stored as x / descale, saturated): None (1), a positive float, or float32 tensors on q's device,
             both, of 1 element or ``(batch, nheads_kv)`` (their values are not checked: no host sync).
@@ -100,7 +103,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if _is_compiling():
         return _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, k_descale, v_descale)
+                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant, k_descale,
+                       v_descale)
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
              and window_size == (-1, -1) and k_descale is None and v_descale is None)
@@ -113,6 +117,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                cache_seqlens if cache_seqlens is None else int if type(cache_seqlens) is int else
                (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.get_device()),
                type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
+               type(batch_invariant), batch_invariant,
                None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
         if not plain:
             sig += (*map(_sig, (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
@@ -129,7 +134,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if entry is None:
         entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                         rotary_interleaved, alibi_slopes, num_splits, out, k_descale, v_descale)
+                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant, k_descale, v_descale)
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -198,11 +203,11 @@ def _scale_sig(x):
 
 def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-             out, k_descale, v_descale):
+             out, batch_invariant=False, k_descale=None, v_descale=None):
     """Check a call, have the core prepare its layout and keep what later calls need under sig."""
     fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-                     num_splits, out, k_descale, v_descale)
+                     num_splits, out, batch_invariant, k_descale, v_descale)
     arrays = fields.get("descale")  # descale tensors: their device is checked, and goes with each call
     device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
                             rotary_sin=rotary_sin, cache_seqlens=cache_seqlens if fields["device_lengths"] else None,
@@ -238,7 +243,7 @@ def _handle(native, fields, device):
 
 def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            out, k_descale=None, v_descale=None):
+            out, batch_invariant=False, k_descale=None, v_descale=None):
     """Check what only Python sees in a call (but the devices) and return its layout fields."""
     _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
     dims = "(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else \
@@ -275,6 +280,9 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
                   out=_contiguous(q.shape) if out is None else out.stride(),
                   window_left=left, window_right=right, softcap=_float("softcap", softcap),
                   kv_dtype=_FP8.get(k_cache.dtype, 0), **_descales(k_descale, v_descale, batch, heads_kv))
+    _check_bool("batch_invariant", batch_invariant)
+    if batch_invariant:
+        fields.update(batch_invariant=1)
     if block_table is not None:
         _index("block_table", block_table, batch, table=True)
         pages = block_table.shape[1]
@@ -322,13 +330,13 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
 
 def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            return_softmax_lse, out, max_seqlen_k, k_descale, v_descale):
+            return_softmax_lse, out, max_seqlen_k, batch_invariant=False, k_descale=None, v_descale=None):
     """flash_decode while torch.compile traces: the eager call's first checks (the ops' schemas would
     turn True into 1, and out= is a copy that would cast or broadcast), then an op. A descale goes
     in as a tensor or as a value (the schemas have no union)."""
     _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
-            k_descale, v_descale)
+            batch_invariant, k_descale, v_descale)
     _check_lengths(cache_seqlens, max_seqlen_k)
     if out is not None and out.device != q.device:
         raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
@@ -339,12 +347,12 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if k is None and rotary_cos is None:
         result, lse = torch.ops.flash_decode.decode(
             q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, *descales)
+            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, *descales)
     else:
         result, lse = torch.ops.flash_decode.decode_append(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            max_seqlen_k, *descales)
+            max_seqlen_k, batch_invariant, *descales)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result
@@ -354,7 +362,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
          dtype: torch.dtype = torch.float16, num_splits: int = 0, device: int | str | torch.device | None = None,
          seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
          window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0,
-         lengths: bool = False, kv_dtype: torch.dtype | None = None, k_descale: float | torch.Tensor | None = None,
+         lengths: bool = False, batch_invariant: bool = False, kv_dtype: torch.dtype | None = None,
+         k_descale: float | torch.Tensor | None = None,
          v_descale: float | torch.Tensor | None = None) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes on a device, from the Go
     core: the split count num_splits=0 picks, the grid, the kernels and the workspace.
@@ -372,6 +381,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         rotary: rotary tables given (with seqlen_new).
         page_size: > 0: a paged cache of pages of that many keys.
         lengths: the call passes a cache_seqlens tensor.
+        batch_invariant: as in :func:`flash_decode` (the plan then has ``invariant_tiles``).
         kv_dtype: the caches' dtype: None (dtype's), torch.float8_e4m3fn or torch.float8_e5m2.
         k_descale, v_descale: as in :func:`flash_decode` (a tensor's shape and strides are read, not its data).
 
@@ -397,13 +407,15 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     left, right = _window(window_size)
     if seqlen is not None and _check_int("seqlen", seqlen) < 0:  # to the core, -1 is the whole cache
         raise ValueError(f"seqlen={seqlen} must not be negative (None: the whole cache)")
-    for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
+    for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths),
+                       ("batch_invariant", batch_invariant)):
         _check_bool(name, flag)
     q, cache = _contiguous((batch, seqlen_q, heads_q, head_dim)), _contiguous((batch, seqlen_cache, heads_kv, head_dim))
     fields = dict(dtype=_DTYPES[dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
                   head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=num_splits, device_lengths=int(lengths),
                   q=q, k_cache=cache, v_cache=cache, out=q, window_left=left, window_right=right, page_size=page_size,
-                  kv_dtype=_FP8.get(kv_dtype, 0), **_descales(k_descale, v_descale, batch, heads_kv))
+                  batch_invariant=int(batch_invariant), kv_dtype=_FP8.get(kv_dtype, 0),
+                  **_descales(k_descale, v_descale, batch, heads_kv))
     if page_size > 0:
         pages, paged = -(-seqlen_cache // page_size), (page_size * cache[1], *cache[1:])
         fields.update(seqlen_cache=pages * page_size, num_pages=batch * pages, max_pages=pages, block_table=(pages, 1),

@@ -7,6 +7,8 @@
     python -m flash_decode.bench --shapes "b=1,L=1k/32k" --num-splits 1,2,4,8,16,32 --peers none
     python -m flash_decode.bench --read-same-bytes --peers cudnn   # a plain read of each cache too
     python -m flash_decode.bench --shapes none --lengths "32768,1024*7;hq=8,hkv=1:16k,4k*3"  # ragged batches
+    python -m flash_decode.bench --kv-dtype fp8_e4m3 --read-same-bytes --paged16 --sinks --peers flashinfer
+    python -m flash_decode.bench --serving-matrix   # ragged lengths on shuffled pages, FlashInfer on the same
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
@@ -34,7 +36,12 @@ Eager time: plain calls in a loop, synchronized at the end (host overhead
 included). TB/s counts K and V bytes only (q and out are under 1% on every
 default shape); the ceiling is the best streaming read (torch.sum, Triton)
 over rotating 1 GiB buffers, measured first.
-Outputs: results.json, results.csv and bandwidth.png under --out.
+fp8 caches (--kv-dtype) come with a (batch, nheads_kv) descale; each row times the same
+shape with caches in q's dtype too. The serving matrix (--serving-matrix) draws ragged
+lengths (seeded) and deals shuffled pools of pages, the same pools for flash_decode and
+FlashInfer (planned with the same lengths), beside a contiguous cache of those lengths.
+Outputs: results.json, results.csv and bandwidth.png under --out, and each table as
+markdown (table.md, serving.md), printed too.
 """
 
 import argparse
@@ -44,6 +51,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import statistics
 import sys
 import time
@@ -66,6 +74,8 @@ except ImportError:  # the torch.sum read alone sets the ceiling
 Shape = namedtuple("Shape", "b hq hkv d L sq")
 SHAPE_DEFAULTS = Shape(b=1, hq=32, hkv=8, d=128, L=32768, sq=1)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # fp8 caches (--kv-dtype)
+DESCALE_RANGE = (0.5, 1.5)  # flash_decode's (batch, nheads_kv) fp8 descales, seeded, uniform in it
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION}
 BASE_PEERS = ("cudnn", "flash", "efficient", "flex")
@@ -129,6 +139,30 @@ QUICK_MATRIX = [
     ("fp16", "b=1,L=1k;b=8,L=32k;b=1,hq=48,hkv=48,L=8k,sq=10;b=16,hq=8,hkv=1,d=64,L=4k,sq=4"),
     ("bf16", "b=4,d=256,L=16k"),
 ]
+# The fp8 table (--kv-dtype): decode shapes of the default matrix, 4 MB-1 GB of fp8 bytes.
+FP8_MATRIX = [
+    ("fp16", "b=1,L=4k/32k/128k"),
+    ("fp16", "b=8,L=1k/8k/64k"),
+    ("fp16", "b=32,L=1k/16k"),
+    ("fp16", "b=128,L=1k"),
+    ("fp16", "b=16,hq=32,hkv=32,L=4k;b=8,hq=64,hkv=8,L=8k;b=32,hq=8,hkv=1,L=16k"),
+    ("fp16", "b=8,d=64,L=32k;b=16,d=256,L=2k"),
+    ("bf16", "b=1,L=32k;b=64,L=4k"),
+]
+FP8_QUICK = [("fp16", "b=1,L=4k;b=8,L=8k;b=16,d=256,L=2k"), ("bf16", "b=1,L=32k")]  # FlashInfer modules: the full one's
+
+# The serving matrix (--serving-matrix): (q dtype, cache dtype or None for q's, spec); L=LO-HI
+# draws each sequence's length uniformly from [LO, HI] (seeded); 16 shapes, 3-4 min.
+SERVING_MATRIX = [
+    ("fp16", None, "b=8,L=2k-8k;b=32,L=512-4k;b=64,hq=64,hkv=8,L=1k-2k;b=1,L=32k"),
+    ("fp16", None, "b=16,hq=8,hkv=1,L=4k-16k;b=4,hq=28,hkv=4,L=16k-64k;b=128,L=256-1k;b=256,L=128-2k"),
+    ("bf16", None, "b=16,L=1k-8k"),
+    ("fp16", None, "b=16,hq=32,hkv=32,d=64,L=1k-4k;b=8,hq=16,hkv=8,d=256,L=2k-8k;b=32,d=256,L=1k-4k"),
+    ("fp16", None, "b=2,L=100-1536"),
+    ("fp16", "fp8_e4m3", "b=8,L=2k-8k;b=32,L=512-4k;b=8,hq=16,hkv=8,d=256,L=2k-8k"),
+]
+SERVING_MATRIX_QUICK = [("fp16", None, "b=8,L=2k-8k;b=2,L=100-1536"), ("fp16", "fp8_e4m3", "b=32,L=512-4k")]
+SERVING_PAGES = (16, 1)  # page sizes of the serving matrix's shuffled pools
 
 
 # ---- peers (pure: tested on CPU) ----
@@ -168,6 +202,24 @@ def ragged_paged_indices(lengths, cap, page, device="cpu"):
                            device=device)
     last = torch.tensor([x - (p - 1) * page for x, p in zip(lengths, pages)], dtype=torch.int32, device=device)
     return indptr, indices, last
+
+
+def shuffled_pages(lengths, page, generator=None):
+    """A shuffled page pool for sequences of the given lengths (at least 1 key each):
+    sequence i takes ceil(lengths[i] / page) pages, dealt from a random permutation of
+    the pool's pages (generator: a seeded torch.Generator). Returns (block_table (b, most
+    pages; unused entries 0), FlashInfer's (paged_kv_indptr, paged_kv_indices,
+    paged_kv_last_page_len)) over the same pages, int32 on the CPU."""
+    if min(lengths) < 1:
+        raise ValueError(f"a sequence of the pool holds no keys: {min(lengths)}")
+    pages = [-(-x // page) for x in lengths]
+    indices = torch.randperm(sum(pages), generator=generator).to(torch.int32)
+    indptr = [0, *itertools.accumulate(pages)]
+    table = torch.zeros(len(lengths), max(pages), dtype=torch.int32)
+    for i, n in enumerate(pages):
+        table[i, :n] = indices[indptr[i]:indptr[i + 1]]
+    last = torch.tensor([x - (n - 1) * page for x, n in zip(lengths, pages)], dtype=torch.int32)
+    return table, (torch.tensor(indptr, dtype=torch.int32), indices, last)
 
 
 def paged_view(cache, page):
@@ -249,6 +301,47 @@ def parse_lengths(text):
     return batches
 
 
+Serving = namedtuple("Serving", "shape lo")  # a serving-matrix shape: lengths lo..shape.L
+
+
+def parse_serving(text):
+    """'b=8,hq=32,L=2k-8k;b=1,L=32k' -> [Serving]: parse_shapes' specs whose L may be a
+    range LO-HI of sequence lengths (one value: every sequence that long); seqlen_q 1."""
+    out = []
+    for spec in filter(None, (s.strip() for s in text.split(";"))):
+        fields, lo = [], None
+        for item in spec.split(","):
+            key, _, value = item.partition("=")
+            if key.strip() == "L" and "-" in value:
+                low, _, high = value.partition("-")
+                lo, item = parse_int(low), f"L={high}"
+            fields.append(item)
+        for shape in parse_shapes(",".join(fields)):
+            if shape.sq != 1:
+                raise ValueError(f"serving shapes decode one token (sq=1): {spec!r}")
+            if lo is not None and not 1 <= lo <= shape.L:
+                raise ValueError(f"bad length range in {spec!r}: use L=LO-HI with 1 <= LO <= HI")
+            out.append(Serving(shape, shape.L if lo is None else lo))
+    return out
+
+
+def serving_label(s):
+    """'32/8 d128 b=8 L=2048-8192' (one length: 'L=32768')."""
+    b, hq, hkv, d, L, _ = s.shape
+    return f"{hq}/{hkv} d{d} b={b} L={L if s.lo == L else f'{s.lo}-{L}'}"
+
+
+def ragged_lengths(b, lo, hi, seed):
+    """b sequence lengths drawn uniformly from [lo, hi] by a generator seeded with seed."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (b,), generator=g).tolist()
+
+
+def attended_bytes(lengths, hkv, d, itemsize):
+    """Bytes of K and V that sequences of these lengths attend: the keys held, not the pages."""
+    return 2 * sum(lengths) * hkv * d * itemsize
+
+
 def even_lengths(lengths):
     """The same keys spread over the same sequences as evenly as they go."""
     q, r = divmod(sum(lengths), len(lengths))
@@ -304,26 +397,35 @@ def _seconds_arg(text):
     return value
 
 
-def _shapes_arg(text):
-    if text.strip() == "none":
-        return []
-    try:
-        return parse_shapes(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+def _parsed_arg(parse):
+    """An argparse type from a parser that raises ValueError; 'none' is []."""
+    def arg(text):
+        if text.strip() == "none":
+            return []
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return arg
 
 
-def _lengths_arg(text):
-    try:
-        return parse_lengths(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+_shapes_arg, _lengths_arg = _parsed_arg(parse_shapes), _parsed_arg(parse_lengths)
+
+
+def serving_cases(matrix, dtypes=None, kv=None):
+    """[(Serving, q dtype, cache dtype or None)]: a serving matrix's own dtypes, or each of
+    its shapes in each of dtypes with caches in kv."""
+    cases = [(s, dt, k) for dt, k, spec in matrix for s in parse_serving(spec)]
+    if dtypes:
+        shapes = list(dict.fromkeys(s for s, _, _ in cases))
+        cases = [(s, dt, kv) for s in shapes for dt in dtypes]
+    return cases
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="flash-decode-bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[1:9]))
+                                epilog="\n".join(__doc__.split("\n")[1:11]))
     p.add_argument("--shapes", type=_shapes_arg, action="append",
                    help="shape specs, e.g. 'b=1,hq=32,hkv=8,d=128,L=32768,sq=1'; ';' separates "
                         "shapes, '/' lists alternatives, 'none' runs no table case (default: the "
@@ -358,11 +460,45 @@ def parse_args(argv=None):
                         "own split count for every sequence (num_splits, never balanced), and both "
                         "again with the same keys in equal lengths; FlashInfer too where it is among "
                         "--peers (default: none)")
+    p.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), metavar="|".join(KV_DTYPES),
+                   help="fp8 caches (q in --dtypes) with a (batch, nheads_kv) descale: the fp8 table "
+                        "(default shapes: its own matrix), each row with flash_decode on the same shape "
+                        "in q's dtype; the SDPA peers do not take fp8; no serving cases (default: caches in "
+                        "q's dtype)")
+    p.add_argument("--paged16", action="store_true",
+                   help="also time flash_decode and FlashInfer on a shuffled pool of 16-key pages holding "
+                        "each case's keys (block_table, cache_seqlens, max_seqlen_k; the same pool for both)")
+    p.add_argument("--sinks", action="store_true",
+                   help="also time flash_decode with attention sinks (one fp32 logit a query head)")
+    p.add_argument("--serving-matrix", nargs="?", const="default", metavar="SPEC",
+                   help="the serving matrix: ragged lengths (L=LO-HI, seeded) on shuffled pools of pages "
+                        f"of {' and '.join(map(str, SERVING_PAGES))} keys and on a contiguous cache, "
+                        "flash_decode and FlashInfer on the same pools, graph-timed; 'default' (the "
+                        "built-in matrix, its quick one with --quick) or specs like 'b=8,L=2k-8k' in "
+                        "--dtypes with --kv-dtype caches; alone unless --shapes asks for the table too")
+    p.add_argument("--seed", type=int, default=0, help="seed of the serving matrix's lengths and pages")
     args = p.parse_args(argv)
+    if args.serving_matrix is None:
+        args.serving_cases = []
+    elif args.serving_matrix == "default":
+        args.serving_cases = serving_cases(SERVING_MATRIX_QUICK if args.quick else SERVING_MATRIX, args.dtypes,
+                                           args.kv_dtype)
+    else:
+        try:
+            args.serving_cases = [(s, dt, args.kv_dtype) for s in parse_serving(args.serving_matrix)
+                                  for dt in args.dtypes or ["fp16"]]
+        except ValueError as err:
+            p.error(f"argument --serving-matrix: {err}")
+    alone = args.serving_cases and not args.shapes  # --serving-matrix runs alone unless --shapes asks for more
     if args.serving_shapes is None:
-        args.serving_shapes = [] if args.shapes else parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
-    if args.shapes:
+        args.serving_shapes = [] if args.shapes or args.kv_dtype or alone else \
+            parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
+    if alone:
+        args.cases = []
+    elif args.shapes:
         args.cases = [(s, dt) for s in itertools.chain(*args.shapes) for dt in args.dtypes or ["fp16"]]
+    elif args.kv_dtype:
+        args.cases = matrix_cases(FP8_QUICK if args.quick else FP8_MATRIX, args.dtypes)
     else:
         args.cases = matrix_cases(QUICK_MATRIX if args.quick else DEFAULT_MATRIX, args.dtypes)
     return args
@@ -370,9 +506,14 @@ def parse_args(argv=None):
 
 # ---- arithmetic ----
 
-def kv_bytes(shape, dtype):
+def cache_dtype(dtype, kv=None):
+    """The caches' torch dtype: kv's (an fp8 name) where given, else q's."""
+    return KV_DTYPES[kv] if kv else DTYPES[dtype]
+
+
+def kv_bytes(shape, dtype, kv=None):
     """Bytes of K and V read per call."""
-    return 2 * shape.b * shape.L * shape.hkv * shape.d * DTYPES[dtype].itemsize
+    return 2 * shape.b * shape.L * shape.hkv * shape.d * cache_dtype(dtype, kv).itemsize
 
 
 def tbs(nbytes, us):
@@ -481,18 +622,21 @@ def settle(seconds):
     time.sleep(seconds)
 
 
-def layer_bytes(kvs, block=8192):
+def layer_bytes(kvs, block=8192, nbytes=None):
     """Per layer, one 1-D view over its K and V storage (make_tensors puts a
-    layer's V right after its K), cut to a multiple of block elements; [] if
-    a layer is smaller than a block."""
+    layer's V right after its K), its first nbytes (default all), as 2-byte
+    elements (fp8 bytes read as fp16) cut to a multiple of block; [] if that is
+    less than a block."""
     views = []
     for k, v in kvs:
         if v.storage_offset() != k.storage_offset() + k.numel():
             raise ValueError("a layer's V does not follow its K in memory")
-        numel = 2 * k.numel() // block * block
+        size = 2 * k.numel() * k.element_size()
+        numel = min(size, nbytes or size) // 2 // block * block
         if numel == 0:
             return []
-        views.append(k.as_strided((numel,), (1,), k.storage_offset()))
+        flat = k.as_strided((2 * k.numel(),), (1,), k.storage_offset())
+        views.append((flat.view(torch.float16) if k.element_size() == 1 else flat)[:numel])
     return views
 
 
@@ -502,14 +646,41 @@ def _reason(err):
     return str(err).strip().split("\n")[0][:100] or type(err).__name__
 
 
-def make_tensors(shape, dtype, layers, layout):
-    """q and the layers' (k, v) in SDPA's (b, h, s, d) view and flash_decode's (b, s, h, d)."""
+def random_cache(size, dt, device="cuda"):
+    """Normal random values (layers, ...) of dt; fp8 rounded from fp16 a layer at a time."""
+    if dt.itemsize > 1:
+        return torch.randn(size, device=device, dtype=dt)
+    buf = torch.empty(size, device=device, dtype=dt)
+    for x in buf:
+        x.copy_(torch.randn(x.shape, device=device, dtype=torch.float16))
+    return buf
+
+
+def fp8_descales(b, hkv, kv, device="cuda", seed=0):
+    """flash_decode's keyword arguments for caches of kv: k_descale and v_descale as
+    (b, hkv) fp32 tensors drawn from DESCALE_RANGE (seeded); {} for caches in q's dtype."""
+    if not kv:
+        return {}
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = DESCALE_RANGE
+    return {name: (lo + (hi - lo) * torch.rand(b, hkv, generator=g)).to(device) for name in ("k_descale", "v_descale")}
+
+
+def dequantized(x, descale, nb=4):
+    """The first nb sequences of a (b, L, hkv, d) cache as fp32 attended values: x * descale[b, h]."""
+    x = x[:nb].float()
+    return x * descale[:nb, None, :, None] if descale is not None else x
+
+
+def make_tensors(shape, dtype, layers, layout, kv=None):
+    """q and the layers' (k, v) in SDPA's (b, h, s, d) view and flash_decode's (b, s, h, d);
+    the caches in kv (an fp8 name) where given, else in q's dtype."""
     b, hq, hkv, d, L, sq = shape
     dt = DTYPES[dtype]
     bhsd = layout == "bhsd"
     q = torch.randn(b, hq, sq, d, device="cuda", dtype=dt) if bhsd else \
         torch.randn(b, sq, hq, d, device="cuda", dtype=dt).transpose(1, 2)
-    buf = torch.randn(layers, 2, b, *((hkv, L) if bhsd else (L, hkv)), d, device="cuda", dtype=dt)
+    buf = random_cache((layers, 2, b, *((hkv, L) if bhsd else (L, hkv)), d), cache_dtype(dtype, kv))
     kvs = [(buf[i, 0], buf[i, 1]) if bhsd else (buf[i, 0].transpose(1, 2), buf[i, 1].transpose(1, 2))
            for i in range(layers)]
     ours = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in kvs]
@@ -533,6 +704,16 @@ def reference(q, k, v, nb=4, causal=False):
     with sdpa_kernel([SDPBackend.MATH]):
         return F.scaled_dot_product_attention(q[:nb].float(), k[:nb].float(), v[:nb].float(),
                                               attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def with_sinks(ref, q, k, sinks):
+    """ref (b, hq, sq, d), the fp32 attention of q over keys k (b, hkv, L, d, attended
+    values), as it is when sinks (hq,) join each row's softmax denominator: scaled by
+    sum exp(s) / (sum exp(s) + exp(sink)) = sigmoid(lse - sink)."""
+    nb, hq, _, d = ref.shape
+    kk = k[:nb].float().repeat_interleave(hq // k.shape[1], 1)
+    lse = torch.logsumexp(q[:nb].float() @ kk.transpose(-1, -2) / math.sqrt(d), -1, keepdim=True)
+    return ref * torch.sigmoid(lse - sinks.view(1, hq, 1, 1))
 
 
 @functools.cache
@@ -559,29 +740,61 @@ def peer_call(name, q, gqa):
     return call
 
 
-def flashinfer_decode(fi, workspace, tables, heads, page, dt, tensor_cores):
+def flashinfer_decode(fi, workspace, tables, heads, page, dt, tensor_cores, kv_dt=None):
     """FlashInfer's decode wrapper over NHD pages of page keys, planned for tables
-    (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len) and heads (hq, hkv, d)."""
+    (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len) and heads (hq, hkv, d);
+    q in dt, the caches in kv_dt (default dt). Its fp8 runs take no k_scale/v_scale
+    (1: no extra pass over out), so its reference is the fp8 values as they are."""
     w = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
-    w.plan(*tables, *heads, page, q_data_type=dt, kv_data_type=dt)
+    w.plan(*tables, *heads, page, q_data_type=dt, kv_data_type=kv_dt or dt)
     return w
 
 
-def flashinfer_variants(q, kvs, shape, dtype):
+FLASHINFER_UNBUILT = {}  # (tensor cores, q dtype, cache dtype, head dim): why its module did not build
+
+
+def flashinfer_decodes(fi, workspace, tables, qo, layers, page, name, kv_dt=None):
+    """[(name, call, layers)]: FlashInfer's decode wrapper, CUDA cores and tensor cores, over
+    layers of NHD pages of page keys for tables; qo (b, hq, d) in q's dtype. A variant whose
+    plan fails gets a call that raises why, so the other still runs; a module that failed to
+    build (FlashInfer compiles it in plan) is not tried again in this process, since each
+    try costs minutes."""
+    heads = (qo.shape[1], layers[0][0].shape[2], qo.shape[2])
+    variants = []
+    for tc in (False, True):
+        key = (tc, qo.dtype, kv_dt or qo.dtype, heads[2])
+        try:
+            if key in FLASHINFER_UNBUILT:
+                raise RuntimeError(f"did not build before: {FLASHINFER_UNBUILT[key]}")
+            w = flashinfer_decode(fi, workspace, tables, heads, page, qo.dtype, tc, kv_dt)
+            call = lambda kv, w=w: w.run(qo, kv)  # noqa: E731
+        except Exception as exc:  # noqa: BLE001
+            if key not in FLASHINFER_UNBUILT and re.search("ninja|nvcc|compil|build", str(exc), re.I):
+                FLASHINFER_UNBUILT[key] = _reason(exc)
+            call = _raises(exc)
+        variants.append((f"{name}, {'tensor cores' if tc else 'no tensor cores'}", call, layers))
+    return variants
+
+
+def _raises(exc):
+    def call(*_):
+        raise exc
+    return call
+
+
+def flashinfer_variants(fi, workspace, q, kvs, shape, dtype, kv=None):
     """[(name, call, layers)]: FlashInfer over NHD paged views of the layers, per page
     size (16, and L: one page per sequence) and, for seqlen_q 1, with the decode
     wrapper's tensor cores off and on; for seqlen_q > 1 the causal prefill wrapper.
     q is (b, hq, sq, d), kvs the (b, hkv, L, d) layers; copies, where a layer is not
     contiguous in (b, L, hkv, d), are made here, outside the timed region."""
-    fi = import_flashinfer()
     b, hq, hkv, d, L, sq = shape
-    dt = DTYPES[dtype]
+    dt, kv_dt = DTYPES[dtype], cache_dtype(dtype, kv)
     dev = q.device
-    workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=dev)
     qo = q.transpose(1, 2).reshape(b * sq, hq, d).contiguous()  # (b * sq, hq, d) rows
     ours = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in kvs]
     if not ours[0][0].is_contiguous():  # one copy per layer, as many as fit, like expanded K/V
-        n = layer_count(kv_bytes(shape, dtype), torch.cuda.mem_get_info(dev)[0])
+        n = layer_count(kv_bytes(shape, dtype, kv), torch.cuda.mem_get_info(dev)[0])
         if n < 1:
             raise MemoryError("contiguous copies of the caches would not fit")
         ours = [(k.contiguous(), v.contiguous()) for k, v in ours[:n]]
@@ -593,20 +806,17 @@ def flashinfer_variants(q, kvs, shape, dtype):
         layers = [(paged_view(k, page), paged_view(v, page)) for k, v in ours]
         indptr, indices, last = paged_indices(b, L, page, device=dev)
         if sq == 1:
-            for tc in (False, True):
-                w = flashinfer_decode(fi, workspace, (indptr, indices, last), (hq, hkv, d), page, dt, tc)
-                variants.append((f"{name}, {'tensor cores' if tc else 'no tensor cores'}",
-                                 lambda kv, w=w: w.run(qo, kv), layers))
+            variants += flashinfer_decodes(fi, workspace, (indptr, indices, last), qo, layers, page, name, kv_dt)
         else:
             qo_indptr = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=dev)
             w = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
             w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, causal=True,
-                   q_data_type=dt, kv_data_type=dt)
+                   q_data_type=dt, kv_data_type=kv_dt)
             variants.append((f"{name}, causal prefill", lambda kv, w=w: w.run(qo, kv), layers))
     return variants
 
 
-def run_flashinfer(q, kvs, ref, shape, dtype, repeats):
+def run_flashinfer(q, kvs, ref, shape, dtype, repeats, kv=None):
     """(µs or None, note): the fastest FlashInfer variant that matches the fp32
     reference (causal for seqlen_q > 1), named in the note; n/a with the first
     reason when none does."""
@@ -614,14 +824,28 @@ def run_flashinfer(q, kvs, ref, shape, dtype, repeats):
         return None, "n/a (flashinfer not installed)"
     if shape.sq > 1:
         ref = reference(q, *kvs[0], nb=ref.shape[0], causal=True)
+
+    def variants_of(fi, workspace):
+        variants = flashinfer_variants(fi, workspace, q, kvs, shape, dtype, kv)
+        if not variants:
+            raise ValueError(f"cache length {shape.L} is not a multiple of 16")
+        return variants
+    return fastest_flashinfer(variants_of, lambda out: out.view(shape.b, shape.sq, shape.hq, shape.d).transpose(1, 2),
+                              ref, dtype, repeats)
+
+
+def fastest_flashinfer(variants_of, shaped, ref, dtype, repeats):
+    """(µs or None, note): fastest_matching over variants_of(fi, workspace), FlashInfer's
+    variants built (and planned, outside the timing) there; n/a where FlashInfer does not
+    import or its variants cannot be built."""
+    fi = import_flashinfer()
+    if fi is None:
+        return None, "n/a (flashinfer not installed)"
     try:
-        variants = flashinfer_variants(q, kvs, shape, dtype)
+        variants = variants_of(fi, torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=ref.device))
     except Exception as exc:  # noqa: BLE001
         return None, f"n/a ({_reason(exc)})"
-    if not variants:
-        return None, f"n/a (cache length {shape.L} is not a multiple of 16)"
-    return fastest_matching(variants, lambda out: out.view(shape.b, shape.sq, shape.hq, shape.d).transpose(1, 2),
-                            ref, dtype, repeats)
+    return fastest_matching(variants, shaped, ref, dtype, repeats)
 
 
 def fastest_matching(variants, shaped, ref, dtype, repeats):
@@ -644,11 +868,14 @@ def fastest_matching(variants, shaped, ref, dtype, repeats):
     return best if best else (None, f"n/a ({reason})")
 
 
-def run_peer(name, q, kvs, ref, shape, dtype, repeats):
+def run_peer(name, q, kvs, ref, shape, dtype, repeats, kv=None):
     """(µs or None, note): GQA natively, else on expanded K/V; n/a with the reason.
-    FlashInfer takes GQA natively, on paged views (see run_flashinfer)."""
+    FlashInfer takes GQA natively, on paged views (see run_flashinfer); fp8 caches
+    (kv) only it."""
     if name == "flashinfer":
-        return run_flashinfer(q, kvs, ref, shape, dtype, repeats)
+        return run_flashinfer(q, kvs, ref, shape, dtype, repeats, kv)
+    if kv:
+        return None, "n/a (no fp8 cache)"
     group = shape.hq // shape.hkv
     reason = None
     for mode in ("gqa", "expanded") if group > 1 else ("mha",):
@@ -673,20 +900,49 @@ def run_peer(name, q, kvs, ref, shape, dtype, repeats):
     return None, f"n/a ({reason})"
 
 
+def plan_fields(shape, dtype, kv=None):
+    """The planner's num_splits, whole_items and kernel for the table's call on shape."""
+    extra = {"kv_dtype": KV_DTYPES[kv]} if kv else {}
+    plan = flash_decode.plan(shape.b, shape.sq, shape.hq, shape.hkv, shape.d, shape.L, dtype=DTYPES[dtype], **extra)
+    return dict(num_splits=plan["num_splits"], whole_items=plan.get("whole_items", 0), kernel=plan.get("kernel"))
+
+
+def time_in_q_dtype(shape, dtype, args):
+    """µs of flash_decode on shape with caches in q's dtype (fp8 rows' baseline), or None
+    where they do not fit; its layers are freed on return."""
+    n = layer_count(kv_bytes(shape, dtype), torch.cuda.mem_get_info()[0])
+    if n < 1:
+        return None
+    _, _, q_ours, ours = make_tensors(shape, dtype, n, args.layout)
+    return time_kernel(lambda layer: flash_decode.flash_decode(q_ours, layer[0], layer[1]), ours, args.repeats)[0]
+
+
 def run_case(shape, dtype, peers, args):
-    nbytes = kv_bytes(shape, dtype)
-    row = dict(dtype=dtype, **shape._asdict(), kv_mb=round(nbytes / MB, 2))
+    kv = args.kv_dtype
+    nbytes = kv_bytes(shape, dtype, kv)
+    row = dict(dtype=dtype, kv_dtype=kv or dtype, **shape._asdict(), kv_mb=round(nbytes / MB, 2))
+    if kv:  # what fp8 gains: the same shape in q's dtype, in this run, before the fp8 layers exist
+        row["same_dtype_us"] = time_in_q_dtype(shape, dtype, args)
+        settle(args.settle)
     n = layer_count(nbytes, torch.cuda.mem_get_info()[0])
     if n < 1:
         return dict(row, check=f"n/a (cache of {nbytes / 1e9:.1f} GB does not fit)")
-    q, kvs, q_ours, ours = make_tensors(shape, dtype, n, args.layout)
-    ref = reference(q, *kvs[0])
-    ours_call = lambda kv: flash_decode.flash_decode(q_ours, kv[0], kv[1])  # noqa: E731
+    q, kvs, q_ours, ours = make_tensors(shape, dtype, n, args.layout, kv)
+    fp8 = fp8_descales(shape.b, shape.hkv, kv, q.device)
+    ref = reference(q, *kvs[0])  # the caches' values as stored: the peers' reference (FlashInfer: no descale)
+
+    def attended(nb):  # the first nb sequences' K and V as flash_decode attends them, (b, hkv, L, d) fp32
+        return [dequantized(x, fp8.get(name), nb).transpose(1, 2)
+                for x, name in zip(ours[0], ("k_descale", "v_descale"))]
+    ref_ours = reference(q, *attended(len(ref))) if kv else ref
+    ours_call = lambda layer, **kw: flash_decode.flash_decode(q_ours, layer[0], layer[1], **fp8, **kw)  # noqa: E731
     row["layers"] = n
     try:
-        plan = flash_decode.plan(shape.b, shape.sq, shape.hq, shape.hkv, shape.d, shape.L, dtype=DTYPES[dtype])
-        row.update(num_splits=plan["num_splits"], whole_items=plan.get("whole_items", 0), kernel=plan.get("kernel"))
-        ok, err = matches(ours_call(ours[0]).transpose(1, 2), ref, dtype)
+        row.update(plan_fields(shape, dtype, kv))
+    except Exception as exc:  # noqa: BLE001 (the plan is reported, the call still timed)
+        row["plan_note"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
+    try:
+        ok, err = matches(ours_call(ours[0]).transpose(1, 2), ref_ours, dtype)
         row["check"] = "ok" if ok else f"MISMATCH: max error {err:.3g}"
     except Exception as exc:  # noqa: BLE001 (report it, still time the peers)
         row["check"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
@@ -696,8 +952,10 @@ def run_case(shape, dtype, peers, args):
         row["ours_pct"] = 100 * row["ours_tbs"] / args.ceiling
         row["ours_eager_us"] = time_eager(ours_call, ours)
         if args.num_splits:  # the same timing at each requested split count
-            row["sweep_us"] = {n: time_kernel(lambda kv, n=n: flash_decode.flash_decode(
-                q_ours, kv[0], kv[1], num_splits=n), ours, args.repeats)[0] for n in args.num_splits}
+            row["sweep_us"] = {n: time_kernel(functools.partial(ours_call, num_splits=n), ours, args.repeats)[0]
+                               for n in args.num_splits}
+        if args.sinks:
+            row.update(time_sinks(ours_call, ours, q, attended(1)[0], ref_ours[:1], dtype, args.repeats))
     flat = layer_bytes(kvs) if args.read_same_bytes and triton is not None else []
     if flat:  # the same bytes, layers and timing through a plain streaming read
         row["read_us"] = time_kernel(triton_read(flat[0].numel()), flat, args.repeats)[0]
@@ -705,16 +963,94 @@ def run_case(shape, dtype, peers, args):
         row["read_pct"] = 100 * row["read_tbs"] / args.ceiling
     gqa = shape.hq != shape.hkv
     try:  # plain eager SDPA, default backend choice
-        row["sdpa_eager_us"] = time_eager(lambda kv: F.scaled_dot_product_attention(q, *kv, enable_gqa=gqa), kvs)
+        if not kv:
+            row["sdpa_eager_us"] = time_eager(lambda kv: F.scaled_dot_product_attention(q, *kv, enable_gqa=gqa), kvs)
     except Exception as exc:  # noqa: BLE001
         row["sdpa_eager_note"] = f"n/a ({_reason(exc)})"
     for name in peers:
-        us, row[f"{name}_note"] = run_peer(name, q, kvs, ref, shape, dtype, args.repeats)
+        us, row[f"{name}_note"] = run_peer(name, q, kvs, ref, shape, dtype, args.repeats, kv)
         if us is not None:
             row.update({f"{name}_us": us, f"{name}_tbs": tbs(nbytes, us)})
             if row.get("ours_us"):
                 row[f"{name}_ratio"] = us / row["ours_us"]
     return row
+
+
+def time_sinks(call, layers, q, k, ref, dtype, repeats):
+    """{sinks_us, sinks_check}: call with sinks (one fp32 logit a query head), checked
+    against ref (q's first sequences) rescaled for them (with_sinks), then timed. The
+    sinks are near log(keys), where exp(sink) weighs as much as the scores' sum does,
+    so a call that dropped them would not pass."""
+    sinks = torch.randn(q.shape[1], device=q.device, dtype=torch.float32) + math.log(k.shape[2])
+    out = {}
+    try:
+        ok, err = matches(call(layers[0], sinks=sinks).transpose(1, 2), with_sinks(ref, q, k, sinks), dtype)
+        out["sinks_check"] = "ok" if ok else f"MISMATCH: max error {err:.3g}"
+        if ok:
+            out["sinks_us"] = time_kernel(functools.partial(call, sinks=sinks), layers, repeats)[0]
+    except Exception as exc:  # noqa: BLE001
+        out["sinks_check"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
+    return out
+
+
+def paged16_columns(shape, dtype, kv, peers, args):
+    """{paged16_*, fi_paged16_*}: flash_decode and FlashInfer on a shuffled pool of 16-key
+    pages holding each sequence's L keys (run_pool); seqlen_q 1 only (FlashInfer's decode)."""
+    if shape.sq != 1:
+        return dict(paged16_check="n/a (seqlen_q > 1)")
+    q = torch.randn(shape.b, 1, shape.hq, shape.d, device="cuda", dtype=DTYPES[dtype])
+    r = run_pool(q, [shape.L] * shape.b, 16, shape.hkv, dtype, kv, args.repeats, peers, args.seed)
+    return {("fi_paged16_" + k[3:] if k.startswith("fi_") else f"paged16_{k}"): v for k, v in r.items()}
+
+
+def run_pool(q, lengths, page, hkv, dtype, kv, repeats, peers=(), seed=0, read=False):
+    """flash_decode on sequences of the given lengths, graph-timed over rotating layers:
+    paged (page > 0: a shuffled pool of pages, shuffled_pages; block_table, cache_seqlens
+    on the GPU, max_seqlen_k) or contiguous (page 0: (b, longest, hkv, d) caches, the same
+    lengths). With flashinfer among peers, FlashInfer's decode (CUDA and tensor cores, the
+    faster reported) on the same pools, planned with the same lengths on the host. read:
+    also a plain read of the bytes attended (attended_bytes) over the same layers.
+    Returns {us, layers, check, fi_us, fi_note, read_us}, what applies."""
+    b, _, hq, d = q.shape
+    kv_dt = cache_dtype(dtype, kv)
+    table, fi_tables = shuffled_pages(lengths, page, torch.Generator().manual_seed(seed)) if page else (None, None)
+    # the pool (pages, page, hkv, d), or the contiguous (b, longest, hkv, d) caches
+    size = (len(fi_tables[1]), page) if page else (b, max(lengths))
+    attended = attended_bytes(lengths, hkv, d, kv_dt.itemsize)
+    n = layer_count(attended, torch.cuda.mem_get_info(q.device)[0], 2 * math.prod(size) * hkv * d * kv_dt.itemsize)
+    if n < 1:
+        return dict(check="n/a (does not fit)")
+    buf = random_cache((n, 2, *size, hkv, d), kv_dt, q.device)
+    layers = [(buf[i, 0], buf[i, 1]) for i in range(n)]
+    fp8 = fp8_descales(b, hkv, kv, q.device)
+    kw = dict(cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=q.device), max_seqlen_k=max(lengths), **fp8)
+    if page:
+        kw["block_table"] = table.to(q.device)
+
+    def call(layer):
+        return flash_decode.flash_decode(q, layer[0], layer[1], **kw)
+
+    k, v = dense((*layers[0], kw.get("block_table")), b, max(lengths))  # (b, longest, hkv, d) as stored
+    stored = lengths_reference(q, k, v, lengths)  # FlashInfer's (no descale)
+    ref = lengths_reference(q, dequantized(k, fp8["k_descale"], b), dequantized(v, fp8["v_descale"], b),
+                            lengths) if kv else stored
+    out = dict(layers=n)
+    try:
+        ok, err = matches(call(layers[0]), ref, dtype)
+        out["check"] = "ok" if ok else f"MISMATCH: max error {err:.3g}"
+        if ok:
+            out["us"] = time_kernel(call, layers, repeats)[0]
+    except Exception as exc:  # noqa: BLE001 (report it, still time FlashInfer)
+        out["check"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
+    if page and "flashinfer" in peers:  # planned on the host from the same pages and lengths
+        out["fi_us"], out["fi_note"] = fastest_flashinfer(
+            lambda fi, workspace: flashinfer_decodes(fi, workspace, [t.to(q.device) for t in fi_tables],
+                                                     q.reshape(b, hq, d), layers, page, f"page{page}", kv_dt),
+            lambda o: o.view(q.shape), stored, dtype, repeats)
+    flat = layer_bytes(layers, nbytes=attended) if read and triton is not None else []
+    if flat:
+        out["read_us"] = time_kernel(triton_read(flat[0].numel()), flat, repeats)[0]
+    return out
 
 
 def serving_layers(shape, dtype, page, n, capacity=1):
@@ -816,6 +1152,62 @@ def format_serving_row(r):
                    f" | check {r['check']}")
 
 
+def run_serving_row(serving, dtype, kv, args):
+    """One serving-matrix shape: lengths drawn by ragged_lengths (args.seed), flash_decode on
+    a contiguous cache of them (and the plain read of the bytes attended) and on shuffled
+    pools of each SERVING_PAGES size, FlashInfer on the same pools (run_pool); each pool's
+    time over the contiguous one's ("vs_contiguous"), FlashInfer's over flash_decode's."""
+    shape, lo = serving
+    b, hq, hkv, d, hi, _ = shape
+    lengths = ragged_lengths(b, lo, hi, args.seed)
+    nbytes = attended_bytes(lengths, hkv, d, cache_dtype(dtype, kv).itemsize)
+    row = dict(dtype=dtype, kv_dtype=kv or dtype, b=b, hq=hq, hkv=hkv, d=d, lo=lo, hi=hi, keys=sum(lengths),
+               kv_mb=round(nbytes / MB, 2))
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=DTYPES[dtype])
+    for page in (0, *SERVING_PAGES):
+        key = f"page{page}" if page else "contiguous"
+        r = run_pool(q, lengths, page, hkv, dtype, kv, args.repeats, args.peers, args.seed, read=not page)
+        row.update({f"{key}_{k}": v for k, v in r.items()})
+        settle(args.settle)
+        if page and r.get("us") and row.get("contiguous_us"):
+            row[f"{key}_vs_contiguous"] = r["us"] / row["contiguous_us"]
+        if r.get("us") and r.get("fi_us"):
+            row[f"{key}_fi_ratio"] = r["fi_us"] / r["us"]
+    if row.get("contiguous_us"):
+        row["tbs"] = tbs(nbytes, row["contiguous_us"])
+    return row
+
+
+def run_serving_matrix(args, log):
+    rows = []
+    for i, (serving, dtype, kv) in enumerate(args.serving_cases, 1):
+        try:
+            row = run_serving_row(serving, dtype, kv, args)
+        except Exception as err:  # noqa: BLE001 (report the shape, go on)
+            row = dict(dtype=dtype, kv_dtype=kv or dtype, **serving.shape._asdict(), lo=serving.lo, hi=serving.shape.L,
+                       check=f"n/a ({type(err).__name__}: {_reason(err)})")
+        rows.append(row)
+        settle(args.settle)
+        log(f"[serving {i}/{len(args.serving_cases)}] " + format_serving_matrix_row(row, serving))
+    return rows
+
+
+def format_serving_matrix_row(r, serving):
+    text = f"{r['dtype']}/{r['kv_dtype']} {serving_label(serving)}"
+    for key in ("contiguous", *(f"page{p}" for p in SERVING_PAGES)):
+        if r.get(f"{key}_us"):
+            text += f" | {key} {r[key + '_us']:.1f}us"
+            if r.get(f"{key}_fi_us"):
+                text += f", FlashInfer {r[key + '_fi_us']:.1f}us ({r[key + '_fi_ratio']:.3f}x)"
+            elif r.get(f"{key}_fi_note"):
+                text += f", FlashInfer {r[key + '_fi_note']}"
+        else:
+            text += f" | {key} {r.get(key + '_check', r.get('check'))}"
+    if r.get("contiguous_read_us"):
+        text += f" | read {r['contiguous_read_us']:.1f}us"
+    return text
+
+
 LENGTHS_TIMINGS = (  # (row key, equal lengths, requested split count)
     ("us", False, False), ("unbalanced_us", False, True), ("even_us", True, False), ("even_unbalanced_us", True, True))
 
@@ -879,30 +1271,22 @@ def run_flashinfer_lengths(q, layers, lengths, repeats):
     """(µs or None, note): FlashInfer's decode wrapper on a --lengths batch (its page table
     from the lengths, planned on the host), pages of 16 and one page per sequence, tensor
     cores off and on: the fastest variant that matches fp32 SDPA, named in the note."""
-    fi = import_flashinfer()
-    if fi is None:
-        return None, "n/a (flashinfer not installed)"
     if min(lengths) < 1:
         return None, "n/a (a sequence without keys)"
-    b, _, hq, d = q.shape
-    cap, hkv = layers[0][0].shape[1:3]
-    workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=q.device)
-    qo = q.reshape(b, hq, d)
-    variants = []
-    try:
+    cap = layers[0][0].shape[1]
+
+    def variants_of(fi, workspace):
+        variants = []
         for page in (16, cap):
             if cap % page:
                 continue
             paged = [(paged_view(k, page), paged_view(v, page)) for k, v in layers]
             tables = ragged_paged_indices(lengths, cap, page, device=q.device)
-            for tc in (False, True):
-                w = flashinfer_decode(fi, workspace, tables, (hq, hkv, d), page, q.dtype, tc)
-                name = f"{'page16' if page == 16 else 'one page per sequence'}, {'' if tc else 'no '}tensor cores"
-                variants.append((name, lambda kv, w=w: w.run(qo, kv), paged))
-    except Exception as exc:  # noqa: BLE001
-        return None, f"n/a ({_reason(exc)})"
-    return fastest_matching(variants, lambda out: out.view(q.shape), lengths_reference(q, *layers[0], lengths),
-                            "fp16", repeats)
+            variants += flashinfer_decodes(fi, workspace, tables, q.reshape(q.shape[0], *q.shape[2:]), paged, page,
+                                           "page16" if page == 16 else "one page per sequence")
+        return variants
+    return fastest_flashinfer(variants_of, lambda out: out.view(q.shape), lengths_reference(q, *layers[0], lengths),
+                              "fp16", repeats)
 
 
 def run_lengths(args, log):
@@ -965,12 +1349,16 @@ def summarize(rows, eager):
 
     ok = sum(r.get("check") == "ok" for r in rows)
     out = [("checked against fp32 SDPA", f"{ok}/{len(rows)} ok")]
-    versus = [(f"vs {p}", f"{p}_us") for p in BASE_PEERS + ("flashinfer",)]  # each with data
-    versus.append(("vs a plain read of the same bytes", "read_us"))
-    for what, key in versus:
-        ratios = [r[key] / r["ours_us"] for r in rows if r.get(key) and r.get("ours_us")]
+    versus = [(f"vs {p} (its time / flash_decode's)", f"{p}_us", "ours_us") for p in BASE_PEERS + ("flashinfer",)]
+    versus += [("vs a plain read of the same bytes (its time / flash_decode's)", "read_us", "ours_us"),
+               ("vs FlashInfer on the same shuffled pages of 16 (its time / flash_decode's)", "fi_paged16_us",
+                "paged16_us"),
+               ("fp8 caches against the same shape in q's dtype (time / time)", "ours_us", "same_dtype_us"),
+               ("with sinks against without (time / time)", "sinks_us", "ours_us")]
+    for what, num, den in versus:  # each with data
+        ratios = [r[num] / r[den] for r in rows if r.get(num) and r.get(den)]
         if ratios:
-            out.append((f"{what} (its time / flash_decode's)", spread(ratios, "{:.3f}x", geomean, "geomean")))
+            out.append((what, spread(ratios, "{:.3f}x", geomean, "geomean")))
     # Per cache-size band: shares of the read ceiling, and of the practical
     # bound, the same bytes read plainly (None where a row lacks the figure).
     shares = (("flash_decode", "the read ceiling", lambda r: r.get("ours_pct")),
@@ -982,16 +1370,153 @@ def summarize(rows, eager):
             pcts = [x for r in rows if lo <= r["kv_mb"] < hi and (x := share(r)) is not None]
             if pcts:
                 out.append((f"{who}, {band}: share of {of}", spread(pcts, "{:.1f}%", statistics.median, "median")))
+    out += fp8_bounds(rows)
     if eager:
         out.append((f"eager call on {eager['shape']}", f"flash_decode {eager['ours_us']:.1f} us, "
                     f"torch SDPA {eager['sdpa_us']:.1f} us ({eager['ratio']:.3f}x)"))
     return out
 
 
+def _cell(key, fmt="{:.1f}"):
+    return lambda r: fmt.format(r[key]) if r.get(key) is not None else "–"
+
+
+def _ratio(num, den, fmt="{:.3f}", note=None):
+    """A cell of r[num] / r[den] (with r[note] in brackets where given), or r[note] alone."""
+    def cell(r):
+        if r.get(num) and r.get(den):
+            return fmt.format(r[num] / r[den]) + (f" ({r[note]})" if note and r.get(note) else "")
+        return (r.get(note) or "–") if note else "–"
+    return cell
+
+
+def _dtypes(r):
+    return r["dtype"] if r.get("kv_dtype", r["dtype"]) == r["dtype"] else f"{r['dtype']} / {r['kv_dtype']}"
+
+
+def markdown(columns, rows):
+    """A markdown table: columns [(header, align ('---' or '--:'), cell(row) -> str)]."""
+    lines = ["| " + " | ".join(c[0] for c in columns) + " |", "| " + " | ".join(c[1] for c in columns) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(c[2](r) for c in columns) + " |" for r in rows])
+
+
+PEER_NAMES = dict(cudnn="cuDNN", flash="flash", efficient="efficient", flex="flex",
+                  flashinfer="FlashInfer (its fastest variant)")
+
+
+def table_columns(rows, peers):
+    """The main table's markdown columns; optional ones only where some row has the figure."""
+    def has(key):
+        return any(r.get(key) is not None for r in rows)
+    cols = [("dtype", "---", _dtypes), ("batch", "--:", _cell("b", "{}")),
+            ("heads q/kv", "--:", lambda r: f"{r['hq']}/{r['hkv']}"), ("d", "--:", _cell("d", "{}")),
+            ("cache len", "--:", _cell("L", "{}")), ("seqlen_q", "--:", _cell("sq", "{}")),
+            ("cache MB", "--:", _cell("kv_mb")), ("splits", "--:", _cell("num_splits", "{}")),
+            ("µs", "--:", lambda r: f"**{r['ours_us']:.1f}**" if r.get("ours_us") else str(r.get("check"))),
+            ("TB/s", "--:", _cell("ours_tbs", "{:.2f}")), ("% ceiling", "--:", _cell("ours_pct", "{:.0f}%"))]
+    if has("read_us"):
+        cols += [("plain read µs", "--:", _cell("read_us")),
+                 ("of the read's speed", "--:", _ratio("read_us", "ours_us", "{:.0%}"))]
+    if has("same_dtype_us"):
+        cols += [("µs, caches in q's dtype", "--:", _cell("same_dtype_us")),
+                 ("fp8 / q's dtype", "--:", _ratio("ours_us", "same_dtype_us"))]
+    cols += [(f"×{PEER_NAMES[p]}", "---" if p == "flashinfer" else "--:",
+              _ratio(f"{p}_us", "ours_us", "{:.2f}", f"{p}_note" if p == "flashinfer" else None))
+             for p in peers if has(f"{p}_us")]
+    if has("paged16_us") or has("fi_paged16_note"):
+        cols += [("shuffled pages of 16 µs", "--:", _cell("paged16_us")),
+                 ("×FlashInfer there", "---", _ratio("fi_paged16_us", "paged16_us", "{:.2f}", "fi_paged16_note"))]
+    if has("sinks_us"):
+        cols += [("with sinks µs", "--:", _cell("sinks_us")),
+                 ("sinks / without", "--:", _ratio("sinks_us", "ours_us"))]
+    return cols
+
+
+def serving_columns():
+    """The serving matrix's markdown columns: per pool, µs (× the contiguous cache) and
+    FlashInfer's time over flash_decode's (its faster variant named)."""
+    def pool(key, name):
+        def timed(r):
+            if r.get(key + "_vs_contiguous"):
+                return f"{r[key + '_us']:.1f} ({r[key + '_vs_contiguous']:.3f})"
+            return str(r.get(key + "_us") or r.get(key + "_check", "–"))
+        return [(f"{name} µs (× contiguous)", "--:", timed),
+                (f"×FlashInfer, {name}", "---", _ratio(f"{key}_fi_us", f"{key}_us", "{:.3f}", f"{key}_fi_note"))]
+    cols = [("dtype", "---", _dtypes), ("heads q/kv", "--:", lambda r: f"{r['hq']}/{r['hkv']}"),
+            ("d", "--:", _cell("d", "{}")), ("batch", "--:", _cell("b", "{}")),
+            ("lengths", "--:", lambda r: f"{r['lo']}-{r['hi']}" if r["lo"] != r["hi"] else str(r["hi"])),
+            ("MB attended", "--:", _cell("kv_mb")), ("contiguous µs", "--:", _cell("contiguous_us")),
+            ("plain read µs", "--:", _cell("contiguous_read_us")),
+            ("of the read's speed", "--:", _ratio("contiguous_read_us", "contiguous_us", "{:.0%}"))]
+    for page in SERVING_PAGES:
+        cols += pool(f"page{page}", f"pages of {page}")
+    return cols
+
+
+def serving_summary(rows, tie=0.01):
+    """[(what, value)]: per page size, FlashInfer's time over flash_decode's (geomean, wins,
+    ties within ±tie, losses) and the pool's time over the contiguous cache's."""
+    out = []
+    for page in SERVING_PAGES:
+        key = f"page{page}"
+        ratios = [r[key + "_fi_ratio"] for r in rows if r.get(key + "_fi_ratio")]
+        if ratios:
+            wins, ties = sum(x > 1 + tie for x in ratios), sum(abs(x - 1) <= tie for x in ratios)
+            out.append((f"vs FlashInfer's faster variant, pages of {page} (its time / flash_decode's)",
+                        f"geomean {geomean(ratios):.3f}x, min {min(ratios):.3f}x; {wins} ahead, {ties} within "
+                        f"±{tie:.0%}, {len(ratios) - wins - ties} behind over {_shapes(len(ratios))}"))
+        over = [r[key + "_vs_contiguous"] for r in rows if r.get(key + "_vs_contiguous")]
+        if over:
+            out.append((f"pages of {page} over the contiguous cache of the same lengths",
+                        f"median {statistics.median(over):.3f}x, max {max(over):.3f}x over {_shapes(len(over))}"))
+    return out
+
+
+def write_markdown(out_dir, rows, summary, matrix, peers, meta):
+    """Print the table (with summary) and the serving matrix (with its own) as markdown and
+    write them to table.md and serving.md under out_dir."""
+    fi = (f"FlashInfer {meta['flashinfer']}" if meta.get("flashinfer") else
+          "FlashInfer: not importable here, so no FlashInfer figures")
+    head = f"{meta.get('device')}, torch {meta.get('torch')}, {fi}, {meta.get('date')}"
+    for name, data, cols, lines in (("table.md", rows, lambda: table_columns(rows, peers), summary),
+                                    ("serving.md", matrix, serving_columns, meta.get("serving_summary", []))):
+        if not data:
+            continue
+        text = "\n".join([head, "", markdown(cols(), data), "", *(f"- {w}: {v}" for w, v in lines)])
+        print("\n" + text)
+        (out_dir / name).write_text(text + "\n")
+        print(f"wrote {out_dir / name}")
+
+
+def _shapes(n):
+    return f"{n} shape" + ("s" if n != 1 else "")
+
+
+def fp8_bounds(rows):
+    """[(what, value)]: fp8 rows against the bounds they are held to: their time over the same
+    shape's in q's dtype where that cache is 256 MB or more, and their share of the plain
+    read's speed (of the fp8 bytes) from 64 MB and from 512 MB of them."""
+    out = []
+    slower = [r["ours_us"] / r["same_dtype_us"] for r in rows
+              if r.get("ours_us") and r.get("same_dtype_us") and 2 * r["kv_mb"] >= 256]
+    if slower:
+        out.append(("fp8 over q's dtype where that cache is >= 256 MB",
+                    f"max {max(slower):.3f}x over {_shapes(len(slower))}"))
+    for lo in (64, 512):
+        shares = [r["read_us"] / r["ours_us"] for r in rows
+                  if r.get("kv_dtype", r["dtype"]) in KV_DTYPES and r.get("read_us") and r.get("ours_us")
+                  and r["kv_mb"] >= lo]
+        if shares:
+            out.append((f"fp8 caches >= {lo} MB: share of the plain read's speed",
+                        f"min {min(shares):.1%} over {_shapes(len(shares))}"))
+    return out
+
+
 def csv_columns(peers):
-    base = ["dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "check", "ours_us",
-            "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note",
-            "sweep_us", "read_us", "read_tbs", "read_pct"]
+    base = ["dtype", "kv_dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "plan_note", "check",
+            "ours_us", "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note",
+            "sweep_us", "read_us", "read_tbs", "read_pct", "same_dtype_us", "sinks_us", "sinks_check",
+            "paged16_us", "paged16_check", "fi_paged16_us", "fi_paged16_note"]
     return base + [f"{p}_{k}" for p in peers for k in ("us", "tbs", "ratio", "note")]
 
 
@@ -1052,10 +1577,10 @@ def plot(rows, ceiling, path, peers):
 
 def format_row(r, peers):
     """One progress line: ours (µs, TB/s, % of ceiling), then each peer's ratio (or µs, or n/a)."""
-    text = f"{r['dtype']} {label(Shape(*(r[f] for f in Shape._fields)))} {r['kv_mb']:.1f}MB"
+    text = f"{_dtypes(r)} {label(Shape(*(r[f] for f in Shape._fields)))} {r['kv_mb']:.1f}MB"
     if "ours_us" in r:
         whole = f" after {r['whole_items']} whole" if r.get("whole_items") else ""
-        text += (f" x{r['layers']} splits={r['num_splits']}{whole} | {r['ours_us']:.1f}us "
+        text += (f" x{r['layers']} splits={r.get('num_splits', '?')}{whole} | {r['ours_us']:.1f}us "
                  f"{r['ours_tbs']:.2f}TB/s {r['ours_pct']:.0f}%")
     else:
         text += f" | {r.get('check')}"
@@ -1063,6 +1588,11 @@ def format_row(r, peers):
         text += " | splits " + " ".join(f"{n}:{us:.1f}" for n, us in r["sweep_us"].items())
     if "read_us" in r:
         text += f" | read {r['read_us']:.1f}us {r['read_pct']:.0f}%"
+    extras = (("same_dtype_us", f"in {r['dtype']}"), ("sinks_us", "with sinks"), ("paged16_us", "shuffled pages of 16"),
+              ("fi_paged16_us", "FlashInfer there"))
+    text += "".join(f" | {what} {r[key]:.1f}us" for key, what in extras if r.get(key))
+    text += "".join(f" | {key} {r[key]}" for key in ("sinks_check", "paged16_check", "fi_paged16_note", "plan_note")
+                    if r.get(key) and r[key] != "ok")
     for p in peers:
         if f"{p}_ratio" in r:
             text += f" | {p} {r[p + '_ratio']:.2f}x"
@@ -1115,13 +1645,18 @@ def main(argv=None):
     for i, (shape, dtype) in enumerate(items, 1):
         try:
             row = run_case(shape, dtype, args.peers, args)
+            if args.paged16:  # after the case's own layers are gone
+                settle(args.settle)
+                row.update(paged16_columns(shape, dtype, args.kv_dtype, args.peers, args))
         except Exception as err:  # noqa: BLE001 (report the case, go on with the others)
-            row = dict(dtype=dtype, **shape._asdict(), kv_mb=round(kv_bytes(shape, dtype) / MB, 2),
+            row = dict(dtype=dtype, kv_dtype=args.kv_dtype or dtype, **shape._asdict(),
+                       kv_mb=round(kv_bytes(shape, dtype, args.kv_dtype) / MB, 2),
                        check=f"n/a ({type(err).__name__}: {_reason(err)})")
         rows.append(row)
         settle(args.settle)
         log(f"[{i}/{len(args.cases)}] " + format_row(row, args.peers))
     serving = run_serving(args, log) if args.serving_shapes else []
+    matrix = run_serving_matrix(args, log) if args.serving_cases else []
     lengths = run_lengths(args, log) if args.lengths else []
     try:
         meta["eager"] = eager_tiny()  # reported in the summary
@@ -1131,10 +1666,11 @@ def main(argv=None):
     summary = summarize(rows, meta["eager"])
     for what, value in summary:
         print(f"{what}: {value}")
-    meta["serving"] = serving
-    meta["lengths"] = lengths
+    meta.update(serving=serving, lengths=lengths, kv_dtype=args.kv_dtype, descale_range=DESCALE_RANGE,
+                serving_matrix=matrix, serving_summary=serving_summary(matrix), seed=args.seed)
     write_results(args.out, rows, meta, summary, args.peers)
     print(f"wrote {args.out}/results.json and results.csv")
+    write_markdown(args.out, rows, summary, matrix, args.peers, meta)
     if not args.no_plot and rows:  # a run of serving or --lengths cases alone has no table to plot
         try:
             plot(rows, args.ceiling, args.out / "bandwidth.png", args.peers)
