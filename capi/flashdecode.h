@@ -46,10 +46,13 @@
 extern "C" {
 #endif
 
-/* Element type of q, k, v and out. */
+/* Element type of q, k, v and out; the caches of a layout may be fp8 instead
+ * (fd_layout.kv_dtype). */
 typedef enum fd_dtype {
-    FD_FLOAT16 = 1,  /* IEEE half precision */
-    FD_BFLOAT16 = 2, /* bfloat16 */
+    FD_FLOAT16 = 1,       /* IEEE half precision */
+    FD_BFLOAT16 = 2,      /* bfloat16 */
+    FD_FLOAT8_E4M3 = 4,   /* fp8, 4 exponent bits, no infinities, largest 448 (torch.float8_e4m3fn) */
+    FD_FLOAT8_E5M2 = 5,   /* fp8, 5 exponent bits, largest 57344 (torch.float8_e5m2) */
 } fd_dtype;
 
 /* What every function returns. fd_last_error() tells more. */
@@ -190,12 +193,19 @@ typedef struct fd_layout {
     int64_t rotary_cos[2];  /* strides of the tables, which share one layout */
     int64_t rotary_sin[2];
     int64_t rotary_interleaved; /* 1: pairs (2m, 2m+1) (GPT-J); 0: (m, m + rotary_dim / 2) */
-    int64_t kv_dtype;       /* fd_dtype of k_cache and v_cache: 0 for dtype's, or an fp8 format */
-    int64_t descale;        /* 1: fd_run passes k_descale and v_descale, float32 arrays */
-    int64_t k_descale[2];   /* their strides (batch, heads_kv); 0, 0: one value */
+    int64_t kv_dtype;       /* fd_dtype of k_cache and v_cache: 0 (or dtype) for dtype's, or
+                               FD_FLOAT8_E4M3 / FD_FLOAT8_E5M2 under a float16 or bfloat16
+                               dtype; strides still count elements (bytes, for fp8) */
+    int64_t descale;        /* fp8 only. 1: each fd_run passes k_descale and v_descale, both,
+                               float32 (batch, heads_kv) arrays read on the device (no value
+                               in them is checked) */
+    int64_t k_descale[2];   /* their strides (batch, heads_kv); 0, 0: one value for all */
     int64_t v_descale[2];
-    double k_descale_value; /* without the arrays: the scales of an fp8 k_cache, v_cache (0: 1) */
-    double v_descale_value;
+    double k_descale_value; /* fp8, without the arrays: k_cache's scale, a positive normal
+                               float32; 0: 1. A cached element x attends as x * scale; an
+                               appended one is stored as x / scale, saturated to the format's
+                               largest value and rounded to nearest even */
+    double v_descale_value; /* v_cache's, likewise */
     int64_t sinks;          /* 1: fd_run passes sinks, float32 (heads_q,) contiguous logits: query
                                head h's softmax gets exp(sinks[h]) more in its denominator, with
                                no value, and the LSE includes it (a row with no key: out 0, LSE

@@ -90,9 +90,9 @@
 // # Where things live
 //
 //   - dtype.go, errors.go: DType, Error, ErrInvalid and ErrUnsupported.
-//   - problem.go, serving.go: Shape, Tensor, Problem and the serving
-//     arguments (paged cache, append, rotary, window, softcap, ALiBi) with
-//     their checks; merge.go: MergeProblem, the merge API's checks and
+//   - problem.go, serving.go, fp8.go: Shape, Tensor, Problem, the serving
+//     arguments (paged cache, append, rotary, window, softcap, ALiBi) and
+//     the fp8 caches' descales, with their checks; merge.go: MergeProblem, the merge API's checks and
 //     launch shape; reference.go: the CPU reference (ReferenceDecode,
 //     ReferenceAppend, NaiveAttention).
 //   - variants.go, device.go: the compiled kernels (Variant, Form,

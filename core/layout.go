@@ -160,6 +160,7 @@ func LayoutOf(p *Problem) Layout {
 	if p.Window.Enabled {
 		l.WindowLeft, l.WindowRight = int64(p.Window.Left), int64(p.Window.Right)
 	}
+	layoutFP8(&l, p)
 	return l
 }
 
@@ -282,10 +283,6 @@ func (l *Layout) convert() (Problem, error) {
 		return Problem{}, invalid(op, "rotary_sin", fmt.Sprintf("row stride %d differs from rotary_cos's %d; the tables must share a layout", outer[3], outer[2]))
 	}
 	switch { // the fields of features this build does not run yet
-	case l.KVDType != 0 && l.KVDType != l.DType:
-		return Problem{}, unsupported(op, "kv_dtype", fmt.Sprintf("%d; the caches take q's dtype", l.KVDType))
-	case l.Descale != 0 || l.KDescaleValue != 0 || l.VDescaleValue != 0:
-		return Problem{}, unsupported(op, "k_descale", "descales are for fp8 caches")
 	case l.BatchInvariant != 0 && l.NumSplits != 0:
 		return Problem{}, invalid(op, "num_splits", fmt.Sprintf("%d with batch_invariant; must be 0: each sequence's own length sets its splits", l.NumSplits))
 	}
@@ -317,6 +314,9 @@ func (l *Layout) convert() (Problem, error) {
 	p.HasSinks = l.Sinks != 0
 	if l.WindowLeft != -1 || l.WindowRight != -1 {
 		p.Window = Window{Enabled: true, Left: n(l.WindowLeft), Right: n(l.WindowRight)}
+	}
+	if err := p.convertFP8(op, l); err != nil {
+		return Problem{}, err
 	}
 	return p, nil
 }

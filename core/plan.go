@@ -255,12 +255,13 @@ func planVariant(s Shape, v Variant, d Device) (Plan, error) {
 		splits = clampSplits(splits, tiles)
 	} else {
 		rows := min(packed, v.Rows)
-		maxN := autoSplitCap(tiles, ceilDiv(minKeysPerSplit(rows, minSplitRowKeys), v.KeysPerTile))
-		tailN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows, minTailSplitRowKeys), v.KeysPerTile))
+		kv := s.CacheDType()
+		maxN := autoSplitCap(tiles, ceilDiv(minKeysPerSplit(rows, rowKeysFor(minSplitRowKeys, kv)), v.KeysPerTile))
+		tailN := maxAutoSplits(tiles, ceilDiv(minKeysPerSplit(rows, rowKeysFor(minTailSplitRowKeys, kv)), v.KeysPerTile))
 		if w, m := tailSplit(items, sms*blocksPerSM, tailN); m > 1 {
 			splits, whole = m, w
 		} else {
-			costs := blockCostsOf(v)
+			costs := blockCostsOf(v, kv)
 			splits = autoSplits(items, sms*targetBlocks(v, blocksPerSM), sms*blocksPerSM, tiles, maxN, costs, merging)
 			// A serving block streams slower alone than a plain one, which
 			// only a cluster merge's one-wave grid makes up for: other

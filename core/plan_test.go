@@ -190,9 +190,9 @@ func TestSplitHelpers(t *testing.T) {
 	// A 32-row block (wideTileCost a tile, a merge of two 16-row tiles):
 	// 16 splits of 4 tiles, in clusters 3*4 + 24 + 6, with the combine
 	// 3*4 + 24 + 9; unsplit 3*64 + 24.
-	wide := blockCostsOf(splitKV(Float16, 128, 32))
-	if wide != (blockCosts{tile: wideTileCost, clusterMerge: 2 * clusterMergeCost}) || blockCostsOf(splitKV(Float16, 128, 16)) != narrowBlock {
-		t.Errorf("blockCostsOf: %+v for 32 rows, %+v for 16", wide, blockCostsOf(splitKV(Float16, 128, 16)))
+	wide := blockCostsOf(splitKV(Float16, 128, 32), Float16)
+	if wide != (blockCosts{tile: wideTileCost, clusterMerge: 2 * clusterMergeCost, bytesPct: 100}) || blockCostsOf(splitKV(Float16, 128, 16), Float16) != narrowBlock {
+		t.Errorf("blockCostsOf: %+v for 32 rows, %+v for 16", wide, blockCostsOf(splitKV(Float16, 128, 16), Float16))
 	}
 	for _, tt := range []struct{ n, mc, want int }{{16, 16, 42}, {16, 1, 45}, {1, 1, 216}} {
 		if got := splitCost(8, 132, 264, 64, tt.n, wide, fusedUpTo(tt.mc)(tt.n)); got != tt.want {

@@ -110,8 +110,8 @@ type Problem struct {
 	Shape
 
 	// Q is (Batch, SeqlenQ, HeadsQ, HeadDim); K and V are (Batch,
-	// SeqlenCache, HeadsKV, HeadDim); Out is (Batch, SeqlenQ, HeadsQ,
-	// HeadDim) in DType and must not overlap itself.
+	// SeqlenCache, HeadsKV, HeadDim) in CacheDType; Out is (Batch, SeqlenQ,
+	// HeadsQ, HeadDim) in DType and must not overlap itself.
 	Q, K, V, Out Tensor
 
 	// LSE, if not 0, receives the natural-log log-sum-exp as float32
@@ -160,9 +160,10 @@ type Problem struct {
 	New              Append // new tokens written into the cache before attention
 	Rotary           Rotary // rotary embedding of q and the new keys (with New only)
 
-	// KDescale and VDescale scale an fp8 cache (Shape.KVDType); per call
-	// where they point to device arrays.
+	// KDescale and VDescale scale an fp8 cache (Shape.KVDType): values, or
+	// with DescaleArrays per-call device arrays (their Ptr, both given).
 	KDescale, VDescale Descale
+	DescaleArrays      bool
 	// Sinks, per call, is a float32 (HeadsQ,) device array of sink logits
 	// when HasSinks is set: each row's softmax gets exp(Sinks[head]) more
 	// in its denominator, with no value, and its LSE includes it (see
@@ -251,7 +252,7 @@ func (s Shape) validateSizes(op string) error {
 	if s.NumSplits < 0 {
 		return invalid(op, "num_splits", fmt.Sprintf("%d; must be 0 (automatic) or positive", s.NumSplits))
 	}
-	return nil
+	return s.validateKVDType(op)
 }
 
 // Validate reports the first thing wrong with p: its Shape (see
@@ -288,18 +289,20 @@ func (p *Problem) ValidateLayout() error {
 		return err
 	}
 	s := p.Shape
+	el, cel := s.DType.Size(), s.CacheDType().Size()
 	for _, x := range [...]struct {
 		name string
 		t    Tensor
 		seq  int
 		hds  int
+		elem int
 	}{
-		{"q", p.Q, s.SeqlenQ, s.HeadsQ},
-		{"k_cache", p.K, s.SeqlenCache, s.HeadsKV},
-		{"v_cache", p.V, s.SeqlenCache, s.HeadsKV},
-		{"out", p.Out, s.SeqlenQ, s.HeadsQ},
+		{"q", p.Q, s.SeqlenQ, s.HeadsQ, el},
+		{"k_cache", p.K, s.SeqlenCache, s.HeadsKV, cel},
+		{"v_cache", p.V, s.SeqlenCache, s.HeadsKV, cel},
+		{"out", p.Out, s.SeqlenQ, s.HeadsQ, el},
 	} {
-		if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.name == "out"); err != nil {
+		if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.elem, x.name == "out"); err != nil {
 			return err
 		}
 	}
@@ -309,12 +312,16 @@ func (p *Problem) ValidateLayout() error {
 	if overflows32(float64(p.Scale) * math.Log2E) { // the kernels scale by it in base 2, in float32
 		return invalid(op, "softmax_scale", fmt.Sprintf("%v; softmax_scale*log2(e) must fit in float32", p.Scale))
 	}
+	if err := p.validateFP8(op); err != nil {
+		return err
+	}
 	return p.validateServing(op)
 }
 
 // CheckPointers checks p's device addresses: q, k_cache, v_cache and out
 // non-null and 16-byte aligned (k_cache and v_cache may be null when
 // SeqlenCache is 0: nothing is read), lse and cache_seqlens (optional)
+// 4-byte aligned, the descale arrays given exactly with DescaleArrays and
 // 4-byte aligned, and that what the kernels write shares no byte with
 // anything else: out and lse with every other tensor of the call, and,
 // with an append, k_cache and v_cache with every other tensor, and with
@@ -349,6 +356,9 @@ func (p *Problem) CheckPointers() error {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("address %#x is not 4-byte aligned", p.CacheSeqlens))
 	}
 	if err := p.checkServingPointers(op); err != nil {
+		return err
+	}
+	if err := p.checkDescalePointers(op); err != nil {
 		return err
 	}
 	if err := p.checkSinks(op); err != nil {
@@ -392,9 +402,9 @@ func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
 
 // spans is the byte range of each of p's tensors: the inputs (q,
 // k_cache, v_cache first), then out, then lse.
-func (p *Problem) spans() [15]byteRange {
+func (p *Problem) spans() [17]byteRange {
 	s := p.Shape
-	el := s.DType.Size()
+	el, cel := s.DType.Size(), s.CacheDType().Size()
 	rows, seq := p.cacheDims() // paged caches hold NumPages pages of PageSize keys
 	var table, slopes uint64   // elements of a rotary table and of alibi_slopes
 	if p.Rotary.Dim > 0 && p.Rotary.Rows > 0 {
@@ -403,10 +413,14 @@ func (p *Problem) spans() [15]byteRange {
 	if p.Alibi {
 		slopes = uint64(max(s.Batch-1, 0))*uint64(p.AlibiBatchStride) + uint64(s.HeadsQ)
 	}
+	var kScales, vScales uint64 // elements of the descale arrays
+	if p.DescaleArrays {
+		kScales, vScales = p.KDescale.scales(s.Batch, s.HeadsKV), p.VDescale.scales(s.Batch, s.HeadsKV)
+	}
 	return [...]byteRange{
 		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
-		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
-		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, cel),
+		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, cel),
 		spanOf("cache_seqlens", p.CacheSeqlens, uint64(s.Batch), 4),
 		tensorRange("k", p.New.K, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
 		tensorRange("v", p.New.V, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
@@ -416,6 +430,8 @@ func (p *Problem) spans() [15]byteRange {
 		spanOf("cache_batch_idx", p.CacheBatchIdx, uint64(s.Batch), 4),
 		spanOf("cache_leftpad", p.CacheLeftpad, uint64(s.Batch), 4),
 		spanOf("alibi_slopes", p.AlibiSlopes, slopes, 4),
+		spanOf("k_descale", p.KDescale.Ptr, kScales, 4),
+		spanOf("v_descale", p.VDescale.Ptr, vScales, 4),
 		spanOf("sinks", p.Sinks, uint64(s.HeadsQ), 4),
 		tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
 		spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4),
@@ -430,7 +446,7 @@ func (p *Problem) spans() [15]byteRange {
 func (p *Problem) checkOverlaps(op string) error {
 	// Tensors are told apart by their index in spans (no string compares:
 	// this runs every call).
-	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 13, 14
+	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 15, 16
 	all := p.spans()
 	inputs := all[:lseIdx] // the inputs and out
 	kCache, vCache := all[kIdx], all[vIdx]
@@ -481,17 +497,18 @@ func (p *Problem) CheckWorkspace(ptr uintptr, bytes int) error {
 }
 
 // checkStrides checks the strides of one (batch, seq, heads, head_dim)
-// tensor with the given sizes; exclusive means it is written and must not
-// overlap itself.
-func checkStrides(op, name string, t Tensor, size [4]int, exclusive bool) error {
+// tensor of elem-byte elements with the given sizes; exclusive means it is
+// written and must not overlap itself.
+func checkStrides(op, name string, t Tensor, size [4]int, elem int, exclusive bool) error {
 	stride := [4]int64{t.BatchStride, t.SeqStride, t.HeadStride, 1}
 	dims := [3]string{"batch", "seq", "head"}
+	load := int64(16 / elem) // the elements of a 16-byte load
 	for i, st := range stride[:3] {
 		if st < 0 {
 			return invalid(op, name, fmt.Sprintf("negative %s stride %d", dims[i], st))
 		}
-		if st%8 != 0 {
-			return unsupported(op, name, fmt.Sprintf("%s stride %d is not a multiple of 8 elements; the kernels load 8 elements at a time", dims[i], st))
+		if st%load != 0 {
+			return unsupported(op, name, fmt.Sprintf("%s stride %d is not a multiple of %d elements; the kernels load %d elements at a time", dims[i], st, load, load))
 		}
 	}
 	// The largest element offset must fit in the kernels' 64-bit arithmetic

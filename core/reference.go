@@ -17,8 +17,13 @@ type HostProblem struct {
 	Q []float32 // (Batch, SeqlenQ, HeadsQ, HeadDim)
 	// K and V are the cache: (Batch, SeqlenCache, HeadsKV, HeadDim); with
 	// CacheBatchIdx (rows, SeqlenCache, HeadsKV, HeadDim) for any number of
-	// rows; with BlockTable (pages, PageSize, HeadsKV, HeadDim).
+	// rows; with BlockTable (pages, PageSize, HeadsKV, HeadDim). An fp8
+	// cache (KVDType) holds its fp8 values, not scaled.
 	K, V []float32
+	// KDescale and VDescale scale an fp8 cache: key j of sequence b, K/V
+	// head h, is attended as K * KDescale[b*HeadsKV + h] (V likewise); one
+	// value scales all, nil is 1.
+	KDescale, VDescale []float32
 	// CacheSeqlens holds each sequence's cached length; nil means Seqlen
 	// for every sequence (SeqlenCache when Seqlen < 0). Sequence b attends
 	// to its first len = length + SeqlenNew keys, clamped to
@@ -46,7 +51,8 @@ type HostProblem struct {
 	Softcap      float32
 	AlibiSlopes  []float32 // (HeadsQ,) or (Batch, HeadsQ)
 	// KNew and VNew, (Batch, SeqlenNew, HeadsKV, HeadDim), are appended:
-	// token t of sequence b goes to key length + t (skipped past the cache).
+	// token t of sequence b goes to key length + t (skipped past the cache),
+	// into an fp8 cache as quantize(x, descale) stores it.
 	KNew, VNew []float32
 	// RotaryCos and RotarySin, (rows, RotaryDim/2), rotate the first
 	// RotaryDim channels of q and the new keys (see Rotary). The rotated
@@ -156,6 +162,7 @@ func (h *HostProblem) splitPartial(o, q, kc, vc []float32, b, kvh, hq, i, n, lo 
 		m, l = h.Sinks[hq]*math.Log2E, 1 // the sink: a term with no value
 	}
 	x := make([]float32, tiles.keys)
+	kBuf, vBuf := h.descaleBuffers()
 	for t := tiles.first + split; t < tiles.end; t += step {
 		t0, te := t*tiles.keys, min((t+1)*tiles.keys, n)
 		tmax := float32(math.Inf(-1))
@@ -165,7 +172,7 @@ func (h *HostProblem) splitPartial(o, q, kc, vc []float32, b, kvh, hq, i, n, lo 
 				continue
 			}
 			var dot float32
-			k := h.kv(kc, b, j, kvh)
+			k := h.scaledKV(kBuf, h.KDescale, kc, b, j, kvh)
 			for e := range d {
 				dot += q[e] * k[e]
 			}
@@ -194,7 +201,7 @@ func (h *HostProblem) splitPartial(o, q, kc, vc []float32, b, kvh, hq, i, n, lo 
 				continue
 			}
 			l += p
-			v := h.kv(vc, b, j, kvh)
+			v := h.scaledKV(vBuf, h.VDescale, vc, b, j, kvh)
 			for e := range d {
 				o[e] += p * v[e]
 			}
@@ -291,6 +298,8 @@ func (h *HostProblem) appendNew() (k, v, q []float32) {
 				if h.RotaryDim > 0 {
 					h.rotate(k[dst:dst+d], at+t)
 				}
+				h.quantizeRow(k[dst:dst+d], h.KDescale, b, kvh)
+				h.quantizeRow(v[dst:dst+d], h.VDescale, b, kvh)
 			}
 		}
 	}
@@ -411,17 +420,31 @@ func NaiveAttention(h *HostProblem) (out, lse []float64, err error) {
 
 // naiveKV is key or value j of (sequence b, K/V head kvh) as
 // NaiveAttention sees it: the new token j - at when the sequence appended
-// it (a key rotated at position j), else the cached one.
+// it (a key rotated at position j; quantized into an fp8 cache), else the
+// cached one, scaled by its descale.
 func (h *HostProblem) naiveKV(cache, fresh []float32, b, j, kvh, at int, key bool) []float32 {
 	d := h.HeadDim
+	scales := h.VDescale
+	if key {
+		scales = h.KDescale
+	}
+	var x []float32
 	if t := j - at; t >= 0 && t < h.SeqlenNew {
-		x := append([]float32(nil), fresh[((b*h.SeqlenNew+t)*h.HeadsKV+kvh)*d:][:d]...)
+		x = append(x, fresh[((b*h.SeqlenNew+t)*h.HeadsKV+kvh)*d:][:d]...)
 		if key && h.RotaryDim > 0 {
 			h.naiveRotate(x, j)
 		}
-		return x
+		h.quantizeRow(x, scales, b, kvh)
+	} else if x = h.kv(cache, b, j, kvh); h.KVDType.FP8() {
+		x = append([]float32(nil), x...)
 	}
-	return h.kv(cache, b, j, kvh)
+	if h.KVDType.FP8() {
+		ds := h.descale(scales, b, kvh)
+		for e := range x {
+			x[e] *= ds
+		}
+	}
+	return x
 }
 
 // naiveRotate is NaiveAttention's rotary embedding at position p of x: the
@@ -488,6 +511,9 @@ func (h *HostProblem) check(op string) error {
 		if w.len >= 0 && w.got != w.len {
 			return invalid(op, w.name, fmt.Sprintf("%d elements, want %d", w.got, w.len))
 		}
+	}
+	if err := h.checkDescales(op); err != nil {
+		return err
 	}
 	if h.CacheSeqlens != nil && len(h.CacheSeqlens) != s.Batch {
 		return invalid(op, "cache_seqlens", fmt.Sprintf("%d lengths for batch %d", len(h.CacheSeqlens), s.Batch))
@@ -658,4 +684,75 @@ func roundTo(dt DType, x float32) float32 {
 		return float32(math.Copysign(math.Inf(1), f))
 	}
 	return float32(r)
+}
+
+// checkDescales checks KDescale and VDescale: only with an fp8 cache, of
+// one value or (Batch, HeadsKV), each positive and finite.
+func (h *HostProblem) checkDescales(op string) error {
+	for _, x := range [...]struct {
+		name string
+		d    []float32
+	}{{"k_descale", h.KDescale}, {"v_descale", h.VDescale}} {
+		switch n := len(x.d); {
+		case x.d == nil:
+			continue
+		case !h.KVDType.FP8():
+			return invalid(op, x.name, fmt.Sprintf("given with a %v cache; descales scale an fp8 cache", h.CacheDType()))
+		case n != 1 && n != h.Batch*h.HeadsKV:
+			return invalid(op, x.name, fmt.Sprintf("%d values; want 1 or batch*nheads_kv=%d", n, h.Batch*h.HeadsKV))
+		}
+		for _, v := range x.d {
+			if !(v > 0) || math.IsInf(float64(v), 0) {
+				return invalid(op, x.name, fmt.Sprintf("%v; must be positive and finite", v))
+			}
+		}
+	}
+	return nil
+}
+
+// descale is the scale of (sequence b, K/V head kvh) in scales (KDescale
+// or VDescale): 1 without them.
+func (h *HostProblem) descale(scales []float32, b, kvh int) float32 {
+	switch len(scales) {
+	case 0:
+		return 1
+	case 1:
+		return scales[0]
+	}
+	return scales[b*h.HeadsKV+kvh]
+}
+
+// descaleBuffers are a key's and a value's room for their scaled copies
+// (scaledKV), nil without an fp8 cache.
+func (h *HostProblem) descaleBuffers() (k, v []float32) {
+	if !h.KVDType.FP8() {
+		return nil, nil
+	}
+	return make([]float32, h.HeadDim), make([]float32, h.HeadDim)
+}
+
+// scaledKV is kv's vector as attended: with an fp8 cache, scaled by its
+// descale into buf (descaleBuffers) in float32.
+func (h *HostProblem) scaledKV(buf, scales, t []float32, b, j, kvh int) []float32 {
+	x := h.kv(t, b, j, kvh)
+	if buf == nil {
+		return x
+	}
+	ds := h.descale(scales, b, kvh)
+	for e := range x {
+		buf[e] = x[e] * ds
+	}
+	return buf
+}
+
+// quantizeRow stores x, a new key or value of (sequence b, K/V head kvh),
+// as an fp8 cache holds it (quantize), in place; nothing without one.
+func (h *HostProblem) quantizeRow(x, scales []float32, b, kvh int) {
+	if !h.KVDType.FP8() {
+		return
+	}
+	ds := h.descale(scales, b, kvh)
+	for e := range x {
+		x[e] = quantize(h.KVDType, x[e], ds)
+	}
 }

@@ -249,7 +249,7 @@ func (p *Problem) validateServingStrides(op string) error {
 			name string
 			t    Tensor
 		}{{"k_cache", p.K}, {"v_cache", p.V}} {
-			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, n > 0); err != nil {
+			if err := checkStrides(op, x.name, x.t, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, s.CacheDType().Size(), n > 0); err != nil {
 				return err
 			}
 		}
@@ -259,7 +259,7 @@ func (p *Problem) validateServingStrides(op string) error {
 			name string
 			t    Tensor
 		}{{"k", p.New.K}, {"v", p.New.V}} {
-			if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, n, s.HeadsKV, s.HeadDim}, false); err != nil {
+			if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, n, s.HeadsKV, s.HeadDim}, s.DType.Size(), false); err != nil {
 				return err
 			}
 		}
@@ -278,7 +278,7 @@ func (p *Problem) cachesShareElements(k, v byteRange) bool {
 	if !k.overlaps(v) {
 		return false
 	}
-	el := p.DType.Size()
+	el := p.CacheDType().Size()
 	rows, seq := p.cacheDims()
 	size := [4]int{rows, seq, p.HeadsKV, p.HeadDim}
 	d := int64(p.V.Ptr) - int64(p.K.Ptr)

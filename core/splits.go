@@ -31,19 +31,30 @@ const (
 )
 
 // blockCosts is what one block of a variant costs in the model: a key tile
-// of its stream, and its share of a cluster merge.
-type blockCosts struct{ tile, clusterMerge int }
+// of its stream, its share of a cluster merge, and the bytes of its key
+// tile in percent of kvTileBytes (the share of HBM's time a tile takes).
+type blockCosts struct{ tile, clusterMerge, bytesPct int }
 
-// narrowBlock is the costs of a block of up to 16 packed rows.
-var narrowBlock = blockCosts{tile: 2, clusterMerge: clusterMergeCost}
+// narrowBlock is the costs of a block of up to 16 packed rows of a 16-bit
+// cache.
+var narrowBlock = blockCosts{tile: 2, clusterMerge: clusterMergeCost, bytesPct: 100}
 
-// blockCostsOf gives v's block costs: a block of more than 16 rows runs at
-// its register limit, so its tiles and its cluster merge cost more.
-func blockCostsOf(v Variant) blockCosts {
-	if v.Rows <= 16 {
-		return narrowBlock
+// kvTileBytes is the bytes of a key tile of K and V of a 16-bit cache
+// (8192 elements each, see splitKVSharedBytes): the tile the costs are
+// fitted to.
+const kvTileBytes = 2 * 8192 * 2
+
+// blockCostsOf gives v's block costs over a cache of dtype kv: a block of
+// more than 16 rows runs at its register limit, so its tiles and its
+// cluster merge cost more; a tile of fewer bytes (fp8) takes HBM's time in
+// proportion, while a lone block's time a tile, its work and copies, stays.
+func blockCostsOf(v Variant, kv DType) blockCosts {
+	c := narrowBlock
+	if v.Rows > 16 {
+		c = blockCosts{tile: wideTileCost, clusterMerge: clusterMergeCost * ceilDiv(v.Rows, 16)}
 	}
-	return blockCosts{tile: wideTileCost, clusterMerge: clusterMergeCost * ceilDiv(v.Rows, 16)}
+	c.bytesPct = 100 * v.KeysPerTile * v.HeadDim * 2 * kv.Size() / kvTileBytes
+	return c
 }
 
 // autoSplits picks the split count of every item: 1 where the unsplit grid
@@ -84,7 +95,7 @@ func longerSplits(blocks, slots, tiles, n, bestN int, merges []Merge) bool {
 // blocks of t = ceil(tiles/n) tiles) on slots that each stream one block
 // alone and resident blocks at once: a one-wave grid costs its busiest
 // SM's stream (sharedSlotPct for two a slot) or its bytes at HBM's rate
-// (hbmSlotsPct), whichever is longer; more blocks than resident cost a
+// (hbmSlotsPct of the slots, for tiles of c.bytesPct), whichever is longer; more blocks than resident cost a
 // wave each, the last alone or at HBM's rate. blockCost counts once, and
 // the merge adds its cost (m: cluster, pairs or the combine's rounds).
 func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m Merge) int {
@@ -95,7 +106,7 @@ func splitCost(blocks, slots, resident, tiles, n int, c blockCosts, m Merge) int
 		if k > 1 {
 			busiest = ceilDiv(c.tile*k*t*100, sharedSlotPct)
 		}
-		return max(busiest, ceilDiv(c.tile*w*t*100, slots*hbmSlotsPct))
+		return max(busiest, ceilDiv(c.tile*w*t*c.bytesPct, slots*hbmSlotsPct))
 	}
 	var cost int
 	switch {
@@ -153,6 +164,12 @@ func targetBlocks(v Variant, blocksPerSM int) int {
 // rows at rowKeys keys a row: its partials then stay a small share of its
 // bytes.
 func minKeysPerSplit(rows, rowKeys int) int { return max(minSplitKeys, rowKeys*rows) }
+
+// rowKeysFor is a floor of keys a packed row (minSplitRowKeys,
+// minTailSplitRowKeys), fitted to 16-bit caches, for a cache of dtype kv:
+// as many bytes of K and V against a row's partials, so twice the keys of
+// an fp8 cache.
+func rowKeysFor(rowKeys int, kv DType) int { return rowKeys * 2 / kv.Size() }
 
 // maxAutoSplits is the most splits the heuristic considers for a length of
 // tiles key tiles when a split must hold at least minTiles of them:

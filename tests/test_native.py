@@ -42,13 +42,13 @@ def test_public_api():
                         ("softmax_scale", None), ("causal", False), ("window_size", (-1, -1)),
                         ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
                         ("num_splits", 0), ("return_softmax_lse", False), ("out", None),
-                        ("max_seqlen_k", None), ("batch_invariant", False),
+                        ("max_seqlen_k", None), ("batch_invariant", False), ("k_descale", None), ("v_descale", None),
                         ("sinks", None)]
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
         "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary", "page_size",
-        "lengths", "batch_invariant"}
+        "lengths", "batch_invariant", "kv_dtype", "k_descale", "v_descale"}
     for fn in (flash_decode.flash_decode, flash_decode.plan):
         assert "Example" in fn.__doc__ and ">>>" in fn.__doc__
 

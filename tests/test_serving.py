@@ -37,11 +37,12 @@ def test_signature_is_flash_attn_with_kvcache():
     assert list(keywords) == ["rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
                               "block_table", "softmax_scale", "causal", "window_size", "softcap",
                               "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse", "out",
-                              "max_seqlen_k", "sinks"]
+                              "max_seqlen_k", "batch_invariant", "k_descale", "v_descale", "sinks"]
     assert keywords == dict(rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
-                            num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None, sinks=None)
+                            num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None,
+                            batch_invariant=False, k_descale=None, v_descale=None, sinks=None)
     doc = flash_decode.flash_decode.__doc__
     for name in keywords:
         assert f"{name}" in doc, name
@@ -402,9 +403,10 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
-def check_refused(device, mutate, exc, name):
-    """The call raises exc naming name, and the caches hold what they held."""
-    args = valid_args(device)
+def check_refused(device, mutate, exc, name, make_args=valid_args):
+    """The call of make_args(device), mutated, raises exc naming name, and the caches hold
+    what they held, byte for byte (NaN slots too)."""
+    args = make_args(device)
     mutate(args)
     before = [args[n].clone() for n in ("k_cache", "v_cache")]
     with pytest.raises(exc) as info:
@@ -413,7 +415,7 @@ def check_refused(device, mutate, exc, name):
     if device != "cpu":
         torch.cuda.synchronize()
     for cache, saved in zip((args["k_cache"], args["v_cache"]), before):
-        assert torch.equal(cache.nan_to_num(), saved.nan_to_num())
+        assert torch.equal(cache.view(torch.uint8), saved.view(torch.uint8))
 
 
 @pytest.mark.parametrize("case_id, mutate, exc, name, python", CASES, ids=IDS)

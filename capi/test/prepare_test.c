@@ -201,6 +201,45 @@ static void test_prepare_refusals(void) {
           "a shorter record: \"%s\"", fd_last_error());
 }
 
+// An fp8 layout plans without a GPU, with descale arrays or values; descales of a
+// float16 cache, another dtype for the caches and a call without the arrays the
+// layout has are refused by name.
+static void test_fp8(void) {
+    fd_layout l = dense_layout(4096);
+    l.kv_dtype = FD_FLOAT8_E4M3, l.descale = 1;
+    l.k_descale[0] = 8, l.k_descale[1] = 1;  // (batch, heads_kv); v_descale's 0, 0: one scale
+    fd_handle h;
+    CHECK(fd_prepare(&l, sizeof l, -1, &h) == FD_OK, "fd_prepare e4m3: \"%s\"", fd_last_error());
+    fd_plan_info p;
+    int rc = fd_plan(h, 1000, &p);
+    CHECK(rc == FD_OK && p.kernel[0] && p.num_splits >= 1, "fd_plan e4m3: %d %s \"%s\"", rc, p.kernel, fd_last_error());
+    char json[8192];
+    rc = fd_plan_json(h, 1000, json, sizeof json, NULL);
+    CHECK(rc == FD_OK && strstr(json, p.kernel), "fd_plan_json e4m3: %d %s", rc, json);
+    fd_release(h);
+
+    l = dense_layout(4096);
+    l.dtype = FD_BFLOAT16, l.kv_dtype = FD_FLOAT8_E5M2, l.k_descale_value = 0.5, l.v_descale_value = 2;
+    CHECK(fd_prepare(&l, sizeof l, -1, &h) == FD_OK && fd_plan(h, -1, &p) == FD_OK && fd_release(h) == FD_OK,
+          "e5m2 with values: \"%s\"", fd_last_error());
+
+    l = dense_layout(4096), l.k_descale_value = 2;
+    expect_error("a descale of a float16 cache", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_INVALID, "k_descale");
+    l = dense_layout(4096), l.kv_dtype = FD_BFLOAT16;
+    expect_error("bfloat16 caches for float16", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_UNSUPPORTED, "kv_dtype");
+    l = dense_layout(4096), l.kv_dtype = FD_FLOAT8_E4M3, l.v_descale_value = -1;
+    expect_error("a negative descale", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_INVALID, "v_descale");
+    l = dense_layout(4096), l.dtype = FD_FLOAT8_E4M3;
+    expect_error("an fp8 q", fd_prepare(&l, sizeof l, -1, &h), FD_ERR_UNSUPPORTED, "dtype");
+
+    l = dense_layout(4096), l.kv_dtype = FD_FLOAT8_E4M3, l.descale = 1;
+    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare on device 0: \"%s\"", fd_last_error());
+    fd_ptrs ptrs = good_ptrs();
+    ptrs.v_descale = 0x3000000;
+    expect_error("no k_descale", fd_run(h, &ptrs, sizeof ptrs, -1, NULL, 0, NULL), FD_ERR_INVALID, "k_descale");
+    fd_release(h);
+}
+
 // fd_run's checks before any device work. Without a GPU, a call with good (made-up)
 // addresses gets as far as the missing device; with one, it is not made (it would launch).
 static void test_run_refusals(int gpus) {
@@ -296,6 +335,7 @@ int main(void) {
     test_handles();
     test_prepare_refusals();
     test_run_refusals(gpus);
+    test_fp8();
     test_fork();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

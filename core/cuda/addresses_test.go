@@ -20,7 +20,8 @@ func TestCheckAddressesNamesTheLowOne(t *testing.T) {
 		{"q", &p.Q.Ptr}, {"k_cache", &p.K.Ptr}, {"v_cache", &p.V.Ptr}, {"out", &p.Out.Ptr}, {"lse", &p.LSE},
 		{"cache_seqlens", &p.CacheSeqlens}, {"block_table", &p.BlockTable}, {"cache_batch_idx", &p.CacheBatchIdx},
 		{"cache_leftpad", &p.CacheLeftpad}, {"alibi_slopes", &p.AlibiSlopes}, {"k", &p.New.K.Ptr}, {"v", &p.New.V.Ptr},
-		{"rotary_cos", &p.Rotary.Cos}, {"rotary_sin", &p.Rotary.Sin}, {"sinks", &p.Sinks}, {"workspace", &ws},
+		{"rotary_cos", &p.Rotary.Cos}, {"rotary_sin", &p.Rotary.Sin}, {"k_descale", &p.KDescale.Ptr},
+		{"v_descale", &p.VDescale.Ptr}, {"sinks", &p.Sinks}, {"workspace", &ws},
 	}
 	if err := checkAddresses(&p, ws); err != nil {
 		t.Fatalf("all 0: %v", err)

@@ -40,8 +40,8 @@ func checkAddresses(p *core.Problem, workspace uintptr) error {
 	low := func(ptr uintptr) bool { return ptr-1 < minAddress-1 } // 0 wraps around: not low
 	if !(low(p.Q.Ptr) || low(p.K.Ptr) || low(p.V.Ptr) || low(p.Out.Ptr) || low(p.LSE) || low(p.CacheSeqlens) ||
 		low(p.BlockTable) || low(p.CacheBatchIdx) || low(p.CacheLeftpad) || low(p.AlibiSlopes) ||
-		low(p.New.K.Ptr) || low(p.New.V.Ptr) || low(p.Rotary.Cos) || low(p.Rotary.Sin) || low(p.Sinks) ||
-		low(workspace)) {
+		low(p.New.K.Ptr) || low(p.New.V.Ptr) || low(p.Rotary.Cos) || low(p.Rotary.Sin) || low(p.KDescale.Ptr) ||
+		low(p.VDescale.Ptr) || low(p.Sinks) || low(workspace)) {
 		return nil
 	}
 	for _, x := range [...]struct {
@@ -51,7 +51,8 @@ func checkAddresses(p *core.Problem, workspace uintptr) error {
 		{"q", p.Q.Ptr}, {"k_cache", p.K.Ptr}, {"v_cache", p.V.Ptr}, {"out", p.Out.Ptr}, {"lse", p.LSE},
 		{"cache_seqlens", p.CacheSeqlens}, {"block_table", p.BlockTable}, {"cache_batch_idx", p.CacheBatchIdx},
 		{"cache_leftpad", p.CacheLeftpad}, {"alibi_slopes", p.AlibiSlopes}, {"k", p.New.K.Ptr}, {"v", p.New.V.Ptr},
-		{"rotary_cos", p.Rotary.Cos}, {"rotary_sin", p.Rotary.Sin}, {"sinks", p.Sinks}, {"workspace", workspace},
+		{"rotary_cos", p.Rotary.Cos}, {"rotary_sin", p.Rotary.Sin}, {"k_descale", p.KDescale.Ptr},
+		{"v_descale", p.VDescale.Ptr}, {"sinks", p.Sinks}, {"workspace", workspace},
 	} {
 		if err := checkAddress("decode", x.name, x.ptr); err != nil {
 			return err

@@ -19,6 +19,7 @@ from . import _native
 _is_compiling = torch.compiler.is_compiling  # bound once: the hot path asks every call
 _current_stream = _native.current_stream
 _DTYPES = {torch.float16: 1, torch.bfloat16: 2}  # core.DType
+_FP8 = {torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}  # core.DType of the fp8 caches
 _INT64 = 1 << 63
 
 # The one cache: call signature -> [Run, handle, workspace bytes (the largest needed so far), device,
@@ -48,8 +49,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                  rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
                  num_splits: int = 0, return_softmax_lse: bool = False, out: torch.Tensor | None = None,
-                 max_seqlen_k: int | None = None,
-                 batch_invariant: bool = False,
+                 max_seqlen_k: int | None = None, batch_invariant: bool = False,
+                 k_descale: float | torch.Tensor | None = None,
+                 v_descale: float | torch.Tensor | None = None,
                  sinks: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
@@ -60,7 +62,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     Args:
         q: ``(batch, seqlen_q <= 16, nheads_q, headdim)``, float16 or bfloat16.
         k_cache, v_cache: ``(batch_cache, seqlen_cache, nheads_kv, headdim)``, or with
-            block_table pages ``(num_blocks, page_size, nheads_kv, headdim)``.
+            block_table pages ``(num_blocks, page_size, nheads_kv, headdim)``; q's dtype, or both
+            float8_e4m3fn or both float8_e5m2.
         k, v: new tokens ``(batch, seqlen_new, nheads_kv, headdim)``, both or neither.
         rotary_cos, rotary_sin: ``(seqlen_ro, rotary_dim / 2)``, with k and v.
         cache_seqlens: keys per sequence before the new tokens: None (all), an int or int32 ``(batch,)``.
@@ -77,6 +80,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         max_seqlen_k: with a cache_seqlens tensor, a bound on the keys a sequence attends, planned for.
         batch_invariant: a sequence's result bits depend only on its own inputs, never on the batch, the
             other lengths or the GPU (with num_splits=0; max_seqlen_k, if given, must bound every length).
+        k_descale, v_descale: an fp8 cache's scales (an element x attends as x * descale; new tokens are
+            stored as x / descale, saturated): None (1), a positive float, or float32 tensors on q's device,
+            both, of 1 element or ``(batch, nheads_kv)`` (their values are not checked: no host sync).
         sinks: float32 ``(nheads_q,)``: a logit per query head whose ``exp`` joins each row's softmax
             denominator with no value (gpt-oss); the LSE includes it.
 
@@ -100,10 +106,12 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if _is_compiling():
         return _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant, sinks)
+                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant, k_descale,
+                       v_descale, sinks)
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
-             and window_size == (-1, -1) and sinks is None)
+             and window_size == (-1, -1) and k_descale is None and v_descale is None
+             and sinks is None)
     # The layout's key. Options go in with their types: as dict keys True == 1 and 2.0 == 2,
     # and every call must refuse what its first call would. An int cache_seqlens is "an int".
     global _last
@@ -117,9 +125,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
         if not plain:
             sig += (*map(_sig, (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
-                                alibi_slopes, sinks)),
-                    type(window_size), tuple(window_size), tuple(map(type, window_size)),
-                    type(softcap), softcap, type(rotary_interleaved), rotary_interleaved)
+                                alibi_slopes, sinks)), type(window_size), tuple(window_size), tuple(map(type, window_size)),
+                    type(softcap), softcap, type(rotary_interleaved), rotary_interleaved, _scale_sig(k_descale),
+                    _scale_sig(v_descale))
         last = _last
         if last[0] is _prepared and sig == last[1]:
             entry = last[2]
@@ -130,7 +138,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if entry is None:
         entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant, sinks)
+                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant, k_descale, v_descale,
+                         sinks)
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -165,7 +174,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              0 if alibi_slopes is None else alibi_slopes.data_ptr(),
                              0 if k is None else k.data_ptr(), 0 if v is None else v.data_ptr(),
                              0 if rotary_cos is None else rotary_cos.data_ptr(),
-                             0 if rotary_sin is None else rotary_sin.data_ptr(), 0, 0,
+                             0 if rotary_sin is None else rotary_sin.data_ptr(),
+                             k_descale.data_ptr() if isinstance(k_descale, torch.Tensor) else 0,
+                             v_descale.data_ptr() if isinstance(v_descale, torch.Tensor) else 0,
                              0 if sinks is None else sinks.data_ptr(),
                              0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
         except OverflowError:  # past the core's int64
@@ -191,17 +202,24 @@ def _sig(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
+def _scale_sig(x):
+    """A descale's part of the key: a tensor's layout, else the number (or None) with its type."""
+    return _sig(x) if isinstance(x, torch.Tensor) else (type(x), x)
+
+
 def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-             out, batch_invariant=False, sinks=None):
+             out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None):
     """Check a call, have the core prepare its layout and keep what later calls need under sig."""
     fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-                     num_splits, out, batch_invariant, sinks)
+                     num_splits, out, batch_invariant, k_descale, v_descale, sinks)
+    arrays = fields.get("descale")  # descale tensors: their device is checked, and goes with each call
     device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
                             rotary_sin=rotary_sin, cache_seqlens=cache_seqlens if fields["device_lengths"] else None,
                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-                            alibi_slopes=alibi_slopes, sinks=sinks, out=out)
+                            alibi_slopes=alibi_slopes, sinks=sinks, out=out, k_descale=k_descale if arrays else None,
+                            v_descale=v_descale if arrays else None)
     native = _native.binding()
     entry = [_native.function(native, "Run"), _handle(native, fields, device), 0, device,
              (fields["batch"], fields["heads_q"], fields["seqlen_q"]), q.is_contiguous(), type(cache_seqlens) is int,
@@ -231,13 +249,16 @@ def _handle(native, fields, device):
 
 def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            out, batch_invariant=False, sinks=None):
+            out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None):
     """Check what only Python sees in a call (but the devices) and return its layout fields."""
     _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
     dims = "(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else \
         "(batch, seqlen_cache, nheads_kv, headdim)"
-    _tensor("k_cache", k_cache, 4, dims, q.dtype)
-    _tensor("v_cache", v_cache, 4, dims, q.dtype)
+    _tensor("k_cache", k_cache, 4, dims, (q.dtype, *_FP8))
+    _tensor("v_cache", v_cache, 4, dims, (q.dtype, *_FP8))
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype} (the caches are q's dtype or both one "
+                        f"fp8 format), got {v_cache.dtype}")
     batch, seqlen_q, heads_q, head_dim = q.shape
     rows, seqlen_cache, heads_kv, _ = k_cache.shape
     if k_cache.shape[3] != head_dim or (rows != batch and block_table is None and cache_batch_idx is None):
@@ -263,7 +284,8 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
                   device_lengths=int(isinstance(cache_seqlens, torch.Tensor)), causal=int(causal), scale=scale,
                   q=q.stride(), k_cache=k_cache.stride(), v_cache=v_cache.stride(),
                   out=_contiguous(q.shape) if out is None else out.stride(),
-                  window_left=left, window_right=right, softcap=_float("softcap", softcap))
+                  window_left=left, window_right=right, softcap=_float("softcap", softcap),
+                  kv_dtype=_FP8.get(k_cache.dtype, 0), **_descales(k_descale, v_descale, batch, heads_kv))
     _check_bool("batch_invariant", batch_invariant)
     if batch_invariant:
         fields.update(batch_invariant=1)
@@ -322,26 +344,30 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
 
 def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            return_softmax_lse, out, max_seqlen_k, batch_invariant=False, sinks=None):
+            return_softmax_lse, out, max_seqlen_k, batch_invariant=False, k_descale=None, v_descale=None,
+            sinks=None):
     """flash_decode while torch.compile traces: the eager call's first checks (the ops' schemas would
-    turn True into 1, and out= is a copy that would cast or broadcast), then an op."""
+    turn True into 1, and out= is a copy that would cast or broadcast), then an op. A descale goes
+    in as a tensor or as a value (the schemas have no union)."""
     _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
-            batch_invariant, sinks)
+            batch_invariant, k_descale, v_descale, sinks)
     _check_lengths(cache_seqlens, max_seqlen_k)
     if out is not None and out.device != q.device:
         raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
     seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     left, right = window_size
+    scales = [(x, None) if isinstance(x, torch.Tensor) else (None, x) for x in (k_descale, v_descale)]
+    descales = (scales[0][0], scales[1][0], scales[0][1], scales[1][1])
     if k is None and rotary_cos is None:
         result, lse = torch.ops.flash_decode.decode(
             q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, sinks)
+            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, *descales, sinks)
     else:
         result, lse = torch.ops.flash_decode.decode_append(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            max_seqlen_k, batch_invariant, sinks)
+            max_seqlen_k, batch_invariant, *descales, sinks)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result
@@ -351,7 +377,9 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
          dtype: torch.dtype = torch.float16, num_splits: int = 0, device: int | str | torch.device | None = None,
          seqlen: int | None = None, serving: bool = False, seqlen_new: int = 0,
          window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0,
-         lengths: bool = False, batch_invariant: bool = False) -> dict[str, Any]:
+         lengths: bool = False, batch_invariant: bool = False, kv_dtype: torch.dtype | None = None,
+         k_descale: float | torch.Tensor | None = None,
+         v_descale: float | torch.Tensor | None = None) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes on a device, from the Go
     core: the split count num_splits=0 picks, the grid, the kernels and the workspace.
     The full reference is docs/api.md.
@@ -369,6 +397,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         page_size: > 0: a paged cache of pages of that many keys.
         lengths: the call passes a cache_seqlens tensor.
         batch_invariant: as in :func:`flash_decode` (the plan then has ``invariant_tiles``).
+        kv_dtype: the caches' dtype: None (dtype's), torch.float8_e4m3fn or torch.float8_e5m2.
+        k_descale, v_descale: as in :func:`flash_decode` (a tensor's shape and strides are read, not its data).
 
     Returns:
         dict: the core's plan (``num_splits``, ``grid``, ``cluster``, ``workspace_bytes``, ``kernel``, ...).
@@ -382,6 +412,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     """
     if dtype not in _DTYPES:
         raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+    if kv_dtype not in (None, dtype, *_FP8):
+        raise TypeError(f"kv_dtype must be None (dtype's), {dtype} or {' or '.join(map(str, _FP8))}, got {kv_dtype}")
     batch, seqlen_q, heads_q, heads_kv, head_dim, seqlen_cache, num_splits, seqlen_new, page_size = (
         _check_int(name, value) for name, value in (
             ("batch", batch), ("seqlen_q", seqlen_q), ("nheads_q", nheads_q), ("nheads_kv", nheads_kv),
@@ -397,7 +429,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     fields = dict(dtype=_DTYPES[dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
                   head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=num_splits, device_lengths=int(lengths),
                   q=q, k_cache=cache, v_cache=cache, out=q, window_left=left, window_right=right, page_size=page_size,
-                  batch_invariant=int(batch_invariant))
+                  batch_invariant=int(batch_invariant), kv_dtype=_FP8.get(kv_dtype, 0),
+                  **_descales(k_descale, v_descale, batch, heads_kv))
     if page_size > 0:
         pages, paged = -(-seqlen_cache // page_size), (page_size * cache[1], *cache[1:])
         fields.update(seqlen_cache=pages * page_size, num_pages=batch * pages, max_pages=pages, block_table=(pages, 1),
@@ -459,14 +492,19 @@ def _check_lengths(cache_seqlens, max_seqlen_k):
 
 
 def _tensor(name, t, ndim, dims, dtype):
-    """Refuse t unless a tensor of ndim dimensions (None: any) dims, of dtype (None: float16 or bfloat16)."""
+    """Refuse t unless a tensor of ndim dimensions (None: any) dims, of dtype (None: float16 or bfloat16;
+    a tuple: q's dtype, its first, or one of the others)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimension{'s' * (ndim > 1)} {dims}, got shape {tuple(t.shape)}")
     if dtype is None and t.dtype not in _DTYPES:
         raise TypeError(f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype}")
-    if dtype is not None and t.dtype != dtype:
+    if isinstance(dtype, tuple):
+        if t.dtype not in dtype:
+            raise TypeError(f"{name} must have q's dtype {dtype[0]} or be {' or '.join(map(str, dtype[1:]))}, "
+                            f"got {t.dtype}")
+    elif dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name} must have q's dtype {dtype}, got {t.dtype}" if dtype in _DTYPES else
                         f"{name} must be a {dtype} tensor, got {t.dtype}")
 
@@ -487,6 +525,35 @@ def _window(window_size):
         error = ValueError if isinstance(window_size, (tuple, list)) else TypeError
         raise error(f"window_size must be a tuple of two ints (left, right), got {window_size!r}")
     return [_check_int("window_size", w) for w in window_size]
+
+
+def _descales(k_descale, v_descale, batch, heads_kv):
+    """The layout fields of k_descale and v_descale: a number's value, or float32 tensors' strides (both
+    tensors or neither: a layout's calls pass both arrays or none). The core checks the values, and that
+    the caches are fp8."""
+    given = {"k_descale": k_descale, "v_descale": v_descale}
+    tensors = [name for name, x in given.items() if isinstance(x, torch.Tensor)]
+    if len(tensors) == 1:
+        other = "v_descale" if tensors[0] == "k_descale" else "k_descale"
+        raise ValueError(f"{other} must be a tensor too: {tensors[0]} is one, and descale tensors come together "
+                         f"(got {type(given[other]).__name__})")
+    fields = dict(descale=1) if tensors else {}
+    for name, x in given.items():
+        if x is None:
+            continue
+        if tensors:
+            _tensor(name, x, None, "", torch.float32)
+            if x.numel() != 1 and tuple(x.shape) != (batch, heads_kv):
+                raise ValueError(f"{name} must have 1 element or shape (batch, nheads_kv) = ({batch}, {heads_kv}), "
+                                 f"got {tuple(x.shape)}")
+            fields[name] = (0, 0) if x.numel() == 1 else x.stride()
+            continue
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            raise TypeError(f"{name} must be a float or a float32 tensor, got {type(x).__name__}")
+        if (value := _float(name, x)) == 0:  # 0 is 1 to the core
+            raise ValueError(f"{name}={x} must be positive (None: 1)")
+        fields[name + "_value"] = value
+    return fields
 
 
 def _check_bool(name, value):
