@@ -55,12 +55,12 @@ MUTANTS = [
      "return max(1, min(n, MaxSplits, tiles+1))"),
     # The stage-1 grid's y and z swapped.
     ("grid-yz-swapped", "core/plan.go",
-     "Grid:        [3]int{splits, s.HeadsKV * rowTiles, s.Batch},",
-     "Grid:        [3]int{splits, s.Batch, s.HeadsKV * rowTiles},"),
+     "Grid: [3]int{splits, s.HeadsKV * rowTiles, s.Batch},",
+     "Grid: [3]int{splits, s.Batch, s.HeadsKV * rowTiles},"),
     # Row tiles floored: a partial last tile of packed rows is dropped.
     ("row-tiles-floor", "core/plan.go",
-     "rowTiles := ceilDiv(packed, v.Rows)",
-     "rowTiles := max(1, packed/v.Rows)"),
+     "rowTiles := ceilDiv(s.HeadsQ/s.HeadsKV*s.SeqlenQ, v.Rows)",
+     "rowTiles := max(1, s.HeadsQ/s.HeadsKV*s.SeqlenQ/v.Rows)"),
     # Clusters one larger than the hardware's limit.
     ("cluster-limit-off-by-one", "core/plan.go",
      "if n < 2 || n > MaxCluster || d.Clusters == nil {",
