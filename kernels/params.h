@@ -109,6 +109,9 @@ typedef struct fd_params {
     // Attention sinks: const float (heads_q,), or 0: row r of head h has
     // exp(sinks[h]) more in its softmax denominator, with no value.
     fd_devptr sinks;
+
+    // The fp8 variants' cache format: 1 float8_e5m2, 0 float8_e4m3fn.
+    int kv_e5m2;
 } fd_params;
 
 #ifdef __cplusplus
