@@ -54,6 +54,13 @@
 // scheduled while this one drains instead of after it (see fd_pdl_wait in
 // ptx.cuh).
 //
+// fp8 caches. The same kernels with the caches' element type KV an fp8
+// byte (fd_split_kv_<dtype>_fp8_*, either format): the tiles hold as many
+// keys in half the bytes, copied as they are, so a deeper pipeline
+// (fd_split_kv_config::kStages) keeps as many bytes in flight in the same
+// shared memory; the warps turn the bytes into q's type as they read them
+// (fp8.cuh), and the descales scale the scores and the output in fp32.
+//
 // The forms. The loop below is written once, against a form (a policy type,
 // split_kv_forms.cuh) that gives it its tile loader (load_contiguous.cuh,
 // load_paged.cuh, load_serving.cuh), how its rows find their keys and its
