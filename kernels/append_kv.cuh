@@ -81,7 +81,7 @@ __device__ __forceinline__ fd_append_chunk fd_append_load(const fd_params &p, co
 // char), the rotated T divided by descale and quantized (fd_quantize8).
 template <typename T, typename KV = T>
 __device__ __forceinline__ void fd_append_store(const fd_params &p, KV *dst, fd_append_chunk c, int d0, long long cs,
-                                                float descale = 1.f) {
+                                                const fd_quant &descale = fd_quant(1.f)) {
     if (cs >= 0 && d0 < p.rotary_dim) {
         const T *cos_row = fd_ptr<const T>(p.rotary_cos) + cs;
         const T *sin_row = fd_ptr<const T>(p.rotary_sin) + cs;
@@ -186,11 +186,11 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
             fd_append_store<T>(p, v_dst, c1, d0, -1LL);
         } else {
             fd_append_store<T, KV>(p, k_dst, c0, d0, rotary ? fd_rotary_row(p, key) : -1LL,
-                                   fd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride,
-                                              p.k_descale_value, b, h));
+                                   fd_quant(fd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride,
+                                                       p.k_descale_value, b, h)));
             fd_append_store<T, KV>(p, v_dst, c1, d0, -1LL,
-                                   fd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
-                                              p.v_descale_value, b, h));
+                                   fd_quant(fd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
+                                                       p.v_descale_value, b, h)));
         }
     }
 }

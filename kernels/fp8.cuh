@@ -59,19 +59,42 @@ __device__ __forceinline__ uint32_t fd_to_fp8x2(float lo, float hi, bool e5m2) {
     return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
-// Eight T (one 16-byte chunk) divided by descale and stored as eight fp8
-// bytes (fd_to_fp8x2), element 0 in the low byte.
+// x / d rounded to nearest even, as IEEE division rounds it, without the
+// division's slow-path call (whose registers stage 1 at 32 rows lacks): r
+// = 1 / d rounded, the product x * r corrected by its exact residual
+// (Markstein's theorem), for a finite d > 0; an overflowing quotient stays
+// infinite, to saturate.
+__device__ __forceinline__ float fd_div(float x, float d, float r) {
+    const float q = __fmul_rn(x, r);
+    if (isinf(q)) return q;
+    return __fmaf_rn(__fmaf_rn(-q, d, x), r, q);
+}
+
+// A descale and its reciprocal, for fd_div.
+struct fd_quant {
+    float descale, rcp;
+    __device__ __forceinline__ explicit fd_quant(float d) : descale(d), rcp(1.f / d) {}
+};
+
+// Eight T (one 16-byte chunk) divided by the descale and stored as eight
+// fp8 bytes (fd_to_fp8x2), element 0 in the low byte.
 template <typename T>
-__device__ __forceinline__ uint2 fd_quantize8(uint4 u, float descale, bool e5m2) {
+__device__ __forceinline__ uint2 fd_quantize8(uint4 u, const fd_quant &d, bool e5m2) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
     uint32_t q[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         float lo, hi;
         fd_dtype<T>::unpack(w[j], lo, hi);
-        q[j] = fd_to_fp8x2(lo / descale, hi / descale, e5m2);
+        q[j] = fd_to_fp8x2(fd_div(lo, d.descale, d.rcp), fd_div(hi, d.descale, d.rcp), e5m2);
     }
     return make_uint2(q[0] | q[1] << 16, q[2] | q[3] << 16);
+}
+
+// Eight elements from src quantized (fd_quantize8), or zeros where !in.
+template <typename T>
+__device__ __forceinline__ uint2 fd_quantize_half(const T *src, bool in, const fd_quant &descale, bool e5m2) {
+    return in ? fd_quantize8<T>(*reinterpret_cast<const uint4 *>(src), descale, e5m2) : make_uint2(0u, 0u);
 }
 
 // Stage 1's fp8 output accumulators, whose P V mmas gathered a 16-dim

@@ -21,7 +21,7 @@
 // char), divided by the descales and quantized (fd_quantize8).
 template <typename T, typename KV, int THREADS, bool PAGED, typename PAGES>
 __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base,
-                                                float k_descale, float v_descale) {
+                                                const fd_quant &k_descale, const fd_quant &v_descale) {
     // Token t's row offsets in k and v; false where it is skipped.
     auto row_of = [&](int t, long long &k_row, long long &v_row) {
         const int key = base + t;

@@ -108,8 +108,17 @@ struct fd_load_paged : fd_tile_copy<T, KV, D, ROWS, fd_page_ring_of<D, ROWS, KV>
                 copy(k_s + s_off, k_src + i * p.k_seq_stride, valid);
                 copy(v_s + s_off, v_src + i * p.v_seq_stride, valid);
             }
-        } else {
+        } else if constexpr (sizeof(KV) == 2) {
 #pragma unroll
+            for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                const int gkey = gkey0 + i;
+                copy_new(k_s, v_s, fd_kv_swizzle<D, KV>(key0 + i, copy_chunk), gkey, chunk_in_dim && gkey < len,
+                         k_src + i * p.k_seq_stride, v_src + i * p.v_seq_stride);
+            }
+        } else {
+            // fp8: one copy at a time, each quantizing any new token, in
+            // the few registers stage 1 has left at 32 rows a block.
+#pragma unroll 1
             for (int i = 0; i < C::kCopiesPerThread; ++i) {
                 const int gkey = gkey0 + i;
                 copy_new(k_s, v_s, fd_kv_swizzle<D, KV>(key0 + i, copy_chunk), gkey, chunk_in_dim && gkey < len,

@@ -27,6 +27,7 @@ struct fd_load_serving : fd_tile_copy<T, KV, D, ROWS, fd_page_ring_of<D, ROWS, K
         const int &lane = this->lane, &copy_key = this->copy_key, &copy_chunk = this->copy_chunk;
         const int &lo = this->lo, &len = this->len;
         const bool &chunk_in_dim = this->chunk_in_dim;
+        const int &chunk_bytes = this->chunk_bytes;
         const KV *const &k_base = this->k_base, *const &v_base = this->v_base;
         const fd_params &p = this->p;
         pages_type &pages = this->pages;
@@ -57,8 +58,8 @@ struct fd_load_serving : fd_tile_copy<T, KV, D, ROWS, fd_page_ring_of<D, ROWS, K
                     v_src = v_base + (long long)gkey * p.v_seq_stride + copy_chunk * C::kChunkElems;
                 }
                 const int s_off = fd_kv_swizzle<D, KV>(key, copy_chunk);
-                this->copy(k_s + s_off, k_src, valid);
-                this->copy(v_s + s_off, v_src, valid);
+                fd_copy_chunk(k_s + s_off, k_src, valid, chunk_bytes);
+                fd_copy_chunk(v_s + s_off, v_src, valid, chunk_bytes);
             }
         };
         if (p.block_table != 0) copies(fd_bool<true>{});

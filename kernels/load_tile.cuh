@@ -17,6 +17,14 @@
 #include "ptx.cuh"
 #include "split_kv_config.cuh"
 
+// A tile chunk's copy (valid: within the visible keys and head_dim); an fp8
+// one copies its `bytes` within head_dim.
+template <typename KV>
+__device__ __forceinline__ void fd_copy_chunk(KV *dst, const KV *src, bool valid, int bytes) {
+    if constexpr (sizeof(KV) == 2) fd_cp_async_16(dst, src, valid);
+    else fd_cp_async_bytes(dst, src, valid ? bytes : 0);
+}
+
 // An appending form's copy of a key that may be a new token (gkey >= base):
 // from k_new / v_new instead of its cache row (k_src, v_src). An fp8 cache's
 // new token is quantized on the way as fd_fused_append stores it (the
@@ -29,7 +37,7 @@ struct fd_copy_new {
     int &b, &kv_head;
     const int &copy_chunk;
     const int &chunk_bytes;                   // fp8: the chunk's bytes within head_dim
-    const float &k_descale, &v_descale;       // fp8: the sequence's K/V head's descales
+    const fd_quant &k_descale, &v_descale;    // fp8: the sequence's K/V head's descales
     __device__ __forceinline__ void operator()(KV *k_s, KV *v_s, int s_off, int gkey, bool valid, const KV *k_src,
                                                const KV *v_src) const {
         constexpr int kElems = 16 / sizeof(KV);
@@ -54,19 +62,15 @@ struct fd_copy_new {
                               kv_head * p.k_new_head_stride + copy_chunk * kElems;
             const T *v_from = fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
                               kv_head * p.v_new_head_stride + copy_chunk * kElems;
-            uint4 kq = {0u, 0u, 0u, 0u}, vq = {0u, 0u, 0u, 0u};
-            if (valid) {
-                const uint2 k0 = fd_quantize8<T>(*reinterpret_cast<const uint4 *>(k_from), k_descale, p.kv_e5m2);
-                const uint2 v0 = fd_quantize8<T>(*reinterpret_cast<const uint4 *>(v_from), v_descale, p.kv_e5m2);
-                kq.x = k0.x, kq.y = k0.y, vq.x = v0.x, vq.y = v0.y;
-                if (chunk_bytes > 8) {
-                    const uint2 k1 = fd_quantize8<T>(*reinterpret_cast<const uint4 *>(k_from + 8), k_descale, p.kv_e5m2);
-                    const uint2 v1 = fd_quantize8<T>(*reinterpret_cast<const uint4 *>(v_from + 8), v_descale, p.kv_e5m2);
-                    kq.z = k1.x, kq.w = k1.y, vq.z = v1.x, vq.w = v1.y;
-                }
+            // Eight elements at a time, each stored before the next are
+            // loaded (the store is a compiler barrier): at 32 rows a block
+            // stage 1 has no registers to spare.
+            const int bytes = valid ? chunk_bytes : 0;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                fd_st_shared8(k_s + s_off + 8 * half, fd_quantize_half<T>(k_from + 8 * half, bytes > 8 * half, k_descale, p.kv_e5m2));
+                fd_st_shared8(v_s + s_off + 8 * half, fd_quantize_half<T>(v_from + 8 * half, bytes > 8 * half, v_descale, p.kv_e5m2));
             }
-            *reinterpret_cast<uint4 *>(k_s + s_off) = kq;
-            *reinterpret_cast<uint4 *>(v_s + s_off) = vq;
         }
     }
 };
@@ -93,8 +97,7 @@ struct fd_tile_copy {
 
     // One chunk's copy (valid: within the visible keys and head_dim).
     __device__ __forceinline__ void copy(KV *dst, const KV *src, bool valid) const {
-        if constexpr (sizeof(KV) == 2) fd_cp_async_16(dst, src, valid);
-        else fd_cp_async_bytes(dst, src, valid ? chunk_bytes : 0);
+        fd_copy_chunk(dst, src, valid, chunk_bytes);
     }
 };
 

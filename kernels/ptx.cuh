@@ -60,6 +60,12 @@ __device__ __forceinline__ uint32_t fd_smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// An 8-byte store to shared memory that the compiler keeps in program
+// order with the memory accesses around it.
+__device__ __forceinline__ void fd_st_shared8(void *smem, uint2 v) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(fd_smem_addr(smem)), "r"(v.x), "r"(v.y) : "memory");
+}
+
 // Copies 16 bytes from global to shared memory asynchronously; copies
 // nothing and writes zeros when !valid (src is then never read).
 __device__ __forceinline__ void fd_cp_async_16(void *smem, const void *gmem, bool valid) {

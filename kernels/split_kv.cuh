@@ -228,7 +228,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const bool chunk_in_dim = copy_chunk * C::kChunkElems < p.head_dim;
     const int chunk_bytes = kFp8 ? min(max(p.head_dim - copy_chunk * C::kChunkElems, 0), 16) : 16;
     const long long k_copy_stride = C::kCopyKeyStep * p.k_seq_stride, v_copy_stride = C::kCopyKeyStep * p.v_seq_stride;
-    const fd_copy_new<T, KV> copy_new{base, p, b, kv_head, copy_chunk, chunk_bytes, k_descale, v_descale};
+    const fd_quant k_quant(k_descale), v_quant(v_descale);  // the appending forms' new tokens (fp8)
+    const fd_copy_new<T, KV> copy_new{base, p, b, kv_head, copy_chunk, chunk_bytes, k_quant, v_quant};
     const typename F::loader load_tile{{p, smem, k_base, v_base, b, base, lo, len, num_splits, lane, copy_chunk, copy_key,
                                         chunk_in_dim, chunk_bytes, k_copy_stride, v_copy_stride, pages, copy_new}};
 
@@ -319,7 +320,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         }
     }
 
-    F::append(p, pages, b, kv_head, base, split, row0, k_descale, v_descale);  // the appending forms, once the first tiles are on their way
+    F::append(p, pages, b, kv_head, base, split, row0, k_quant, v_quant);  // the appending forms, once the first tiles are on their way
     const typename F::score score(p);
     // The stage of tile `it`, counted along the loop: no division by kStages a tile.
     int stage = 0;

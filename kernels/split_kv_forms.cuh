@@ -95,8 +95,8 @@ struct fd_form_plain {
     __device__ __forceinline__ static void bases(const fd_params &, int, int, const T *&, const KV *&, const KV *&,
                                                  q_layout &) {}
     template <typename PAGES>
-    __device__ __forceinline__ static void append(const fd_params &, const PAGES &, int, int, int, int, int, float,
-                                                  float) {}
+    __device__ __forceinline__ static void append(const fd_params &, const PAGES &, int, int, int, int, int,
+                                                  const fd_quant &, const fd_quant &) {}
 };
 
 // What every form but the plain one shares: appended keys, a cache row by
@@ -135,7 +135,8 @@ struct fd_form_paged_append : fd_form_paged<T, KV, D, ROWS> {
     // Block (split 0, row tile 0) of each K/V head writes the new tokens.
     template <typename PAGES>
     __device__ __forceinline__ static void append(const fd_params &p, const PAGES &pages, int b, int kv_head,
-                                                  int base, int split, int row0, float k_descale, float v_descale) {
+                                                  int base, int split, int row0, const fd_quant &k_descale,
+                                                  const fd_quant &v_descale) {
         if (split == 0 && row0 == 0)
             fd_fused_append<T, KV, C::kThreads, true>(p, pages, b, kv_head, base, k_descale, v_descale);
     }
@@ -147,7 +148,8 @@ struct fd_form_append : fd_form_cache<T, KV, D, ROWS> {
     using loader = fd_load_contiguous<T, KV, D, ROWS, true>;
     template <typename PAGES>
     __device__ __forceinline__ static void append(const fd_params &p, const PAGES &pages, int b, int kv_head,
-                                                  int base, int split, int row0, float k_descale, float v_descale) {
+                                                  int base, int split, int row0, const fd_quant &k_descale,
+                                                  const fd_quant &v_descale) {
         if (split == 0 && row0 == 0)
             fd_fused_append<T, KV, C::kThreads, false>(p, pages, b, kv_head, base, k_descale, v_descale);
     }
