@@ -15,7 +15,7 @@
 // even(x) = (x0, x2) and odd(x) = (x1, x3): each byte's sign to the top of
 // its half, its other 7 bits shifted under it (T's exponent field then holds
 // the fp8 exponent, subnormals included). For half that is the value times
-// 2^-8 (e4m3) or the value (e5m2): the factor (kFold) goes into the fp32
+// 2^-8 (e4m3) or the value (e5m2): the factor (fold) goes into the fp32
 // scales of the scores and the output. For bf16 it is the value times
 // 2^-120 (e4m3) or 2^-112 (e5m2), too small for fp32 products, so the
 // registers are multiplied back in bf16 (exact).
@@ -53,10 +53,32 @@ struct fd_fp8_cvt<__nv_bfloat16> {
     }
 };
 
+// x as an fp8 code by bit moves (before sm_89, which has no conversion
+// instruction and whose library emulation takes some hundred instructions
+// a pair): saturated to the largest finite value, then rounded to nearest
+// even, below the smallest normal as a multiple of the smallest subnormal,
+// above it by rounding the float's mantissa to the fp8's and rebiasing its
+// exponent (a carry moves to the next exponent). NaN stays NaN.
+__device__ __forceinline__ uint32_t fd_to_fp8(float x, bool e5m2) {
+    const uint32_t sign = (__float_as_uint(x) >> 24) & 0x80u;
+    if (x != x) return sign | 0x7fu;
+    const float a = fminf(fabsf(x), e5m2 ? 57344.f : 448.f);
+    const uint32_t sub = __float2uint_rn(a * (e5m2 ? 0x1p16f : 0x1p9f));
+    const int shift = e5m2 ? 21 : 20;  // the float mantissa bits the fp8 one drops
+    uint32_t bits = __float_as_uint(a);
+    bits += (1u << (shift - 1)) - 1u + ((bits >> shift) & 1u);
+    const uint32_t normal = (bits >> shift) - (e5m2 ? (127u - 15u) << 2 : (127u - 7u) << 3);
+    return sign | (a < (e5m2 ? 0x1p-14f : 0x1p-6f) ? sub : normal);
+}
+
 // Two floats to fp8 as torch's .to(float8_*) rounds them: saturated to the
 // largest finite value, rounded to nearest even; lo in the low byte.
 __device__ __forceinline__ uint32_t fd_to_fp8x2(float lo, float hi, bool e5m2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+#else
+    return fd_to_fp8(lo, e5m2) | fd_to_fp8(hi, e5m2) << 8;
+#endif
 }
 
 // x / d rounded to nearest even, as IEEE division rounds it, without the

@@ -71,20 +71,33 @@ struct fd_load_contiguous : fd_tile_copy<T, KV, D, ROWS, fd_no_pages> {
             }
             return;
         }
-#pragma unroll
-        for (int i = 0; i < C::kCopiesPerThread; ++i) {
-            const int key = copy_key + i * C::kCopyKeyStep;
-            const int gkey = tile * C::kKeys + key;
-            const bool valid = chunk_in_dim && gkey < len;
-            const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * C::kChunkElems;
-            const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * C::kChunkElems;
-            const int s_off = fd_kv_swizzle<D, KV>(key, copy_chunk);
+        if constexpr (APPENDS && sizeof(KV) == 1) {
             if (fresh_tile) {
-                copy_new(k_s, v_s, s_off, gkey, valid, k_base + k_off, v_base + v_off);
-            } else {
-                copy(k_s + s_off, k_base + k_off, valid);
-                copy(v_s + s_off, v_base + v_off, valid);
+                // fp8: one copy at a time, each quantizing any new token, in
+                // the few registers stage 1 has left at 32 rows a block.
+#pragma unroll 1
+                for (int i = 0; i < C::kCopiesPerThread; ++i) copy_one(tile, i, true, k_s, v_s);
+                return;
             }
+        }
+#pragma unroll
+        for (int i = 0; i < C::kCopiesPerThread; ++i) copy_one(tile, i, fresh_tile, k_s, v_s);
+    }
+
+    // The thread's i-th copy of a tile that is not whole (a sequence's last,
+    // or one holding new tokens: fresh_tile).
+    __device__ __forceinline__ void copy_one(int tile, int i, bool fresh_tile, KV *k_s, KV *v_s) const {
+        const int key = copy_key + i * C::kCopyKeyStep;
+        const int gkey = tile * C::kKeys + key;
+        const bool valid = chunk_in_dim && gkey < len;
+        const long long k_off = (long long)(valid ? gkey : 0) * p.k_seq_stride + copy_chunk * C::kChunkElems;
+        const long long v_off = (long long)(valid ? gkey : 0) * p.v_seq_stride + copy_chunk * C::kChunkElems;
+        const int s_off = fd_kv_swizzle<D, KV>(key, copy_chunk);
+        if (fresh_tile) {
+            copy_new(k_s, v_s, s_off, gkey, valid, k_base + k_off, v_base + v_off);
+        } else {
+            copy(k_s + s_off, k_base + k_off, valid);
+            copy(v_s + s_off, v_base + v_off, valid);
         }
     }
 };
