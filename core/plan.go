@@ -175,7 +175,7 @@ func MakePlan(s Shape, d Device) (Plan, error) {
 	if err := checkPlanInputs(s, d); err != nil {
 		return Plan{}, err
 	}
-	v, err := SelectVariant(s.DType, s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Form())
+	v, err := SelectCacheVariant(s.DType, s.CacheDType(), s.HeadDim, s.HeadsQ/s.HeadsKV*s.SeqlenQ, s.Form())
 	if err != nil {
 		return Plan{}, &Error{Op: planOp, Arg: "headdim", Err: ErrUnsupported,
 			Msg: fmt.Sprintf("%d with dtype %v: %v; compiled head dims: %s", s.HeadDim, s.DType, err, compiledHeadDims(s.DType))}

@@ -408,8 +408,8 @@ func TestServingVariantTable(t *testing.T) {
 			plain = append(plain, v)
 		}
 	}
-	if len(plain) != 8 || len(byName) != len(plain)*(1+len(forms)) {
-		t.Fatalf("%d variants, %d plain; want 8 plain and each in %d more forms", len(byName), len(plain), len(forms))
+	if len(plain) != 16 || len(byName) != len(plain)*(1+len(forms)) {
+		t.Fatalf("%d variants, %d plain; want 16 plain (8 of an fp8 cache) and each in %d more forms", len(byName), len(plain), len(forms))
 	}
 	for _, p := range plain {
 		if p.Append != "" {
@@ -421,7 +421,7 @@ func TestServingVariantTable(t *testing.T) {
 			if !ok || v.Form != f {
 				t.Fatalf("no %v form %s of %s", f, name, p.Kernel)
 			}
-			if a := v.Append; a != "fd_append_kv_"+map[DType]string{Float16: "f16", BFloat16: "bf16"}[p.DType] {
+			if a := v.Append; a != appendKernelCache(p.DType, p.FP8Cache).Name {
 				t.Errorf("%s: append kernel %q", name, a)
 			}
 			if v.Kernel, v.Form, v.Append = p.Kernel, FormPlain, ""; v != p {

@@ -10,14 +10,17 @@ import (
 // kernels this table names (Kernels), and nvcc checks the numbers the
 // kernels also decide at compile time against it.
 type Variant struct {
-	Kernel      string // stage-1 (split-KV) function name in the fatbin
-	Combine     string // stage-2 (combine) function name in the fatbin
-	DType       DType  // element type of q, k, v and out
-	HeadDim     int    // head dim the kernel is compiled for; smaller multiples of 8 run padded
-	Rows        int    // query rows (group x seqlen_q) one block holds; more rows use more blocks
-	Threads     int    // stage-1 threads per block
-	KeysPerTile int    // keys a block loads per pipeline step; splits are whole tiles
-	SharedBytes int    // stage-1 dynamic shared memory per block
+	Kernel  string // stage-1 (split-KV) function name in the fatbin
+	Combine string // stage-2 (combine) function name in the fatbin
+	DType   DType  // element type of q and out (and of k and v unless FP8Cache)
+	// FP8Cache says k and v are fp8, either format (the kernels read which
+	// from their arguments: Float8E4M3 or Float8E5M2, Shape.CacheDType).
+	FP8Cache    bool
+	HeadDim     int // head dim the kernel is compiled for; smaller multiples of 8 run padded
+	Rows        int // query rows (group x seqlen_q) one block holds; more rows use more blocks
+	Threads     int // stage-1 threads per block
+	KeysPerTile int // keys a block loads per pipeline step; splits are whole tiles
+	SharedBytes int // stage-1 dynamic shared memory per block
 	// ClusterSharedBytes is the dynamic shared memory a cluster launch of
 	// stage 1 asks for (the kernel uses SharedBytes of it); more than half
 	// an SM's keeps the blocks of a cluster on separate SMs.
@@ -182,9 +185,23 @@ func splitKVKeyGroups(headDim int) int {
 // dtypeNames are the dtypes' names in the kernels' names.
 var dtypeNames = map[DType]string{Float16: "f16", BFloat16: "bf16"}
 
+// fp8Suffix follows the dtype in the names of the kernels that read or
+// write an fp8 cache.
+const fp8Suffix = "_fp8"
+
 // splitKV describes the stage-1 kernel fd_split_kv_<dtype>_d<headDim>_r<rows>.
 func splitKV(dt DType, headDim, rows int) Variant {
+	return splitKVCache(dt, false, headDim, rows)
+}
+
+// splitKVCache is splitKV for a cache of q's dtype (fp8 false) or an fp8
+// one: fd_split_kv_<dtype>_fp8_d<headDim>_r<rows>, with the same launch
+// facts (its tiles hold as many keys in half the bytes, kernels/split_kv_config.cuh).
+func splitKVCache(dt DType, fp8 bool, headDim, rows int) Variant {
 	name := dtypeNames[dt]
+	if fp8 {
+		name += fp8Suffix
+	}
 	keys := 8192 / headDim
 	threads := 32 * keys / 16 / splitKVKeyGroups(headDim) * splitKVDimSplit(headDim)
 	clusterShared := splitKVSharedBytes
@@ -201,6 +218,7 @@ func splitKV(dt DType, headDim, rows int) Variant {
 		Kernel:                  fmt.Sprintf("fd_split_kv_%s_d%d_r%d", name, headDim, rows),
 		Combine:                 combineKernel(dt).Name,
 		DType:                   dt,
+		FP8Cache:                fp8,
 		HeadDim:                 headDim,
 		Rows:                    rows,
 		Threads:                 threads,
@@ -223,11 +241,30 @@ func splitKV(dt DType, headDim, rows int) Variant {
 // formKV describes splitKV(dt, headDim, rows) in form f, with its append
 // kernel: fd_split_kv_<form>_<dtype>_d<headDim>_r<rows>.
 func formKV(f Form, dt DType, headDim, rows int) Variant {
-	v := splitKV(dt, headDim, rows)
+	return formKVCache(f, dt, false, headDim, rows)
+}
+
+// formKVCache is formKV of splitKVCache, with the append kernel of its cache.
+func formKVCache(f Form, dt DType, fp8 bool, headDim, rows int) Variant {
+	v := splitKVCache(dt, fp8, headDim, rows)
 	v.Kernel = strings.Replace(v.Kernel, "fd_split_kv_", "fd_split_kv_"+f.String()+"_", 1)
 	v.Form = f
-	v.Append = appendKernel(dt).Name
+	v.Append = appendKernelCache(dt, fp8).Name
 	return v
+}
+
+// withFP8Caches is vs followed by the fp8-cache twin of each of its
+// variants.
+func withFP8Caches(vs []Variant) []Variant {
+	out := append([]Variant(nil), vs...)
+	for _, v := range vs {
+		if v.Form == FormPlain {
+			out = append(out, splitKVCache(v.DType, true, v.HeadDim, v.Rows))
+		} else {
+			out = append(out, formKVCache(v.Form, v.DType, true, v.HeadDim, v.Rows))
+		}
+	}
+	return out
 }
 
 // combineSplitsPerStep is how many splits a combine of `threads` threads
@@ -251,8 +288,9 @@ func combineSplitsPerStep(threads, cols int) int {
 // the smallest Rows >= the packed rows, else the largest Rows with more row
 // tiles. Rows are whole 16-row tensor-core tiles; 32 rows exist only for
 // head dim 128, where they still fit two blocks per SM in registers. Every
-// form has the same dtypes, head dims and rows, with the same launch facts.
-var variants = []Variant{
+// form has the same dtypes, head dims and rows, with the same launch facts,
+// and each variant an fp8-cache twin (Variant.FP8Cache), after all of them.
+var variants = withFP8Caches([]Variant{
 	splitKV(Float16, 64, 16),
 	splitKV(Float16, 128, 16),
 	splitKV(Float16, 128, 32),
@@ -293,16 +331,25 @@ var variants = []Variant{
 	formKV(FormAppend, BFloat16, 128, 16),
 	formKV(FormAppend, BFloat16, 128, 32),
 	formKV(FormAppend, BFloat16, 256, 16),
-}
+})
 
 // SelectVariant returns the kernel variant of form f that runs the given
-// dtype, head dim and number of packed query rows (query heads per K/V
-// head x seqlen_q).
+// dtype (q's and the caches'), head dim and number of packed query rows
+// (query heads per K/V head x seqlen_q).
 func SelectVariant(dt DType, headDim, rows int, f Form) (Variant, error) {
+	return SelectCacheVariant(dt, dt, headDim, rows, f)
+}
+
+// SelectCacheVariant is SelectVariant for caches of dtype kv
+// (Shape.CacheDType): dt's own, or either fp8 format.
+func SelectCacheVariant(dt, kv DType, headDim, rows int, f Form) (Variant, error) {
+	if kv != dt && !kv.FP8() {
+		return Variant{}, fmt.Errorf("no kernel for dtype %v with a %v cache", dt, kv)
+	}
 	var best *Variant
 	for i := range variants {
 		v := &variants[i]
-		if v.DType != dt || v.HeadDim < headDim || v.Form != f {
+		if v.DType != dt || v.FP8Cache != kv.FP8() || v.HeadDim < headDim || v.Form != f {
 			continue
 		}
 		if best != nil && v.HeadDim > best.HeadDim {
@@ -355,10 +402,12 @@ const (
 // kernels of Kernels: core/cuda/internal/instances writes them out as the
 // list kernels/flashdecode.cu instantiates.
 type Kernel struct {
-	Name    string
-	Kind    KernelKind
-	DType   DType
-	Threads int // threads a block launches with at most (its launch bounds)
+	Name  string
+	Kind  KernelKind
+	DType DType
+	// FP8Cache: stage 1 and the append of an fp8 cache (Variant.FP8Cache).
+	FP8Cache bool
+	Threads  int // threads a block launches with at most (its launch bounds)
 	// MinBlocks is how many blocks of Threads an SM must hold at once, which
 	// bounds the registers ptxas gives a thread; 0 asks for none.
 	MinBlocks int
@@ -401,8 +450,16 @@ func mergeStatesKernel(dt DType) Kernel {
 }
 
 // appendKernel is fd_append_kv_<dtype>.
-func appendKernel(dt DType) Kernel {
-	return Kernel{Name: "fd_append_kv_" + dtypeNames[dt], Kind: KernelAppend, DType: dt, Threads: appendThreads}
+func appendKernel(dt DType) Kernel { return appendKernelCache(dt, false) }
+
+// appendKernelCache is appendKernel into a cache of dt (fp8 false) or an
+// fp8 one: fd_append_kv_<dtype>_fp8.
+func appendKernelCache(dt DType, fp8 bool) Kernel {
+	name := "fd_append_kv_" + dtypeNames[dt]
+	if fp8 {
+		name += fp8Suffix
+	}
+	return Kernel{Name: name, Kind: KernelAppend, DType: dt, FP8Cache: fp8, Threads: appendThreads}
 }
 
 // otherKernels is the kernel table beside stage 1: the combines the
@@ -421,6 +478,8 @@ var otherKernels = []Kernel{
 	mergeStatesKernel(Float32),
 	appendKernel(Float16),
 	appendKernel(BFloat16),
+	appendKernelCache(Float16, true),
+	appendKernelCache(BFloat16, true),
 }
 
 // Kernels returns the kernel table: every kernel the fatbin holds, the
@@ -428,7 +487,7 @@ var otherKernels = []Kernel{
 func Kernels() []Kernel {
 	ks := make([]Kernel, 0, len(variants)+len(otherKernels))
 	for _, v := range variants {
-		ks = append(ks, Kernel{Name: v.Kernel, Kind: KernelSplitKV, DType: v.DType, Threads: v.Threads,
+		ks = append(ks, Kernel{Name: v.Kernel, Kind: KernelSplitKV, DType: v.DType, FP8Cache: v.FP8Cache, Threads: v.Threads,
 			MinBlocks: splitKVMinBlocks, Balanced: v.Balances(), Variant: v})
 	}
 	return append(ks, otherKernels...)

@@ -1,4 +1,6 @@
-// append_kv.cuh: the append step of a serving call, fd_append_kv_<dtype>.
+// append_kv.cuh: the append step of a serving call, fd_append_kv_<dtype>
+// (fd_append_kv_<dtype>_fp8 into an fp8 cache: the new keys and values
+// divided by the descales and quantized, after the rotation).
 //
 // What it does. With new tokens (p.k_new, p.v_new: seqlen_new per
 // sequence; except where an appending form of stage 1 writes them itself,
@@ -39,6 +41,7 @@
 #ifndef FLASHDECODE_APPEND_KV_CUH
 #define FLASHDECODE_APPEND_KV_CUH
 
+#include "fp8.cuh"
 #include "params.h"
 #include "ptx.cuh"
 
@@ -74,9 +77,11 @@ __device__ __forceinline__ fd_append_chunk fd_append_load(const fd_params &p, co
 }
 
 // Stores chunk c (dims d0..d0+7) at dst, rotated with the cos/sin row at
-// element offset cs (-1: as it is).
-template <typename T>
-__device__ __forceinline__ void fd_append_store(const fd_params &p, T *dst, fd_append_chunk c, int d0, long long cs) {
+// element offset cs (-1: as it is), in T; into an fp8 cache (KV unsigned
+// char), the rotated T divided by descale and quantized (fd_quantize8).
+template <typename T, typename KV = T>
+__device__ __forceinline__ void fd_append_store(const fd_params &p, KV *dst, fd_append_chunk c, int d0, long long cs,
+                                                const fd_quant &descale = fd_quant(1.f)) {
     if (cs >= 0 && d0 < p.rotary_dim) {
         const T *cos_row = fd_ptr<const T>(p.rotary_cos) + cs;
         const T *sin_row = fd_ptr<const T>(p.rotary_sin) + cs;
@@ -110,7 +115,8 @@ __device__ __forceinline__ void fd_append_store(const fd_params &p, T *dst, fd_a
 #pragma unroll
         for (int j = 0; j < 4; ++j) w[j] = fd_dtype<T>::pack(y[2 * j], y[2 * j + 1]);
     }
-    *reinterpret_cast<uint4 *>(dst) = c.u;
+    if constexpr (sizeof(KV) == 2) *reinterpret_cast<uint4 *>(dst) = c.u;
+    else *reinterpret_cast<uint2 *>(dst) = fd_quantize8<T>(c.u, descale, p.kv_e5m2);
 }
 
 // The element offset of cos/sin row `pos`, clamped to the table.
@@ -118,7 +124,8 @@ __device__ __forceinline__ long long fd_rotary_row(const fd_params &p, int pos) 
     return min(max(pos, 0), p.rotary_rows - 1) * p.rotary_stride;
 }
 
-template <typename T>
+// KV: the cache's element type (T, or unsigned char for fp8).
+template <typename T, typename KV>
 __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
     const int t = blockIdx.x;  // token: new key t and query row t
     const int b = blockIdx.y;
@@ -151,7 +158,7 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
         if (!is_kv) {
             const bool by_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
             T *q_dst = fd_ptr<T>(p.q_rot) + (((long long)b * p.seqlen_q + t) * p.heads_q + h) * p.head_dim + d0;
-            fd_append_store(p, q_dst, c0, d0, fd_rotary_row(p, by_row ? base + t : base));
+            fd_append_store<T>(p, q_dst, c0, d0, fd_rotary_row(p, by_row ? base + t : base));
             continue;
         }
         // Key L + t's row: a row of cache row b (or cache_batch_idx[b]), or
@@ -172,10 +179,19 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
             v_row = cb * p.v_batch_stride + (long long)key * p.v_seq_stride;
         }
         // The cache is const to stage 1, which only reads it.
-        T *k_dst = fd_ptr<T>(p.k) + k_row + h * p.k_head_stride + d0;
-        T *v_dst = fd_ptr<T>(p.v) + v_row + h * p.v_head_stride + d0;
-        fd_append_store(p, k_dst, c0, d0, rotary ? fd_rotary_row(p, key) : -1LL);
-        fd_append_store(p, v_dst, c1, d0, -1LL);
+        KV *k_dst = fd_ptr<KV>(p.k) + k_row + h * p.k_head_stride + d0;
+        KV *v_dst = fd_ptr<KV>(p.v) + v_row + h * p.v_head_stride + d0;
+        if constexpr (sizeof(KV) == 2) {
+            fd_append_store<T>(p, k_dst, c0, d0, rotary ? fd_rotary_row(p, key) : -1LL);
+            fd_append_store<T>(p, v_dst, c1, d0, -1LL);
+        } else {
+            fd_append_store<T, KV>(p, k_dst, c0, d0, rotary ? fd_rotary_row(p, key) : -1LL,
+                                   fd_quant(fd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride,
+                                                       p.k_descale_value, b, h)));
+            fd_append_store<T, KV>(p, v_dst, c1, d0, -1LL,
+                                   fd_quant(fd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride,
+                                                       p.v_descale_value, b, h)));
+        }
     }
 }
 

@@ -9,7 +9,8 @@
 // The files (each header says what it does; stage 1's give its launch shape
 // and why it is fast):
 //   split_kv.cuh         stage 1's main loop, written once for every form:
-//                        fd_split_kv_<dtype>_d<D>_r<ROWS>, one block per
+//                        fd_split_kv_<dtype>[_fp8]_d<D>_r<ROWS> (_fp8: an fp8
+//                        cache beside q's dtype), one block per
 //                        (split, KV head x row tile, batch)
 //   split_kv_forms.cuh   stage 1's forms as policy types: plain (fd_split_kv_*),
 //                        paged (fd_split_kv_paged_*: pages of a multiple of 8
@@ -23,6 +24,8 @@
 //   serving.cuh          the serving policies: key ranges (leftpad, window),
 //                        softcap, ALiBi, cache_batch_idx, the rotated q
 //   fused_append.cuh     the appending forms' write of the new tokens
+//   fp8.cuh              fp8 caches: their bytes as mma operands, new
+//                        tokens quantized into them, their descales
 //   split_kv_epilogue.cuh stage 1's end: its warps' merge and its rows' writes
 //                        (out/lse, or partials for the combine, or the cluster merge)
 //   split_kv_config.cuh  a stage-1 variant's compile-time shape (threads,
@@ -63,27 +66,29 @@
 #include "merge_states.cuh"
 #include "split_kv.cuh"
 
-#define FD_SPLIT_KV(name, T, D, ROWS)                                                     \
+// Stage 1 and the append take q's type T and the caches' KV: T, or
+// unsigned char for an fp8 cache (either format: fd_params.kv_e5m2).
+#define FD_SPLIT_KV(name, T, KV, D, ROWS)                                                 \
     extern "C" __global__ void __launch_bounds__(fd_split_kv_config<D, ROWS>::kThreads, 2) \
         name(const fd_params p) {                                                         \
-        fd_split_kv<T, D, ROWS>(p);                                                       \
+        fd_split_kv<T, KV, D, ROWS>(p);                                                   \
     }
 
-#define FD_SPLIT_KV_SERVING(name, T, D, ROWS)                                             \
+#define FD_SPLIT_KV_SERVING(name, T, KV, D, ROWS)                                         \
     extern "C" __global__ void __launch_bounds__(fd_split_kv_config<D, ROWS>::kThreads, 2) \
         name(const fd_params p) {                                                         \
-        fd_split_kv_serving<T, D, ROWS, fd_form_serving>(p);                              \
+        fd_split_kv_serving<T, KV, D, ROWS, fd_form_serving>(p);                          \
     }
 
-#define FD_SPLIT_KV_FORM(name, T, D, ROWS, FORM)                                          \
+#define FD_SPLIT_KV_FORM(name, T, KV, D, ROWS, FORM)                                      \
     extern "C" __global__ void __launch_bounds__(fd_split_kv_config<D, ROWS>::kThreads, 2) \
         name(const fd_params p) {                                                         \
-        fd_split_kv_serving<T, D, ROWS, FORM>(p);                                         \
+        fd_split_kv_serving<T, KV, D, ROWS, FORM>(p);                                     \
     }
 
-#define FD_APPEND_KV(name, T)                                                              \
+#define FD_APPEND_KV(name, T, KV)                                                          \
     extern "C" __global__ void __launch_bounds__(kFdAppendThreads) name(const fd_params p) { \
-        fd_append_kv<T>(p);                                                                \
+        fd_append_kv<T, KV>(p);                                                            \
     }
 
 // The combines' launch bounds (BOUNDS: core's Kernel.Threads and

@@ -6,6 +6,7 @@
 #ifndef FLASHDECODE_FUSED_APPEND_CUH
 #define FLASHDECODE_FUSED_APPEND_CUH
 
+#include "fp8.cuh"
 #include "params.h"
 #include "ptx.cuh"
 
@@ -16,9 +17,11 @@
 // No block of the grid reads those rows from the cache (they read the new
 // tokens from k_new / v_new), so the stores need no ordering within the
 // grid; the next kernel sees them after its PDL wait. One 16-byte chunk of
-// k and v a thread and step.
-template <typename T, int THREADS, bool PAGED, typename PAGES>
-__device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base) {
+// k and v (8 elements) a thread and step; into an fp8 cache (KV unsigned
+// char), divided by the descales and quantized (fd_quantize8).
+template <typename T, typename KV, int THREADS, bool PAGED, typename PAGES>
+__device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base,
+                                                const fd_quant &k_descale, const fd_quant &v_descale) {
     // Token t's row offsets in k and v; false where it is skipped.
     auto row_of = [&](int t, long long &k_row, long long &v_row) {
         const int key = base + t;
@@ -37,8 +40,8 @@ __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES 
         return true;
     };
     // The cache, which the rest of stage 1 only reads.
-    T *k_cache = fd_ptr<T>(p.k) + kv_head * p.k_head_stride;
-    T *v_cache = fd_ptr<T>(p.v) + kv_head * p.v_head_stride;
+    KV *k_cache = fd_ptr<KV>(p.k) + kv_head * p.k_head_stride;
+    KV *v_cache = fd_ptr<KV>(p.v) + kv_head * p.v_head_stride;
     const T *k_new = fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + kv_head * p.k_new_head_stride;
     const T *v_new = fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + kv_head * p.v_new_head_stride;
     const int chunks = p.head_dim / 8;
@@ -48,8 +51,13 @@ __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES 
         const uint4 vx = *reinterpret_cast<const uint4 *>(v_new + t * p.v_new_seq_stride + d0);
         long long k_row, v_row;
         if (!row_of(t, k_row, v_row)) continue;
-        *reinterpret_cast<uint4 *>(k_cache + k_row + d0) = kx;
-        *reinterpret_cast<uint4 *>(v_cache + v_row + d0) = vx;
+        if constexpr (sizeof(KV) == 2) {
+            *reinterpret_cast<uint4 *>(k_cache + k_row + d0) = kx;
+            *reinterpret_cast<uint4 *>(v_cache + v_row + d0) = vx;
+        } else {
+            *reinterpret_cast<uint2 *>(k_cache + k_row + d0) = fd_quantize8<T>(kx, k_descale, p.kv_e5m2);
+            *reinterpret_cast<uint2 *>(v_cache + v_row + d0) = fd_quantize8<T>(vx, v_descale, p.kv_e5m2);
+        }
     }
 }
 

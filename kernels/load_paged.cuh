@@ -77,41 +77,51 @@ struct fd_page_ring {
 };
 
 // The page ring of a stage-1 variant: its tiles' keys, the pipeline's depth ahead.
-template <int D, int ROWS>
-using fd_page_ring_of = fd_page_ring<fd_split_kv_config<D, ROWS>::kKeys, fd_split_kv_config<D, ROWS>::kStages - 1>;
+template <int D, int ROWS, typename KV>
+using fd_page_ring_of = fd_page_ring<fd_split_kv_config<D, ROWS, sizeof(KV)>::kKeys,
+                                     fd_split_kv_config<D, ROWS, sizeof(KV)>::kStages - 1>;
 
 // A thread copies its chunk of kCopiesPerThread consecutive keys, which lie
 // in one page (pages hold a multiple of them): one page lookup a thread, and
 // each further key a stride on. APPENDS: keys from base on are new tokens
 // (the paged appending form).
-template <typename T, int D, int ROWS, bool APPENDS>
-struct fd_load_paged : fd_tile_copy<T, D, ROWS, fd_page_ring_of<D, ROWS>> {
-    using C = fd_split_kv_config<D, ROWS>;
-    using pages_type = fd_page_ring_of<D, ROWS>;
-    using copy_base = fd_tile_copy<T, D, ROWS, pages_type>;
+template <typename T, typename KV, int D, int ROWS, bool APPENDS>
+struct fd_load_paged : fd_tile_copy<T, KV, D, ROWS, fd_page_ring_of<D, ROWS, KV>> {
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
+    using pages_type = fd_page_ring_of<D, ROWS, KV>;
+    using copy_base = fd_tile_copy<T, KV, D, ROWS, pages_type>;
     FD_TILE_COPY_MEMBERS(copy_base);
 
     __device__ __forceinline__ void operator()(int tile, int stage, int j) const {
-        T *k_s = smem + stage * 2 * C::kTileElems;
-        T *v_s = k_s + C::kTileElems;
+        KV *k_s = smem + stage * 2 * C::kTileElems;
+        KV *v_s = k_s + C::kTileElems;
         const int key0 = copy_key * C::kCopiesPerThread;
         const int gkey0 = tile * C::kKeys + key0;
-        long long k_off = copy_chunk * 8, v_off = copy_chunk * 8;
+        long long k_off = copy_chunk * C::kChunkElems, v_off = copy_chunk * C::kChunkElems;
         pages.offsets(p, pages.page_id(j, key0), gkey0, k_off, v_off);
-        const T *k_src = k_base + k_off, *v_src = v_base + v_off;
+        const KV *k_src = k_base + k_off, *v_src = v_base + v_off;
         if (!APPENDS || gkey0 + C::kCopiesPerThread <= base) {  // no new token among them
 #pragma unroll
             for (int i = 0; i < C::kCopiesPerThread; ++i) {
-                const int s_off = fd_swizzle<D>(key0 + i, copy_chunk);
+                const int s_off = fd_kv_swizzle<D, KV>(key0 + i, copy_chunk);
                 const bool valid = chunk_in_dim && gkey0 + i < len;
-                fd_cp_async_16(k_s + s_off, k_src + i * p.k_seq_stride, valid);
-                fd_cp_async_16(v_s + s_off, v_src + i * p.v_seq_stride, valid);
+                copy(k_s + s_off, k_src + i * p.k_seq_stride, valid);
+                copy(v_s + s_off, v_src + i * p.v_seq_stride, valid);
             }
-        } else {
+        } else if constexpr (sizeof(KV) == 2) {
 #pragma unroll
             for (int i = 0; i < C::kCopiesPerThread; ++i) {
                 const int gkey = gkey0 + i;
-                copy_new(k_s, v_s, fd_swizzle<D>(key0 + i, copy_chunk), gkey, chunk_in_dim && gkey < len,
+                copy_new(k_s, v_s, fd_kv_swizzle<D, KV>(key0 + i, copy_chunk), gkey, chunk_in_dim && gkey < len,
+                         k_src + i * p.k_seq_stride, v_src + i * p.v_seq_stride);
+            }
+        } else {
+            // fp8: one copy at a time, each quantizing any new token, in
+            // the few registers stage 1 has left at 32 rows a block.
+#pragma unroll 1
+            for (int i = 0; i < C::kCopiesPerThread; ++i) {
+                const int gkey = gkey0 + i;
+                copy_new(k_s, v_s, fd_kv_swizzle<D, KV>(key0 + i, copy_chunk), gkey, chunk_in_dim && gkey < len,
                          k_src + i * p.k_seq_stride, v_src + i * p.v_seq_stride);
             }
         }

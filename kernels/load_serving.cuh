@@ -9,16 +9,16 @@
 #include "params.h"
 #include "ptx.cuh"
 
-template <typename T, int D, int ROWS>
-struct fd_load_serving : fd_tile_copy<T, D, ROWS, fd_page_ring_of<D, ROWS>> {
-    using C = fd_split_kv_config<D, ROWS>;
-    using pages_type = fd_page_ring_of<D, ROWS>;
-    using copy_base = fd_tile_copy<T, D, ROWS, pages_type>;
+template <typename T, typename KV, int D, int ROWS>
+struct fd_load_serving : fd_tile_copy<T, KV, D, ROWS, fd_page_ring_of<D, ROWS, KV>> {
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
+    using pages_type = fd_page_ring_of<D, ROWS, KV>;
+    using copy_base = fd_tile_copy<T, KV, D, ROWS, pages_type>;
     FD_TILE_COPY_MEMBERS(copy_base);
 
     __device__ __forceinline__ void operator()(int tile, int stage, int j) const {
-        T *k_s = smem + stage * 2 * C::kTileElems;
-        T *v_s = k_s + C::kTileElems;
+        KV *k_s = smem + stage * 2 * C::kTileElems;
+        KV *v_s = k_s + C::kTileElems;
         // A thread's copies from a paged cache (paged: fd_bool<true>) or a
         // contiguous one, each layout a straight run of cp.async: a layout
         // test per key would split the copies into blocks of their own,
@@ -27,7 +27,8 @@ struct fd_load_serving : fd_tile_copy<T, D, ROWS, fd_page_ring_of<D, ROWS>> {
         const int &lane = this->lane, &copy_key = this->copy_key, &copy_chunk = this->copy_chunk;
         const int &lo = this->lo, &len = this->len;
         const bool &chunk_in_dim = this->chunk_in_dim;
-        const T *const &k_base = this->k_base, *const &v_base = this->v_base;
+        const int &chunk_bytes = this->chunk_bytes;
+        const KV *const &k_base = this->k_base, *const &v_base = this->v_base;
         const fd_params &p = this->p;
         pages_type &pages = this->pages;
         auto copies = [&](auto paged) {
@@ -47,18 +48,18 @@ struct fd_load_serving : fd_tile_copy<T, D, ROWS, fd_page_ring_of<D, ROWS>> {
                 const int key = copy_key + i * C::kCopyKeyStep;
                 const int gkey = tile * C::kKeys + key;
                 const bool valid = chunk_in_dim && gkey >= lo && gkey < len;
-                const T *k_src, *v_src;
+                const KV *k_src, *v_src;
                 if constexpr (decltype(paged)::value) {
                     const int from = (lane & ~(C::kChunks - 1) & 31) | i;  // the lane of copy i of this key group
-                    k_src = reinterpret_cast<const T *>(__shfl_sync(0xffffffffu, k_mine, from)) + copy_chunk * 8;
-                    v_src = reinterpret_cast<const T *>(__shfl_sync(0xffffffffu, v_mine, from)) + copy_chunk * 8;
+                    k_src = reinterpret_cast<const KV *>(__shfl_sync(0xffffffffu, k_mine, from)) + copy_chunk * C::kChunkElems;
+                    v_src = reinterpret_cast<const KV *>(__shfl_sync(0xffffffffu, v_mine, from)) + copy_chunk * C::kChunkElems;
                 } else {
-                    k_src = k_base + (long long)gkey * p.k_seq_stride + copy_chunk * 8;
-                    v_src = v_base + (long long)gkey * p.v_seq_stride + copy_chunk * 8;
+                    k_src = k_base + (long long)gkey * p.k_seq_stride + copy_chunk * C::kChunkElems;
+                    v_src = v_base + (long long)gkey * p.v_seq_stride + copy_chunk * C::kChunkElems;
                 }
-                const int s_off = fd_swizzle<D>(key, copy_chunk);
-                fd_cp_async_16(k_s + s_off, k_src, valid);
-                fd_cp_async_16(v_s + s_off, v_src, valid);
+                const int s_off = fd_kv_swizzle<D, KV>(key, copy_chunk);
+                fd_copy_chunk(k_s + s_off, k_src, valid, chunk_bytes);
+                fd_copy_chunk(v_s + s_off, v_src, valid, chunk_bytes);
             }
         };
         if (p.block_table != 0) copies(fd_bool<true>{});

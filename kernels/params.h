@@ -119,6 +119,8 @@ typedef struct fd_params {
     int invariant_tiles;
     int invariant_max_splits;  // the most splits a sequence takes (core.MaxSplits): longer ones take more tiles a split
     int invariant_span_tiles;  // > 0 (a window): the most tiles counted for a sequence, ceil(window keys / tile) + 1
+    // The fp8 variants' cache format: 1 float8_e5m2, 0 float8_e4m3fn.
+    int kv_e5m2;
 } fd_params;
 
 #ifdef __cplusplus

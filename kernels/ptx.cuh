@@ -30,6 +30,23 @@ __device__ __forceinline__ int fd_swizzle(int row, int chunk) {
     return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// The same for a tile of KV elements: an fp8 row of D bytes holds D / 16
+// chunks. From 8 chunks a row on, its swizzle is that of a b16 row of D / 2
+// elements; a row of 4 chunks (D 64) XORs with (row / 2) % 4, so that the
+// eight rows one ldmatrix reads (two to a 128-byte line) still hit eight
+// different bank groups.
+template <int D, typename KV>
+__device__ __forceinline__ int fd_kv_swizzle(int row, int chunk) {
+    if constexpr (sizeof(KV) == 2) {
+        return fd_swizzle<D>(row, chunk);
+    } else if constexpr (D >= 128) {
+        return fd_swizzle<D / 2>(row, chunk) * 2;
+    } else {
+        static_assert(D == 64, "an fp8 row of 64 bytes is 4 chunks");
+        return row * D + ((chunk ^ ((row >> 1) & 3)) << 4);
+    }
+}
+
 // 2^x on the MUFU unit alone. exp2f also rescales inputs below -126 so that
 // their results come out denormal (three more instructions a call); these
 // flush to 0 instead, which a softmax weight below 2^-126 can afford.
@@ -43,11 +60,24 @@ __device__ __forceinline__ uint32_t fd_smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// An 8-byte store to shared memory that the compiler keeps in program
+// order with the memory accesses around it.
+__device__ __forceinline__ void fd_st_shared8(void *smem, uint2 v) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(fd_smem_addr(smem)), "r"(v.x), "r"(v.y) : "memory");
+}
+
 // Copies 16 bytes from global to shared memory asynchronously; copies
 // nothing and writes zeros when !valid (src is then never read).
 __device__ __forceinline__ void fd_cp_async_16(void *smem, const void *gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fd_smem_addr(smem)),
                  "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// As fd_cp_async_16, copying the first `bytes` (0..16) and zero-filling
+// the rest: an fp8 row's last chunk where head_dim is not a multiple of 16.
+__device__ __forceinline__ void fd_cp_async_bytes(void *smem, const void *gmem, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fd_smem_addr(smem)), "l"(gmem), "r"(bytes)
                  : "memory");
 }
 

@@ -39,13 +39,13 @@ struct fd_cache_q {  // q's strides, or the rotated copy's
     }
 };
 
-template <typename T>
+template <typename T, typename KV>
 __device__ __forceinline__ void fd_cache_bases(const fd_params &p, int b, int kv_head, const T *&q_base,
-                                               const T *&k_base, const T *&v_base, fd_cache_q &q) {
+                                               const KV *&k_base, const KV *&v_base, fd_cache_q &q) {
     long long row = 0;
     if (p.block_table == 0) row = p.cache_batch_idx ? min(max(fd_ptr<const int>(p.cache_batch_idx)[b], 0), p.cache_batch - 1) : b;
-    k_base = fd_ptr<const T>(p.k) + row * p.k_batch_stride + kv_head * p.k_head_stride;
-    v_base = fd_ptr<const T>(p.v) + row * p.v_batch_stride + kv_head * p.v_head_stride;
+    k_base = fd_ptr<const KV>(p.k) + row * p.k_batch_stride + kv_head * p.k_head_stride;
+    v_base = fd_ptr<const KV>(p.v) + row * p.v_batch_stride + kv_head * p.v_head_stride;
     if (p.rotary_cos != 0) {
         q.rotated = true;
         q.head_stride = p.head_dim;

@@ -56,6 +56,13 @@
 // scheduled while this one drains instead of after it (see fd_pdl_wait in
 // ptx.cuh).
 //
+// fp8 caches. The same kernels with the caches' element type KV an fp8
+// byte (fd_split_kv_<dtype>_fp8_*, either format): the tiles hold as many
+// keys in half the bytes, copied as they are, so a deeper pipeline
+// (fd_split_kv_config::kStages) keeps as many bytes in flight in the same
+// shared memory; the warps turn the bytes into q's type as they read them
+// (fp8.cuh), and the descales scale the scores and the output in fp32.
+//
 // The forms. The loop below is written once, against a form (a policy type,
 // split_kv_forms.cuh) that gives it its tile loader (load_contiguous.cuh,
 // load_paged.cuh, load_serving.cuh), how its rows find their keys and its
@@ -72,6 +79,7 @@
 #include "balance.cuh"
 #include "cluster_merge.cuh"
 #include "dev_hooks.h"
+#include "fp8.cuh"
 #include "load_tile.cuh"
 #include "params.h"
 #include "ptx.cuh"
@@ -91,11 +99,13 @@
 // (fd_split_kv_config::kFormsBalance).
 enum fd_balance { fd_balance_off, fd_balance_on, fd_balance_by_params };
 
-template <typename T, int D, int ROWS, typename F, int BALANCE>
+// KV: the caches' element type, T or (fp8) unsigned char.
+template <typename T, typename KV, int D, int ROWS, typename F, int BALANCE>
 __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &merge_bar, float *xchg,
                                                  int *page_ring) {
-    using C = fd_split_kv_config<D, ROWS>;
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
     using DT = fd_dtype<T>;
+    constexpr bool kFp8 = sizeof(KV) == 1;
 
     // This block's item (sequence b, K/V head, row tile) and split of it.
     int split = blockIdx.x, item_y = blockIdx.y, b = blockIdx.z, num_splits = p.num_splits;
@@ -138,8 +148,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // Where this block reads, computed before the PDL wait so that the
     // argument loads behind it overlap the wait (F::before_wait).
     const T *q_base = fd_ptr<const T>(p.q) + b * p.q_batch_stride;
-    const T *k_base = fd_ptr<const T>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
-    const T *v_base = fd_ptr<const T>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+    const KV *k_base = fd_ptr<const KV>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+    const KV *v_base = fd_ptr<const KV>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
     F::before_wait(p, split, num_splits, q_base, k_base, v_base);
 
     // With programmatic dependent launch: wait for the kernel that wrote q
@@ -166,8 +176,22 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         kv_head = item_y / p.row_tiles;
         row0 = (item_y % p.row_tiles) * ROWS;
         q_base = fd_ptr<const T>(p.q) + b * p.q_batch_stride;
-        k_base = fd_ptr<const T>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
-        v_base = fd_ptr<const T>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+        k_base = fd_ptr<const KV>(p.k) + b * p.k_batch_stride + kv_head * p.k_head_stride;
+        v_base = fd_ptr<const KV>(p.v) + b * p.v_batch_stride + kv_head * p.v_head_stride;
+    }
+
+    // An fp8 cache: its descales (read after the wait), the conversion of
+    // its bytes, and what the scores and the output are multiplied by in
+    // fp32: the descales and the conversion's factor (fp8.cuh).
+    float k_descale = 1.f, v_descale = 1.f, k_mul = 1.f, v_mul = 1.f;
+    const fd_fp8_cvt<T> cvt(p.kv_e5m2 != 0);
+    if constexpr (kFp8) {
+        k_descale = fd_descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, p.k_descale_value, b,
+                               kv_head);
+        v_descale = fd_descale(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride, p.v_descale_value, b,
+                               kv_head);
+        k_mul = k_descale * cvt.fold;
+        v_mul = v_descale * cvt.fold;
     }
 
     if (p.invariant_tiles > 0) {  // batch-invariant: the sequence's own split count (balance.cuh)
@@ -206,14 +230,16 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 
     // The pipeline: stage s holds a K tile then a V tile, keys row-major,
     // loaded by the form's loader: load_tile(tile, stage, j), j the split's j-th tile.
-    T *smem = reinterpret_cast<T *>(fd_dynamic_smem);
+    KV *smem = reinterpret_cast<KV *>(fd_dynamic_smem);
     const int copy_chunk = threadIdx.x % C::kChunks;
     const int copy_key = threadIdx.x / C::kChunks;
-    const bool chunk_in_dim = copy_chunk * 8 < p.head_dim;
+    const bool chunk_in_dim = copy_chunk * C::kChunkElems < p.head_dim;
+    const int chunk_bytes = kFp8 ? min(max(p.head_dim - copy_chunk * C::kChunkElems, 0), 16) : 16;
     const long long k_copy_stride = C::kCopyKeyStep * p.k_seq_stride, v_copy_stride = C::kCopyKeyStep * p.v_seq_stride;
-    const fd_copy_new<T> copy_new{base, p, b, kv_head, copy_chunk};
+    const fd_quant k_quant(k_descale), v_quant(v_descale);  // the appending forms' new tokens (fp8)
+    const fd_copy_new<T, KV> copy_new{base, p, b, kv_head, copy_chunk, chunk_bytes, k_quant, v_quant};
     const typename F::loader load_tile{{p, smem, k_base, v_base, b, base, lo, len, num_splits, lane, copy_chunk, copy_key,
-                                        chunk_in_dim, k_copy_stride, v_copy_stride, pages, copy_new}};
+                                        chunk_in_dim, chunk_bytes, k_copy_stride, v_copy_stride, pages, copy_new}};
 
     // Per-warp online softmax over the warp's keys of every tile. For each
     // of its rows a lane keeps the max m (the same in the 4 lanes of a row)
@@ -261,7 +287,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // waits on those copies, and work ahead of them delays the start of
     // every call; docs/tuning.md), and before the appending forms' append.
     // Lane holds rows g and g+8 of each 16-row tile, columns 2*t4 (+1, +8, +9)
-    // of each 16-wide slice of the head dim. Rows past the packed rows and
+    // of each 16-wide slice of the head dim (fp8: q's dims permuted as the
+    // K fragments' are, below). Rows past the packed rows and
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
     // key_limit (the length, or the bottom-right causal mask; serving: or the
     // window's right edge, and its first visible key in rows.start).
@@ -280,9 +307,21 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 q_base + qi * q_strides.seq(p) + head * q_strides.head(p));
 #pragma unroll
             for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
-                const int d0 = dim_part * C::kWarpDim + kk * 16 + 2 * t4;
-                qf[mt][kk][h] = valid && d0 < p.head_dim ? q_row[d0 / 2] : 0u;
-                qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
+                if constexpr (kFp8) {
+                    // An fp8 K register of key g holds its dims 4t4..4t4+3,
+                    // read as (4t4, 4t4+2) for k 2t4, 2t4+1 and (4t4+1,
+                    // 4t4+3) for k 2t4+8, 2t4+9 (fd_fp8_cvt even and odd):
+                    // q's dims go the same way.
+                    const int d0 = dim_part * C::kWarpDim + kk * 16 + 4 * t4;
+                    const bool in = valid && d0 < p.head_dim;
+                    const uint32_t w0 = in ? q_row[d0 / 2] : 0u, w1 = in ? q_row[d0 / 2 + 1] : 0u;
+                    qf[mt][kk][h] = __byte_perm(w0, w1, 0x5410);
+                    qf[mt][kk][2 + h] = __byte_perm(w0, w1, 0x7632);
+                } else {
+                    const int d0 = dim_part * C::kWarpDim + kk * 16 + 2 * t4;
+                    qf[mt][kk][h] = valid && d0 < p.head_dim ? q_row[d0 / 2] : 0u;
+                    qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
+                }
             }
             key_limit[mt][h] = p.causal ? len - p.seqlen_q + qi + 1 : len;
             rows.set(p, mt, h, len - p.seqlen_q + qi, lo, len, key_limit[mt][h]);
@@ -291,7 +330,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // Attention sinks: split 0's key warp 0 starts from the rows' sinks (sinks.cuh).
     if (p.sinks != 0 && split == 0 && key_warp == 0) fd_sink_start(p, kv_head, row0 + g, packed_rows, t4, m, l);
 
-    F::append(p, pages, b, kv_head, base, split, row0);  // the appending forms, once the first tiles are on their way
+    F::append(p, pages, b, kv_head, base, split, row0, k_quant, v_quant);  // the appending forms, once the first tiles are on their way
     const typename F::score score(p);
     // The stage of tile `it`, counted along the loop: no division by kStages a tile.
     int stage = 0;
@@ -300,8 +339,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         __syncthreads();  // tile `it` landed for all; tile it-1's buffer is free
         if (it == 0) FD_TRACE(2);
         const int next = it + C::kStages - 1;
-        const T *k_s = smem + stage * 2 * C::kTileElems;
-        const T *v_s = k_s + C::kTileElems;
+        const KV *k_s = smem + stage * 2 * C::kTileElems;
+        const KV *v_s = k_s + C::kTileElems;
         if (next < n_tiles) load_tile(tile_of(next), stage == 0 ? C::kStages - 1 : stage - 1, next);
         fd_cp_async_commit();
 
@@ -324,18 +363,44 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 #pragma unroll
             for (int e = 0; e < 8; ++e) sc_odd[e / 4][e % 4] = 0.f;
         }
+        if constexpr (kFp8) {
+            // A 16-byte chunk of an fp8 row is a 16-dim slice: one ldmatrix
+            // takes two slices of the group's 16 keys, each register 4 dims
+            // of a key, read as b0 (even) and b1 (odd) of the slice's mma.
 #pragma unroll
-        for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
+            for (int kk = 0; kk < C::kWarpDim / 16; kk += 2) {
 #pragma unroll
-            for (int kg = 0; kg < C::kKeyGroups; ++kg) {
-                uint32_t kf[4];  // keys 0-7 | 8-15 of the group x dims 16kk..+7 | +8..+15
-                fd_ldmatrix_x4(kf, k_s + fd_swizzle<D>(warp_key + kg * 16 + (lane / 16) * 8 + lane % 8,
-                                                        (warp_col / 8) + 2 * kk + (lane / 8) % 2));
+                for (int kg = 0; kg < C::kKeyGroups; ++kg) {
+                    uint32_t kf[4];  // keys 0-7 x slices kk, kk+1, then keys 8-15 x slices kk, kk+1
+                    fd_ldmatrix_x4(kf, k_s + fd_kv_swizzle<D, KV>(warp_key + kg * 16 + (lane / 16) * 8 + lane % 8,
+                                                                  (warp_col / 16) + kk + (lane / 8) % 2));
 #pragma unroll
-                for (int mt = 0; mt < C::kMTiles; ++mt) {
-                    float(&acc)[2][4] = C::kQkChains > 1 && kk % 2 ? sc_odd : sc[kg][mt];
-                    DT::mma(acc[0], qf[mt][kk], kf[0], kf[1]);
-                    DT::mma(acc[1], qf[mt][kk], kf[2], kf[3]);
+                    for (int s2 = 0; s2 < 2; ++s2) {
+                        const uint32_t b00 = cvt.even(kf[s2]), b01 = cvt.odd(kf[s2]);
+                        const uint32_t b10 = cvt.even(kf[2 + s2]), b11 = cvt.odd(kf[2 + s2]);
+#pragma unroll
+                        for (int mt = 0; mt < C::kMTiles; ++mt) {
+                            float(&acc)[2][4] = C::kQkChains > 1 && s2 % 2 ? sc_odd : sc[kg][mt];
+                            DT::mma(acc[0], qf[mt][kk + s2], b00, b01);
+                            DT::mma(acc[1], qf[mt][kk + s2], b10, b11);
+                        }
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
+#pragma unroll
+                for (int kg = 0; kg < C::kKeyGroups; ++kg) {
+                    uint32_t kf[4];  // keys 0-7 | 8-15 of the group x dims 16kk..+7 | +8..+15
+                    fd_ldmatrix_x4(kf, k_s + fd_swizzle<D>(warp_key + kg * 16 + (lane / 16) * 8 + lane % 8,
+                                                            (warp_col / 8) + 2 * kk + (lane / 8) % 2));
+#pragma unroll
+                    for (int mt = 0; mt < C::kMTiles; ++mt) {
+                        float(&acc)[2][4] = C::kQkChains > 1 && kk % 2 ? sc_odd : sc[kg][mt];
+                        DT::mma(acc[0], qf[mt][kk], kf[0], kf[1]);
+                        DT::mma(acc[1], qf[mt][kk], kf[2], kf[3]);
+                    }
                 }
             }
         }
@@ -360,6 +425,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                 for (int e = 0; e < 8; ++e) sc[0][mt][e / 4][e % 4] += xchg[(other * C::kMTiles * 8 + mt * 8 + e) * 32 + lane];
         }
 
+        if constexpr (kFp8) {  // the K descale (and the conversion's factor)
+#pragma unroll
+            for (int kg = 0; kg < C::kKeyGroups; ++kg)
+#pragma unroll
+                for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) sc[kg][mt][e / 4][e % 4] *= k_mul;
+        }
 #pragma unroll
         for (int kg = 0; kg < C::kKeyGroups; ++kg)
             score.apply(p, sc[kg], key0 + kg * 16 + 2 * t4, rows, key_limit, b, kv_head, row0 + g, len);
@@ -417,18 +490,45 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         }
 
         // O += P V over the warp's keys and kWarpDim output columns, 16
-        // keys and 16 columns per ldmatrix.
+        // keys and 16 columns per ldmatrix (fp8: 32 columns).
+        if constexpr (kFp8) {
+            // Transposed, a register of an fp8 slice holds keys 2t4, 2t4+1
+            // of dims 2g, 2g+1: even() is the B column of dim 2g, odd() of
+            // dim 2g+1. So o[2s] gathers the slice's even dims and o[2s+1]
+            // its odd ones (lane t4: dims 16s + 4t4 .. +3), put back in
+            // place once after the loop.
 #pragma unroll
-        for (int j = 0; j < C::kWarpDim / 16; ++j) {
+            for (int j = 0; j < C::kWarpDim / 16; j += 2) {
 #pragma unroll
-            for (int kg = 0; kg < C::kKeyGroups; ++kg) {
-                uint32_t vf[4];  // (keys 0-7 | 8-15 of the group) x dims 16j..+7, then dims 16j+8..+15
-                fd_ldmatrix_x4_trans(vf, v_s + fd_swizzle<D>(warp_key + kg * 16 + ((lane / 8) % 2) * 8 + lane % 8,
-                                                             (warp_col / 8) + 2 * j + lane / 16));
+                for (int kg = 0; kg < C::kKeyGroups; ++kg) {
+                    uint32_t vf[4];  // (keys 0-7 | 8-15 of the group) x slice j, then slice j+1
+                    fd_ldmatrix_x4_trans(vf, v_s + fd_kv_swizzle<D, KV>(warp_key + kg * 16 + ((lane / 8) % 2) * 8 + lane % 8,
+                                                                        (warp_col / 16) + j + lane / 16));
 #pragma unroll
-                for (int mt = 0; mt < C::kMTiles; ++mt) {
-                    DT::mma(o[mt][2 * j], pf[kg][mt], vf[0], vf[1]);
-                    DT::mma(o[mt][2 * j + 1], pf[kg][mt], vf[2], vf[3]);
+                    for (int s2 = 0; s2 < 2; ++s2) {
+                        const uint32_t e0 = cvt.even(vf[2 * s2]), e1 = cvt.even(vf[2 * s2 + 1]);
+                        const uint32_t d0 = cvt.odd(vf[2 * s2]), d1 = cvt.odd(vf[2 * s2 + 1]);
+#pragma unroll
+                        for (int mt = 0; mt < C::kMTiles; ++mt) {
+                            DT::mma(o[mt][2 * (j + s2)], pf[kg][mt], e0, e1);
+                            DT::mma(o[mt][2 * (j + s2) + 1], pf[kg][mt], d0, d1);
+                        }
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < C::kWarpDim / 16; ++j) {
+#pragma unroll
+                for (int kg = 0; kg < C::kKeyGroups; ++kg) {
+                    uint32_t vf[4];  // (keys 0-7 | 8-15 of the group) x dims 16j..+7, then dims 16j+8..+15
+                    fd_ldmatrix_x4_trans(vf, v_s + fd_swizzle<D>(warp_key + kg * 16 + ((lane / 8) % 2) * 8 + lane % 8,
+                                                                 (warp_col / 8) + 2 * j + lane / 16));
+#pragma unroll
+                    for (int mt = 0; mt < C::kMTiles; ++mt) {
+                        DT::mma(o[mt][2 * j], pf[kg][mt], vf[0], vf[1]);
+                        DT::mma(o[mt][2 * j + 1], pf[kg][mt], vf[2], vf[3]);
+                    }
                 }
             }
         }
@@ -447,6 +547,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     float *sl = sm + C::kKeyWarps * ROWS;                     // [key warp][row] sum
     float *sw = sl + C::kKeyWarps * ROWS;                     // by row: [row][key warp] weight in the row
     float *slse = sw + ROWS * C::kKeyWarps;                   // by row: [row] base-2 LSE
+    if constexpr (kFp8) fd_fp8_o_in_place<C::kMTiles, C::kWarpDim / 8>(o, v_mul, t4);
     fd_split_kv_park<D, ROWS>(m, l, o, so, sm, sl, key_warp, dim_part, warp_col, g, t4);
     __syncthreads();
 
@@ -482,25 +583,25 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 // The two kernels, each with its own static shared memory: the cluster
 // merge's barrier, the kDimSplit score exchange and (the forms but the
 // plain one) the page ring.
-template <typename T, int D, int ROWS>
+template <typename T, typename KV, int D, int ROWS>
 __device__ __forceinline__ void fd_split_kv(const fd_params &p) {
     __shared__ uint64_t merge_bar;
     __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
-    using F = fd_form_plain<T, D, ROWS>;
-    if (p.balance_splits > 0) fd_split_kv_body<T, D, ROWS, F, fd_balance_on>(p, merge_bar, xchg, nullptr);
-    else fd_split_kv_body<T, D, ROWS, F, fd_balance_off>(p, merge_bar, xchg, nullptr);
+    using F = fd_form_plain<T, KV, D, ROWS>;
+    if (p.balance_splits > 0) fd_split_kv_body<T, KV, D, ROWS, F, fd_balance_on>(p, merge_bar, xchg, nullptr);
+    else fd_split_kv_body<T, KV, D, ROWS, F, fd_balance_off>(p, merge_bar, xchg, nullptr);
 }
 
 // The other forms (FORM: fd_form_paged, fd_form_paged_append,
 // fd_form_append or fd_form_serving), with the page ring.
-template <typename T, int D, int ROWS, template <typename, int, int> class FORM>
+template <typename T, typename KV, int D, int ROWS, template <typename, typename, int, int> class FORM>
 __device__ __forceinline__ void fd_split_kv_serving(const fd_params &p) {
     __shared__ uint64_t merge_bar;
     __shared__ float xchg[fd_split_kv_config<D, ROWS>::kXchg];
-    using C = fd_split_kv_config<D, ROWS>;
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
     __shared__ int page_ring[2 * (C::kStages - 1) * C::kKeys];  // fd_page_ring
     constexpr int kBalance = C::kFormsBalance ? fd_balance_by_params : fd_balance_off;
-    fd_split_kv_body<T, D, ROWS, FORM<T, D, ROWS>, kBalance>(p, merge_bar, xchg, page_ring);
+    fd_split_kv_body<T, KV, D, ROWS, FORM<T, KV, D, ROWS>, kBalance>(p, merge_bar, xchg, page_ring);
 }
 
 #endif  // FLASHDECODE_SPLIT_KV_CUH

@@ -13,9 +13,15 @@ struct fd_bool {
     static constexpr bool value = B;
 };
 
-// Compile-time shape of a stage-1 variant.
-template <int D, int ROWS>
+// Compile-time shape of a stage-1 variant whose cache elements are KVB
+// bytes (2: q's type; 1: fp8). An fp8 variant has the same tiles of keys,
+// warps and dynamic shared memory; its tiles are half the bytes, so its
+// pipeline is deeper (kStages) to keep as many bytes in flight, except at
+// head dim 64, where a deeper page ring (static shared memory) would not
+// fit beside 96 KB on sm_86/sm_89.
+template <int D, int ROWS, int KVB = 2>
 struct fd_split_kv_config {
+    static_assert(KVB == 1 || KVB == 2, "cache elements are 2 bytes or fp8");
     static_assert(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256");
     static_assert(ROWS % 16 == 0, "rows are whole mma tiles of 16");
     static constexpr int kKeys = 8192 / D;                // keys per tile (32 KiB of K+V)
@@ -36,7 +42,7 @@ struct fd_split_kv_config {
     static constexpr int kWarpDim = D / kDimSplit;        // head dims (Q K^T) and output columns (P V) a warp covers
     static constexpr int kWarps = kKeyWarps * kDimSplit;
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kStages = 3;                     // tiles in the cp.async pipeline
+    static constexpr int kStages = KVB == 2 || D == 64 ? 3 : 5;  // tiles in the cp.async pipeline
     static constexpr int kMTiles = ROWS / 16;             // mma row tiles
     // Independent accumulators of each score tile in Q K^T (split_kv.cuh): two
     // with one row tile; more row tiles already interleave their own chains
@@ -44,11 +50,17 @@ struct fd_split_kv_config {
     // (Key groups are chains of their own too.)
     static constexpr int kQkChains = kMTiles == 1 && kKeyGroups == 1 ? 2 : 1;
     static constexpr int kXchg = kDimSplit > 1 ? kWarps * kMTiles * 8 * 32 : 1;  // floats: [warp][score][lane]
-    static constexpr int kChunks = D / 8;                 // 16-byte chunks per key row
+    static constexpr int kChunkElems = 16 / KVB;          // cache elements a 16-byte chunk
+    static constexpr int kChunks = D / kChunkElems;       // 16-byte chunks per key row
     static constexpr int kTileElems = kKeys * D;          // one K (or V) tile
-    static constexpr int kCopiesPerThread = kTileElems / 8 / kThreads;
+    static constexpr int kCopiesPerThread = kTileElems / kChunkElems / kThreads;
     static constexpr int kCopyKeyStep = kThreads / kChunks;  // keys between a thread's copies of a tile
-    static constexpr int kSharedBytes = kStages * 2 * kTileElems * 2;
+    // The dynamic shared memory (the same for both element sizes; what the
+    // merge scratch and the cluster inbox are placed by), and the
+    // pipeline's part of it.
+    static constexpr int kSharedBytes = 3 * 2 * kTileElems * 2;
+    static constexpr int kPipeBytes = kStages * 2 * kTileElems * KVB;
+    static_assert(kPipeBytes <= kSharedBytes, "the pipeline must fit the dynamic shared memory");
     // Whether the closing merge always weighs the key warps once a row, for
     // all of its (row, 4 columns) items (split_kv.cuh), rather than in each
     // item: with 32 rows, 8 items a thread at head dim 128. Blocks of fewer

@@ -18,7 +18,8 @@
 //                         other feature
 //   fd_form_serving       every serving feature, any page size (serving.cuh)
 //
-// A form F<T, D, ROWS> provides:
+// A form F<T, KV, D, ROWS> (KV the cache's element type: T, or unsigned
+// char for fp8) provides:
 //   loader, pages      the tile loader (load_*.cuh) and the page ring it reads
 //   q_layout           q's strides (the rotated copy's, with rotary)
 //   rows               each query row's visible keys next to its key_limit
@@ -67,10 +68,10 @@ struct fd_plain_score {
     }
 };
 
-template <typename T, int D, int ROWS>
+template <typename T, typename KV, int D, int ROWS>
 struct fd_form_plain {
-    using C = fd_split_kv_config<D, ROWS>;
-    using loader = fd_load_contiguous<T, D, ROWS, false>;
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
+    using loader = fd_load_contiguous<T, KV, D, ROWS, false>;
     using pages = fd_no_pages;
     using q_layout = fd_plain_q;
     using rows = fd_plain_rows;
@@ -79,8 +80,8 @@ struct fd_form_plain {
     // The argument loads behind q, k and v overlap the wait (fd_touch_params,
     // ptx.cuh), and the first tiles start into L2.
     __device__ __forceinline__ static void before_wait(const fd_params &p, int split, int num_splits,
-                                                       const T *const &q_base, const T *const &k_base,
-                                                       const T *const &v_base) {
+                                                       const T *const &q_base, const KV *const &k_base,
+                                                       const KV *const &v_base) {
         fd_touch_params(q_base, k_base, v_base, p.seqlen);
         fd_prefetch_tiles<D, ROWS>(p, split, num_splits, k_base, v_base);
     }
@@ -91,22 +92,23 @@ struct fd_form_plain {
     }
     __device__ __forceinline__ static void key_range(const fd_params &, const int &, const int &, const int &,
                                                      const int &, int &, int &) {}
-    __device__ __forceinline__ static void bases(const fd_params &, int, int, const T *&, const T *&, const T *&,
+    __device__ __forceinline__ static void bases(const fd_params &, int, int, const T *&, const KV *&, const KV *&,
                                                  q_layout &) {}
     template <typename PAGES>
-    __device__ __forceinline__ static void append(const fd_params &, const PAGES &, int, int, int, int, int) {}
+    __device__ __forceinline__ static void append(const fd_params &, const PAGES &, int, int, int, int, int,
+                                                  const fd_quant &, const fd_quant &) {}
 };
 
 // What every form but the plain one shares: appended keys, a cache row by
 // cache_batch_idx or pages, a rotated q (serving.cuh).
-template <typename T, int D, int ROWS>
-struct fd_form_cache : fd_form_plain<T, D, ROWS> {
+template <typename T, typename KV, int D, int ROWS>
+struct fd_form_cache : fd_form_plain<T, KV, D, ROWS> {
     using q_layout = fd_cache_q;
 
     // Also the serving fields' lines (cache_batch's and seqlen_new's), read
     // right after the wait.
     __device__ __forceinline__ static void before_wait(const fd_params &p, int, int, const T *const &q_base,
-                                                       const T *const &k_base, const T *const &v_base) {
+                                                       const KV *const &k_base, const KV *const &v_base) {
         fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
     }
     // The appended tokens are keys too (balance.cuh).
@@ -114,45 +116,49 @@ struct fd_form_cache : fd_form_plain<T, D, ROWS> {
         return fd_attended_keys<true>(base, p.seqlen_new, p.seqlen_cache);
     }
     __device__ __forceinline__ static void bases(const fd_params &p, int b, int kv_head, const T *&q_base,
-                                                 const T *&k_base, const T *&v_base, q_layout &q) {
+                                                 const KV *&k_base, const KV *&v_base, q_layout &q) {
         fd_cache_bases(p, b, kv_head, q_base, k_base, v_base, q);
     }
 };
 
-template <typename T, int D, int ROWS>
-struct fd_form_paged : fd_form_cache<T, D, ROWS> {
-    using loader = fd_load_paged<T, D, ROWS, false>;
+template <typename T, typename KV, int D, int ROWS>
+struct fd_form_paged : fd_form_cache<T, KV, D, ROWS> {
+    using loader = fd_load_paged<T, KV, D, ROWS, false>;
     using pages = typename loader::pages_type;
     static constexpr bool kFromKeyZero = true;  // every split starts at key 0 (no left padding, no window)
 };
 
-template <typename T, int D, int ROWS>
-struct fd_form_paged_append : fd_form_paged<T, D, ROWS> {
-    using C = fd_split_kv_config<D, ROWS>;
-    using loader = fd_load_paged<T, D, ROWS, true>;
+template <typename T, typename KV, int D, int ROWS>
+struct fd_form_paged_append : fd_form_paged<T, KV, D, ROWS> {
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
+    using loader = fd_load_paged<T, KV, D, ROWS, true>;
     // Block (split 0, row tile 0) of each K/V head writes the new tokens.
     template <typename PAGES>
     __device__ __forceinline__ static void append(const fd_params &p, const PAGES &pages, int b, int kv_head,
-                                                  int base, int split, int row0) {
-        if (split == 0 && row0 == 0) fd_fused_append<T, C::kThreads, true>(p, pages, b, kv_head, base);
+                                                  int base, int split, int row0, const fd_quant &k_descale,
+                                                  const fd_quant &v_descale) {
+        if (split == 0 && row0 == 0)
+            fd_fused_append<T, KV, C::kThreads, true>(p, pages, b, kv_head, base, k_descale, v_descale);
     }
 };
 
-template <typename T, int D, int ROWS>
-struct fd_form_append : fd_form_cache<T, D, ROWS> {
-    using C = fd_split_kv_config<D, ROWS>;
-    using loader = fd_load_contiguous<T, D, ROWS, true>;
+template <typename T, typename KV, int D, int ROWS>
+struct fd_form_append : fd_form_cache<T, KV, D, ROWS> {
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
+    using loader = fd_load_contiguous<T, KV, D, ROWS, true>;
     template <typename PAGES>
     __device__ __forceinline__ static void append(const fd_params &p, const PAGES &pages, int b, int kv_head,
-                                                  int base, int split, int row0) {
-        if (split == 0 && row0 == 0) fd_fused_append<T, C::kThreads, false>(p, pages, b, kv_head, base);
+                                                  int base, int split, int row0, const fd_quant &k_descale,
+                                                  const fd_quant &v_descale) {
+        if (split == 0 && row0 == 0)
+            fd_fused_append<T, KV, C::kThreads, false>(p, pages, b, kv_head, base, k_descale, v_descale);
     }
 };
 
-template <typename T, int D, int ROWS>
-struct fd_form_serving : fd_form_cache<T, D, ROWS> {
-    using C = fd_split_kv_config<D, ROWS>;
-    using loader = fd_load_serving<T, D, ROWS>;
+template <typename T, typename KV, int D, int ROWS>
+struct fd_form_serving : fd_form_cache<T, KV, D, ROWS> {
+    using C = fd_split_kv_config<D, ROWS, sizeof(KV)>;
+    using loader = fd_load_serving<T, KV, D, ROWS>;
     using pages = typename loader::pages_type;
     using rows = fd_serving_rows<C::kMTiles>;
     using score = fd_serving_score;

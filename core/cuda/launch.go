@@ -199,6 +199,10 @@ func setCall(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) 
 		k.o_partial = C.fd_devptr(workspace)
 		k.lse_partial = C.fd_devptr(workspace + uintptr(pl.LSEPartialOffset))
 	}
+	if pl.Variant.FP8Cache {
+		k.k_descale = C.fd_devptr(p.KDescale.Ptr)
+		k.v_descale = C.fd_devptr(p.VDescale.Ptr)
+	}
 	if !pl.Variant.Form.Serving() {
 		return
 	}
@@ -256,7 +260,24 @@ func plainParams(p *core.Problem, pl *core.Plan) C.fd_params {
 	scale := p.EffectiveScale()
 	k.scale = C.float(scale)
 	k.scale_log2 = C.float(float64(scale) * math.Log2E)
+	if pl.Variant.FP8Cache {
+		fp8Params(&k, p)
+	}
 	return k
+}
+
+// fp8Params fills the layout fields of an fp8 cache: its format and its
+// descales' strides or values (the kernels take a Value of 0 as 1).
+func fp8Params(k *C.fd_params, p *core.Problem) {
+	if p.CacheDType() == core.Float8E5M2 {
+		k.kv_e5m2 = 1
+	}
+	k.k_descale_batch_stride = C.longlong(p.KDescale.BatchStride)
+	k.k_descale_head_stride = C.longlong(p.KDescale.HeadStride)
+	k.v_descale_batch_stride = C.longlong(p.VDescale.BatchStride)
+	k.v_descale_head_stride = C.longlong(p.VDescale.HeadStride)
+	k.k_descale_value = C.float(p.KDescale.Value)
+	k.v_descale_value = C.float(p.VDescale.Value)
 }
 
 // pageDivider returns the magic numbers that divide a key n (0 <= n < 2^31)

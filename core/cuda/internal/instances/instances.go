@@ -22,6 +22,9 @@ const File = "_instances.inc"
 // give their launch bounds.
 const stage1MinBlocks = 2
 
+// fp8Type is the element type of an fp8 cache in the kernels (either format).
+const fp8Type = "unsigned char"
+
 var (
 	cTypes = map[core.DType]string{core.Float16: "half", core.BFloat16: "__nv_bfloat16", core.Float32: "float"}
 	cName  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -53,19 +56,27 @@ func Source(ks []core.Kernel) ([]byte, error) {
 			return nil, fmt.Errorf("kernel table row %d (%q): %w", i, k.Name, err)
 		}
 		t := cTypes[k.DType]
+		kv := t // the caches' element type (stage 1 and the append)
+		if k.FP8Cache {
+			kv = fp8Type
+		}
 		switch k.Kind {
 		case core.KernelSplitKV:
 			v := k.Variant
 			switch v.Form {
 			case core.FormPlain:
-				fmt.Fprintf(&b, "FD_SPLIT_KV(%s, %s, %d, %d)\n", k.Name, t, v.HeadDim, v.Rows)
+				fmt.Fprintf(&b, "FD_SPLIT_KV(%s, %s, %s, %d, %d)\n", k.Name, t, kv, v.HeadDim, v.Rows)
 			case core.FormServing:
-				fmt.Fprintf(&b, "FD_SPLIT_KV_SERVING(%s, %s, %d, %d)\n", k.Name, t, v.HeadDim, v.Rows)
+				fmt.Fprintf(&b, "FD_SPLIT_KV_SERVING(%s, %s, %s, %d, %d)\n", k.Name, t, kv, v.HeadDim, v.Rows)
 			default:
-				fmt.Fprintf(&b, "FD_SPLIT_KV_FORM(%s, %s, %d, %d, fd_form_%s)\n", k.Name, t, v.HeadDim, v.Rows, v.Form)
+				fmt.Fprintf(&b, "FD_SPLIT_KV_FORM(%s, %s, %s, %d, %d, fd_form_%s)\n", k.Name, t, kv, v.HeadDim, v.Rows, v.Form)
 			}
-			c := fmt.Sprintf("fd_split_kv_config<%d, %d>::", v.HeadDim, v.Rows)
-			at := fmt.Sprintf("stage 1 at head dim %d, %d rows: ", v.HeadDim, v.Rows)
+			kvBytes, cache := 2, ""
+			if v.FP8Cache {
+				kvBytes, cache = 1, ", an fp8 cache"
+			}
+			c := fmt.Sprintf("fd_split_kv_config<%d, %d, %d>::", v.HeadDim, v.Rows, kvBytes)
+			at := fmt.Sprintf("stage 1 at head dim %d, %d rows%s: ", v.HeadDim, v.Rows, cache)
 			assert(fmt.Sprintf("%skThreads == %d", c, v.Threads), at+"threads (Variant.Threads)")
 			assert(fmt.Sprintf("%skKeys == %d", c, v.KeysPerTile), at+"keys a tile (Variant.KeysPerTile)")
 			assert(fmt.Sprintf("%skSharedBytes == %d", c, v.SharedBytes), at+"shared memory (Variant.SharedBytes)")
@@ -89,7 +100,7 @@ func Source(ks []core.Kernel) ([]byte, error) {
 			fmt.Fprintf(&b, "FD_MERGE_STATES(%s, %s)\n", k.Name, t)
 			assert(fmt.Sprintf("32 * FD_MERGE_MAX_WARPS == %d", k.Threads), k.Name+": threads a block at most")
 		case core.KernelAppend:
-			fmt.Fprintf(&b, "FD_APPEND_KV(%s, %s)\n", k.Name, t)
+			fmt.Fprintf(&b, "FD_APPEND_KV(%s, %s, %s)\n", k.Name, t, kv)
 			assert(fmt.Sprintf("kFdAppendThreads == %d", k.Threads), k.Name+": threads a block")
 		}
 	}
@@ -115,6 +126,9 @@ func check(k core.Kernel, names map[string]bool) error {
 	if cTypes[k.DType] == "" || (k.DType == core.Float32 && k.Kind != core.KernelMergeStates) {
 		return fmt.Errorf("no %v kernel of this kind", k.DType)
 	}
+	if k.FP8Cache && k.Kind != core.KernelSplitKV && k.Kind != core.KernelAppend {
+		return fmt.Errorf("no fp8-cache kernel of this kind")
+	}
 	if k.Threads < 32 || k.Threads%32 != 0 {
 		return fmt.Errorf("%d threads: not whole warps", k.Threads)
 	}
@@ -122,8 +136,8 @@ func check(k core.Kernel, names map[string]bool) error {
 	case core.KernelSplitKV:
 		v := k.Variant
 		switch {
-		case v.Kernel != k.Name || v.DType != k.DType || v.Threads != k.Threads:
-			return fmt.Errorf("its variant is %s, %v, %d threads", v.Kernel, v.DType, v.Threads)
+		case v.Kernel != k.Name || v.DType != k.DType || v.FP8Cache != k.FP8Cache || v.Threads != k.Threads:
+			return fmt.Errorf("its variant is %s, %v (fp8 cache %t), %d threads", v.Kernel, v.DType, v.FP8Cache, v.Threads)
 		case k.MinBlocks != stage1MinBlocks:
 			return fmt.Errorf("stage 1 is compiled for %d blocks an SM, not %d", stage1MinBlocks, k.MinBlocks)
 		case k.Balanced != v.Balances():
