@@ -37,7 +37,10 @@ type device struct {
 	pdl        bool                // programmatic dependent launch (sm_90 and newer)
 	maxCluster int                 // largest stage-1 cluster a plan may use; 1: none
 	fns        map[string]*kernels // by Variant.Kernel; read-only after init
-	merges     mergeKernels        // the merge kernels, by dtype
+	// Why the variants missing from fns cannot run on this GPU (more
+	// shared memory than it gives a block): their plans are refused.
+	unusable map[string]error
+	merges   mergeKernels // the merge kernels, by dtype
 
 	mu    sync.RWMutex
 	plans map[core.Shape]planned
@@ -141,7 +144,7 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 		}
 	}()
 	d := &device{ordinal: ordinal, ctx: ctx, raw: raw, sms: sms, pdl: major >= 9, maxCluster: 1,
-		fns: map[string]*kernels{}, plans: map[core.Shape]planned{}}
+		fns: map[string]*kernels{}, unusable: map[string]error{}, plans: map[core.Shape]planned{}}
 	if major >= 9 {
 		d.maxCluster = min(core.MaxCluster, clusterLimit())
 	}
@@ -166,9 +169,16 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Append, err)
 			}
 		}
-		if shared := max(v.SharedBytes, v.ClusterSharedBytes, v.ClusterDenseSharedBytes); shared > 48<<10 {
+		// A cluster launch asks for more shared memory than a plain one, and
+		// only a GPU with clusters makes one.
+		shared := v.SharedBytes
+		if d.maxCluster > 1 {
+			shared = max(shared, v.ClusterSharedBytes, v.ClusterDenseSharedBytes)
+		}
+		if shared > 48<<10 {
 			if err := setMaxDynamicShared(k.split, shared); err != nil {
-				return nil, fmt.Errorf("flashdecode: kernel %s: %w", v.Kernel, err)
+				d.unusable[v.Kernel] = fmt.Errorf("%d B of dynamic shared memory a block: %w", shared, err)
+				continue
 			}
 		}
 		k.blocksPerSM, err = maxActiveBlocks(k.split, v.Threads, v.SharedBytes)
@@ -176,7 +186,8 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 			return nil, fmt.Errorf("flashdecode: occupancy of %s: %w", v.Kernel, err)
 		}
 		if k.blocksPerSM < 1 {
-			return nil, fmt.Errorf("flashdecode: kernel %s cannot run on device %d (%d threads, %d B shared memory)", v.Kernel, ordinal, v.Threads, v.SharedBytes)
+			d.unusable[v.Kernel] = fmt.Errorf("no block of %d threads and %d B of shared memory fits an SM", v.Threads, v.SharedBytes)
+			continue
 		}
 		if d.maxCluster > 1 {
 			if err := k.measureClusters(v); err != nil {
@@ -261,6 +272,10 @@ func (d *device) plan(s core.Shape) (planned, error) {
 		return planned{}, err
 	}
 	k := d.fns[pl.Variant.Kernel]
+	if k == nil {
+		return planned{}, &core.Error{Op: "decode", Arg: "headdim", Err: core.ErrUnsupported,
+			Msg: fmt.Sprintf("%d: its kernel %s cannot run on device %d: %v", s.HeadDim, pl.Variant.Kernel, d.ordinal, d.unusable[pl.Variant.Kernel])}
+	}
 	p = planned{plan: pl, appendKV: k.appendKV, split: k.split}
 	if pl.Combine != "" {
 		var ok bool

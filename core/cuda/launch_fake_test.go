@@ -425,6 +425,33 @@ func TestOpenRefusesAGPUOlderThanSm80(t *testing.T) {
 	}
 }
 
+// TestOpenKeepsTheKernelsThatFit: on the fake device posing as an sm_86
+// (99 KB of shared memory a block, no clusters), the device opens and plans;
+// given less shared memory than a kernel needs, it still opens, and a plan
+// needing that kernel is refused as core.ErrUnsupported naming headdim.
+func TestOpenKeepsTheKernelsThatFit(t *testing.T) {
+	if !fakeDevice() {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1")
+	}
+	t.Setenv("FAKECUDA_CC_MAJOR", "8")
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 4096, Seqlen: -1}
+	t.Setenv("FAKECUDA_SHARED_OPTIN", "101376")
+	d, err := openDevice("decode", 0)
+	if err != nil {
+		t.Fatalf("opening an sm_86 device: %v", err)
+	}
+	if _, err := d.plan(s); err != nil {
+		t.Fatalf("planning on an sm_86 device: %v", err)
+	}
+	t.Setenv("FAKECUDA_SHARED_OPTIN", "65536")
+	if d, err = openDevice("decode", 0); err != nil {
+		t.Fatalf("opening a device of 64 KB a block: %v", err)
+	}
+	if _, err = d.plan(s); !errors.Is(err, core.ErrUnsupported) || !strings.Contains(err.Error(), "headdim") {
+		t.Fatalf("planning a kernel past the device's shared memory: %v, want core.ErrUnsupported naming headdim", err)
+	}
+}
+
 // TestRunRefusesAGridPastCUDAsLimits: on the fake device, a call whose plan
 // would pass CUDA's grid limits (a tail split of batch 32774 x 65524 heads)
 // is refused by name before anything launches, its append kernel included.

@@ -103,7 +103,8 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned lo
 }""",
 }
 # With fake_device (tests only, never the wheel's copy): one device, an sm_90 part of 132 SMs
-# (FAKECUDA_CC_MAJOR, read at each query, sets another major version),
+# (FAKECUDA_CC_MAJOR, read at each query, sets another major version, and
+# FAKECUDA_SHARED_OPTIN a smaller shared memory a block),
 # whose kernels do nothing. Enough driver for core/cuda to open it, load the module, plan and
 # launch: each launch is appended as a line to the file FAKECUDA_LAUNCH_LOG names (kernel
 # name, grid, block, shared bytes, cluster x, programmatic serialization), for tests of what
@@ -139,7 +140,11 @@ int cuDeviceGetAttribute(int *v, int attr, int dev) {
     case 76: *v = 0; break;               /* COMPUTE_CAPABILITY_MINOR */
     case 1: *v = 1024; break;             /* MAX_THREADS_PER_BLOCK */
     case 10: *v = 32; break;              /* WARP_SIZE */
-    case 97: *v = 232448; break;          /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    case 97: {                            /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: FAKECUDA_SHARED_OPTIN, else 232448 */
+        const char *o = getenv("FAKECUDA_SHARED_OPTIN");
+        *v = o ? atoi(o) : 232448;
+        break;
+    }
     case 81: *v = 233472; break;          /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
     default: *v = 0;
     }
@@ -164,7 +169,13 @@ int cuModuleGetFunction(void **f, void *m, const char *name) {
     return 0;
 }""",
     "cuFuncGetModule": "int cuFuncGetModule(void **m, void *f) { if (!m || !f) return 1; *m = &fk_module; return 0; }",
-    "cuFuncSetAttribute": "int cuFuncSetAttribute(void *f, int attr, int v) { (void)attr; (void)v; return f ? 0 : 400; }",
+    "cuFuncSetAttribute": """
+/* MAX_DYNAMIC_SHARED_SIZE_BYTES past FAKECUDA_SHARED_OPTIN (a smaller GPU's) is refused */
+int cuFuncSetAttribute(void *f, int attr, int v) {
+    const char *optin = getenv("FAKECUDA_SHARED_OPTIN");
+    if (!f) return 400;
+    return attr == 8 && optin && v > atoi(optin) ? 1 : 0;
+}""",
     "cuOccupancyMaxActiveBlocksPerMultiprocessor": """
 int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *f, int threads, size_t smem) {
     if (!n || !f || threads < 1) return 1;
