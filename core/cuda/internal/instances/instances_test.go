@@ -59,16 +59,20 @@ func parse(t *testing.T, src []byte) (map[string]invocation, []string) {
 // take for k.
 func wantInvocation(k core.Kernel) string {
 	t := map[core.DType]string{core.Float16: "half", core.BFloat16: "__nv_bfloat16", core.Float32: "float"}[k.DType]
+	kv := t // the caches' type: q's, or the fp8 byte
+	if k.FP8Cache {
+		kv = "unsigned char"
+	}
 	v := k.Variant
 	switch k.Kind {
 	case core.KernelSplitKV:
 		if v.Form == core.FormPlain {
-			return fmt.Sprintf("FD_SPLIT_KV %s %s %d %d", k.Name, t, v.HeadDim, v.Rows)
+			return fmt.Sprintf("FD_SPLIT_KV %s %s %s %d %d", k.Name, t, kv, v.HeadDim, v.Rows)
 		}
 		if v.Form == core.FormServing {
-			return fmt.Sprintf("FD_SPLIT_KV_SERVING %s %s %d %d", k.Name, t, v.HeadDim, v.Rows)
+			return fmt.Sprintf("FD_SPLIT_KV_SERVING %s %s %s %d %d", k.Name, t, kv, v.HeadDim, v.Rows)
 		}
-		return fmt.Sprintf("FD_SPLIT_KV_FORM %s %s %d %d fd_form_%v", k.Name, t, v.HeadDim, v.Rows, v.Form)
+		return fmt.Sprintf("FD_SPLIT_KV_FORM %s %s %s %d %d fd_form_%v", k.Name, t, kv, v.HeadDim, v.Rows, v.Form)
 	case core.KernelCombine, core.KernelCombineRows, core.KernelCombineCols:
 		macro := map[core.KernelKind]string{core.KernelCombine: "FD_COMBINE", core.KernelCombineRows: "FD_COMBINE_ROWS",
 			core.KernelCombineCols: "FD_COMBINE_GROUPS"}[k.Kind]
@@ -80,7 +84,7 @@ func wantInvocation(k core.Kernel) string {
 	case core.KernelMergeStates:
 		return fmt.Sprintf("FD_MERGE_STATES %s %s", k.Name, t)
 	case core.KernelAppend:
-		return fmt.Sprintf("FD_APPEND_KV %s %s", k.Name, t)
+		return fmt.Sprintf("FD_APPEND_KV %s %s %s", k.Name, t, kv)
 	}
 	return "?"
 }
@@ -120,7 +124,11 @@ func TestSource(t *testing.T) {
 		if v.Form != core.FormPlain {
 			facts = append(facts, fmt.Sprintf("::kFormsBalance == %t", v.Balances()))
 		}
-		config := fmt.Sprintf("fd_split_kv_config<%d, %d>", v.HeadDim, v.Rows)
+		kvBytes := 2
+		if v.FP8Cache {
+			kvBytes = 1
+		}
+		config := fmt.Sprintf("fd_split_kv_config<%d, %d, %d>", v.HeadDim, v.Rows, kvBytes)
 		for _, fact := range facts {
 			found := false
 			for _, a := range asserts {
