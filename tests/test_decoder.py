@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import flash_decode
-from conftest import assert_names, capture
+from conftest import FAKEDEVICE, assert_names, capture, has_extension
 from fakes import layout_binding  # noqa: F401  (a fixture)
+from test_native import launch_on_fake_device
 
 
 def tensors(batch=2, seqlen_q=1, nheads_q=8, nheads_kv=2, headdim=64, pages=6, page_size=16, device="cpu"):
@@ -148,6 +149,37 @@ def test_a_core_refusal_is_raised_by_its_kind(layout_binding, monkeypatch):
     dec = flash_decode.Decoder(q, k, v, cache_seqlens=lens, block_table=table)
     with pytest.raises(NotImplementedError, match="q: nope"):
         dec(q, k, v)
+
+
+_THROUGH_THE_BINDING = """
+import json, torch
+import flash_decode
+from flash_decode import _api
+# CPU tensors pass as device 0's (the fake device launches nothing and logs each launch).
+_api._check_devices = lambda q, **others: 0
+_api._current_stream = lambda device: 0
+q = torch.zeros(1, 1, 32, 128, dtype=torch.float16)
+pages = torch.zeros(2048, 16, 8, 128, dtype=torch.float16)
+lens, table = torch.zeros(1, dtype=torch.int32), torch.zeros(1, 2048, dtype=torch.int32)
+result = []
+for bound in (None, 1000):
+    dec = flash_decode.Decoder(q, pages, pages, cache_seqlens=lens, block_table=table, max_seqlen_k=bound)
+    dec(q, pages, pages)
+    p = flash_decode.plan(1, 1, 32, 8, 128, 32768, page_size=16, lengths=True, seqlen=bound, device=0)
+    result.append([dec.workspace_bytes, p["workspace_bytes"], p["kernel"], p["grid"]])
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.skipif(not has_extension(), reason="needs the native extension")
+@pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(), reason=f"no fake-device driver at {FAKEDEVICE}")
+def test_the_core_sizes_the_workspace_and_plans_the_launch(tmp_path):
+    # Through the real binding: workspace_bytes is the core's for the bound (plan() agrees), and a
+    # call launches the plan of that bound.
+    result, launches = launch_on_fake_device(_THROUGH_THE_BINDING, tmp_path)
+    splits = [launch for launch in launches if launch[0].startswith("fd_split_kv_")]
+    assert [[s[0], [int(x) for x in s[1:4]]] for s in splits] == [[kernel, grid] for _, _, kernel, grid in result]
+    assert all(mine == core for mine, core, _, _ in result), result
 
 
 # ---- on a GPU ----
