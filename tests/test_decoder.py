@@ -105,6 +105,8 @@ def test_construction_refusals_name_the_argument(layout_binding):
     q, k, v, lens, table = tensors()
     for kwargs, exc, name in ((dict(cache_seqlens=5, block_table=table), TypeError, "cache_seqlens"),
                               (dict(block_table=table, max_seqlen_k=96), ValueError, "max_seqlen_k"),
+                              (dict(cache_seqlens=lens, block_table=table, max_seqlen_k=1 << 64), ValueError,
+                               "max_seqlen_k"),
                               (dict(cache_seqlens=lens, block_table=table, lse=torch.empty(2, 8, 1)), ValueError,
                                "lse"),
                               (dict(cache_seqlens=lens, block_table=table, return_softmax_lse=True,
