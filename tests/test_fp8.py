@@ -247,7 +247,7 @@ def test_plan_of_an_fp8_cache(fp8):
     assert "fp8" in p8["kernel"] and "fp8" not in p16["kernel"], (p8["kernel"], p16["kernel"])
     assert p8["variant"]["dtype"] == "float16" and p8["num_splits"] >= 1
     paged = flash_decode.plan(4, 1, 32, 8, 128, 32768, device=-1, kv_dtype=fp8, page_size=16, serving=True,
-                              k_descale=0.5, v_descale=torch.ones(4, 8))
+                              k_descale=torch.ones(4, 8), v_descale=torch.ones(4, 8))
     assert "fp8" in paged["kernel"] and "paged" in paged["kernel"]
     assert flash_decode.plan(4, 1, 32, 8, 128, 32768, device=-1, kv_dtype=torch.float16)["kernel"] == p16["kernel"]
 
@@ -352,7 +352,7 @@ def recording_ops():
 def test_op_schemas_take_descales():
     for op in (torch.ops.flash_decode.decode, torch.ops.flash_decode.decode_append):
         names = [a.name for a in op.default._schema.arguments]
-        assert names[-4:] == ["k_descale", "v_descale", "k_descale_value", "v_descale_value"], names
+        assert names[-5:] == ["k_descale", "v_descale", "k_descale_value", "v_descale_value", "sinks"], names
 
 
 def test_compiled_fp8_step_passes_descales(recording_ops):
