@@ -540,7 +540,7 @@ class FakeFlashInfer(types.ModuleType):
                 for i in range(b):  # sequence i: its pages, the last one filled to last[i] keys
                     pages = self.indices[self.indptr[i]:self.indptr[i + 1]].long()
                     n = (len(pages) - 1) * self.page + int(self.last[i])
-                    k, v = (x[pages].flatten(0, 1)[:n].transpose(0, 1)[None].float() for x in kv)
+                    k, v = (bench.gather_pages(x, pages[None])[0, :n].transpose(0, 1)[None].float() for x in kv)
                     outs.append(bench.reference(qq[i:i + 1], k, v, nb=1, causal=self.causal))
                 out = torch.cat(outs)
                 whole = len(self.indices) == b  # one page per sequence

@@ -1077,7 +1077,14 @@ def dense(layer, b, L):
     k, v, table = layer
     if table is None:
         return k[:, :L], v[:, :L]
-    return (x[table.long()].flatten(1, 2)[:, :L] for x in (k, v))
+    # Gathered as bytes where the dtype is one byte: older torch cannot index fp8 tensors.
+    return (gather_pages(x, table)[:, :L] for x in (k, v))
+
+
+def gather_pages(x, table):
+    """x's pages table (batch, pages) as (batch, pages * page_size, ...), fp8 included."""
+    raw = x.view(torch.uint8) if x.element_size() == 1 else x
+    return raw[table.long()].flatten(1, 2).view(x.dtype)
 
 
 def run_serving_case(shape, dtype, case, repeats):
