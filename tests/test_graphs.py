@@ -127,6 +127,7 @@ def test_step_refusals_name_the_argument_and_write_nothing(layout_binding):
                        ((torch.ones(0, dtype=torch.int32),), "cache_seqlens"),
                        ((lens, torch.zeros(3, 7, dtype=torch.int32)), "block_table"),
                        ((lens, torch.zeros(2, 6, dtype=torch.int32)), "block_table"),
+                       ((lens, [[0] * 6] * 3), "block_table"),
                        ((lens, None, q[:2]), "q")):
         with pytest.raises(ValueError) as err:
             graphs.prepare(*args)

@@ -106,9 +106,11 @@ class DecoderGraphs:
         if block_table is not None:
             if self.block_table is None:
                 raise ValueError("block_table is given, but the graphs were built without max_blocks")
-            if block_table.dim() != 2 or block_table.shape[0] != n or block_table.shape[1] > self.block_table.shape[1]:
-                raise ValueError(f"block_table must be ({n}, at most {self.block_table.shape[1]}), "
-                                 f"got {tuple(block_table.shape)}")
+            width = self.block_table.shape[1]
+            if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or \
+                    block_table.shape[0] != n or block_table.shape[1] > width:
+                raise ValueError(f"block_table must be a ({n}, at most {width}) tensor, "
+                                 f"got {tuple(getattr(block_table, 'shape', ()))}")
             self.block_table[:n, :block_table.shape[1]].copy_(block_table)
         if q is not None:
             self.q[:n].copy_(q)

@@ -46,7 +46,7 @@ FlashInfer (planned with the same lengths), beside a contiguous cache of those l
 batch's query lengths (seeded) and times one call with cu_seqlens_q, the uniform 4-D calls of
 each length (summed) and one call padded to the longest, on the same caches.
 Outputs: results.json, results.csv and bandwidth.png under --out, and each table as
-markdown (table.md, serving.md), printed too.
+markdown (table.md, serving.md, ragged.md), printed too.
 """
 
 import argparse
