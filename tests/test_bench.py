@@ -394,13 +394,19 @@ def test_lengths_case_times_planned_unbalanced_and_even(monkeypatch):
     assert odd["num_splits"] == bench.flash_decode.plan(2, 1, 8, 1, 64, 3000, device=-1)["num_splits"]
 
 
-def test_main_runs_lengths_alone(tmp_path, monkeypatch, capsys):
-    # --shapes none --lengths: no table (and no plot), the batches in the log and results.json.
+def gpu_stand_ins(monkeypatch, ceiling=4.4):
+    """main's GPU parts as stand-ins: a GPU named "a GPU" with a Triton read ceiling, no pause
+    between cases, no eager call."""
     monkeypatch.setattr(bench, "gpu_missing", lambda: None)
-    monkeypatch.setattr(bench, "read_ceiling", lambda repeats: {"triton": 4.4})
+    monkeypatch.setattr(bench, "read_ceiling", lambda repeats: {"triton": ceiling})
     monkeypatch.setattr(bench, "settle", lambda seconds: None)
     monkeypatch.setattr(bench, "eager_tiny", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
+
+
+def test_main_runs_lengths_alone(tmp_path, monkeypatch, capsys):
+    # --shapes none --lengths: no table (and no plot), the batches in the log and results.json.
+    gpu_stand_ins(monkeypatch)
     seen = []
 
     def fake_case(batch, repeats, peers):
@@ -907,12 +913,8 @@ def test_serving_row_runs_each_pool_on_the_same_lengths(monkeypatch):
 
 
 def test_main_runs_the_serving_matrix_alone_and_writes_markdown(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "gpu_missing", lambda: None)
-    monkeypatch.setattr(bench, "read_ceiling", lambda repeats: {"triton": 3.1})
-    monkeypatch.setattr(bench, "settle", lambda seconds: None)
-    monkeypatch.setattr(bench, "eager_tiny", lambda: None)
+    gpu_stand_ins(monkeypatch, ceiling=3.1)
     monkeypatch.setattr(bench, "import_flashinfer", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
 
     def fake_row(serving, dtype, kv, args):
         if serving.shape.b == 2:
@@ -933,6 +935,16 @@ def test_main_runs_the_serving_matrix_alone_and_writes_markdown(tmp_path, monkey
     assert len(data["meta"]["serving_matrix"]) == 3 and data["meta"]["seed"] == 0
 
 
+def cpu_case(monkeypatch):
+    """run_case on the CPU: 3 layers, its tensors made there, the eager call 1 µs."""
+    monkeypatch.setattr(bench, "L2_ROTATION_BYTES", 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 10**9))
+    real_randn, real_cache = torch.randn, bench.random_cache
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))
+    monkeypatch.setattr(bench, "random_cache", lambda size, dt, device="cuda": real_cache(size, dt, "cpu"))
+    monkeypatch.setattr(bench, "time_eager", lambda call, layers, calls=50: 1.0)
+
+
 @pytest.mark.parametrize("kv", [None, "fp8_e4m3"])
 def test_run_case_checks_each_library_against_the_values_it_attends(monkeypatch, kv):
     # On the CPU: flash_decode gets the descales (its reference: the values times them),
@@ -940,12 +952,7 @@ def test_run_case_checks_each_library_against_the_values_it_attends(monkeypatch,
     fake, calls = FakeFlashInfer(), []
     monkeypatch.setattr(bench, "import_flashinfer", lambda: fake)
     monkeypatch.setattr(bench, "FLASHINFER_WORKSPACE", 64)
-    monkeypatch.setattr(bench, "L2_ROTATION_BYTES", 1)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 10**9))
-    real_randn, real_cache = torch.randn, bench.random_cache
-    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))
-    monkeypatch.setattr(bench, "random_cache", lambda size, dt, device="cuda": real_cache(size, dt, "cpu"))
-    monkeypatch.setattr(bench, "time_eager", lambda call, layers, calls=50: 1.0)
+    cpu_case(monkeypatch)
     monkeypatch.setattr(bench, "settle", lambda seconds: None)
 
     def timed(call, layers, repeats):
@@ -1060,3 +1067,190 @@ def test_a_flashinfer_module_that_does_not_build_is_tried_once(monkeypatch):
     # fp8 built once and failed: not tried again; fp16 failed for another reason each time: tried each time
     assert tries == [torch.float8_e4m3fn, torch.float16, torch.float16]
     assert list(bench.FLASHINFER_UNBUILT.values()) == ["Ninja build failed: fp8 kv with fp16 q"]
+
+
+# ---- --batch-invariant and --ragged ----
+
+def test_run_case_times_the_invariant_mode_beside_the_default(monkeypatch):
+    cpu_case(monkeypatch)
+    seen = []
+
+    def fd(q, k, v, *, batch_invariant=False, wrong=False):
+        seen.append(batch_invariant)
+        out = bench.reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), nb=len(q)).transpose(1, 2)
+        return out + (1 if wrong and batch_invariant else 0)
+
+    def timed(call, layers, repeats):
+        call(layers[0])
+        return (22.0 if seen[-1] else 20.0), "graph"
+
+    monkeypatch.setattr(bench, "time_kernel", timed)
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", fd)
+    args = bench.parse_args(["--shapes", "b=2,hq=4,hkv=2,d=16,L=64", "--batch-invariant", "--peers", "none"])
+    args.ceiling = 1.0
+    r = bench.run_case(args.cases[0][0], "fp16", [], args)
+    assert (r["check"], r["invariant_check"], r["ours_us"], r["invariant_us"]) == ("ok", "ok", 20.0, 22.0)
+    assert not bench.parse_args([]).batch_invariant
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", lambda *a, **kw: fd(*a, wrong=True, **kw))
+    r = bench.run_case(args.cases[0][0], "fp16", [], args)
+    assert r["invariant_check"].startswith("MISMATCH") and "invariant_us" not in r and r["ours_us"] == 20.0
+
+
+def test_the_invariant_column_summary_and_line():
+    big, small = row(ours=30.0, kv_mb=134.0), row(L=1024, ours=5.0, kv_mb=4.19)
+    big.update(invariant_us=31.5, invariant_check="ok")
+    small.update(invariant_check="MISMATCH: max error 1")
+    cols = bench.table_columns([big, small], [])
+    assert [c[0] for c in cols][-2:] == ["batch_invariant µs", "invariant / default"]
+    cells = bench.markdown(cols, [big, small]).split("\n")[2:]
+    assert cells[0].endswith("| 31.5 | 1.050 |") and cells[1].endswith("| MISMATCH: max error 1 | – |")
+    s = dict(bench.summarize([big, small], None))
+    assert s["batch_invariant=True against the default call (time / time)"] == "1.050x (1 shape)"
+    assert s["batch_invariant=True against the default call, caches >= 64 MB (time / time)"] == "1.050x (1 shape)"
+    assert "| batch_invariant 31.5us" in bench.format_row(big, [])
+    assert "| invariant_check MISMATCH: max error 1" in bench.format_row(small, [])
+    assert {"invariant_us", "invariant_check"} <= set(bench.csv_columns([]))
+
+
+def test_parse_ragged_specs_and_arguments():
+    R = bench.Ragged
+    assert bench.parse_ragged("b=8,L=4k,sq=8; b=32,hq=8,hkv=1,sq=4-4") == [
+        R(Shape(8, 32, 8, 128, 4096, 8), 1), R(Shape(32, 8, 1, 128, 32768, 4), 4)]
+    assert bench.ragged_label(R(Shape(8, 32, 8, 128, 4096, 8), 1)) == "32/8 d128 b=8 L=4096 sq=1-8"
+    assert bench.ragged_label(R(Shape(8, 32, 8, 128, 4096, 4), 4)) == "32/8 d128 b=8 L=4096 sq=4"
+    for bad in ("sq=17", "sq=5-3", "sq=0-2", "b=2,sq=x"):
+        with pytest.raises(ValueError):
+            bench.parse_ragged(bad)
+    args = bench.parse_args(["--ragged"])
+    assert args.cases == [] and args.serving_shapes == []  # alone, as --serving-matrix runs
+    assert [r for r, _ in args.ragged_cases] == bench.parse_ragged(bench.RAGGED_MATRIX)
+    assert {r.lo == r.shape.sq for r, _ in args.ragged_cases} == {True, False}  # mixed batches and uniform ones
+    assert len(bench.parse_args(["--ragged", "--quick"]).ragged_cases) == 2
+    both = bench.parse_args(["--ragged", "b=4,sq=8", "--shapes", "b=1", "--dtypes", "fp16,bf16"])
+    assert both.ragged_cases == [(R(bench.SHAPE_DEFAULTS._replace(b=4, sq=8), 1), "fp16"),
+                                 (R(bench.SHAPE_DEFAULTS._replace(b=4, sq=8), 1), "bf16")] and len(both.cases) == 2
+    assert bench.parse_args([]).ragged_cases == []
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--ragged", "sq=20"])
+
+
+def ragged_stand_in(calls, aligned=True, ragged=True):
+    """flash_decode on the CPU for run_ragged_case, per the ragged contract: 4-D q (cache rows by
+    cache_batch_idx), or q (total_q, hq, d) with cu_seqlens_q, each sequence's rows causal and
+    aligned bottom-right (aligned=False: not causal at all); ragged=False: no such arguments."""
+    def fd(q, k, v, *, causal, cu_seqlens_q=None, max_seqlen_q=None, cache_batch_idx=None):
+        if cu_seqlens_q is not None and not ragged:
+            raise TypeError("flash_decode() got an unexpected keyword argument 'cu_seqlens_q'")
+        calls.append(dict(shape=tuple(q.shape), cu=None if cu_seqlens_q is None else cu_seqlens_q.tolist(),
+                          max_seqlen_q=max_seqlen_q, idx=None if cache_batch_idx is None else cache_batch_idx.tolist()))
+        if cu_seqlens_q is None:
+            if cache_batch_idx is not None:
+                k, v = k[cache_batch_idx.long()], v[cache_batch_idx.long()]
+            return bench.reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), nb=len(q),
+                                   causal=causal).transpose(1, 2).to(q.dtype)
+        cu = cu_seqlens_q.tolist()
+        out = torch.empty_like(q)
+        for i, (a, e) in enumerate(zip(cu, cu[1:])):
+            out[a:e] = bench.reference(q[a:e].transpose(0, 1)[None], k[i:i + 1].transpose(1, 2),
+                                       v[i:i + 1].transpose(1, 2), nb=1, causal=aligned)[0].transpose(0, 1)
+        return out
+    return fd
+
+
+def ragged_case(monkeypatch, spec, **stand_in):
+    calls = []
+    monkeypatch.setattr(bench, "L2_ROTATION_BYTES", 1)  # 3 layers
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10**9, 10**9))
+    monkeypatch.setattr(bench.flash_decode, "flash_decode", ragged_stand_in(calls, **stand_in))
+
+    def timed(call, layers, repeats):  # the ragged call 10 µs, a call of the whole batch 14, a part of length s 3 + s
+        call(layers[0])
+        last = calls[-1]
+        return (10.0 if last["cu"] else 3.0 + last["shape"][1] if last["idx"] else 14.0), "g"
+    monkeypatch.setattr(bench, "time_kernel", timed)
+    (ragged,) = bench.parse_ragged(spec)
+    return bench.run_ragged_case(ragged, "fp16", 3, seed=5, device="cpu"), calls
+
+
+def test_ragged_case_times_the_call_beside_its_uniform_parts_and_the_padded_call(monkeypatch):
+    r, calls = ragged_case(monkeypatch, "b=6,hq=4,hkv=2,d=16,L=32,sq=5")
+    qlens = bench.ragged_lengths(6, 1, 5, 5)
+    parts = bench.ragged_parts(qlens)
+    assert len(parts) > 1 and sorted(i for seqs in parts.values() for i in seqs) == list(range(6))
+    assert r["check"] == "ok" and r["qlens"] == ",".join(map(str, qlens)) and r["total_q"] == sum(qlens)
+    ragged, padded, *rest = calls[::2]  # each call checked, then timed
+    starts = [0]
+    for s in qlens:
+        starts.append(starts[-1] + s)
+    assert ragged == dict(shape=(sum(qlens), 4, 16), cu=starts, max_seqlen_q=max(qlens), idx=None)
+    assert padded == dict(shape=(6, max(qlens), 4, 16), cu=None, max_seqlen_q=None, idx=None)
+    assert [(c["shape"][:2], c["idx"]) for c in rest] == [((len(seqs), s), seqs) for s, seqs in parts.items()]
+    assert r["parts"] == {s: 3.0 + s for s in parts} and r["parts_us"] == sum(3.0 + s for s in parts)
+    assert (r["ragged_us"], r["padded_us"]) == (10.0, 14.0) and r["layers"] == 3
+    assert r["vs_parts"] == pytest.approx(10.0 / r["parts_us"]) and r["vs_padded"] == pytest.approx(10 / 14)
+    assert r["tbs"] == pytest.approx(6 * 32 * 2 * 16 * 2 * 2 / 10.0 / 1e6)  # the caches' K and V bytes
+    line = bench.format_ragged_row(r, bench.parse_ragged("b=6,hq=4,hkv=2,d=16,L=32,sq=5")[0])
+    assert line.startswith(f"fp16 4/2 d16 b=6 L=32 sq=1-5 [{r['qlens']}] | ragged 10.0us | uniform parts ")
+    assert line.endswith(f"| ragged / padded {10 / 14:.3f}x | check ok")
+
+
+def test_a_uniform_batch_is_one_plain_part(monkeypatch):
+    r, calls = ragged_case(monkeypatch, "b=3,hq=4,hkv=2,d=16,L=32,sq=4-4")
+    assert r["qlens"] == "4,4,4" and list(r["parts"]) == [4] and r["check"] == "ok"
+    assert calls[4] == dict(shape=(3, 4, 4, 16), cu=None, max_seqlen_q=None, idx=None)  # the 4-D call itself
+
+
+def test_a_misaligned_or_missing_ragged_call_is_reported_and_the_rest_timed(monkeypatch):
+    r, _ = ragged_case(monkeypatch, "b=4,hq=4,hkv=2,d=16,L=32,sq=6", aligned=False)
+    assert r["check"].startswith("ragged max error") and r["ragged_us"] is None and r["padded_us"] == 14.0
+    assert "vs_parts" not in r and "tbs" not in r
+    r, _ = ragged_case(monkeypatch, "b=4,hq=4,hkv=2,d=16,L=32,sq=6", ragged=False)
+    assert r["check"].startswith("ragged n/a (TypeError: flash_decode() got an unexpected keyword")
+    assert r["parts_us"] and r["ragged_us"] is None
+
+
+def ragged_row(lo=1, hi=8, ragged=10.0, parts=12.0, padded=14.0):
+    return dict(dtype="fp16", b=8, hq=32, hkv=8, d=128, L=4096, lo=lo, hi=hi, total_q=37, kv_mb=134.2, layers=3,
+                qlens="1,8", check="ok", ragged_us=ragged, padded_us=padded, parts={1: 4.0, 8: 8.0}, parts_us=parts,
+                tbs=13.4, vs_parts=ragged / parts, vs_padded=ragged / padded)
+
+
+def test_ragged_markdown_and_summary():
+    rows = [ragged_row(), ragged_row(ragged=11.0), ragged_row(lo=4, hi=4, ragged=10.1, parts=10.0, padded=10.0),
+            dict(ragged_row(), ragged_us=None, vs_parts=None, vs_padded=None, tbs=None,
+                 check="ragged n/a (TypeError)")]
+    lines = bench.markdown(bench.ragged_columns(), rows).split("\n")
+    assert lines[0] == ("| dtype | heads q/kv | d | batch | cache len | query lengths | query rows | cache MB | ragged µs "
+                        "| TB/s | uniform parts µs (sum) | ragged / parts | padded µs | ragged / padded | check |")
+    assert lines[2] == ("| fp16 | 32/8 | 128 | 8 | 4096 | 1-8 | 37 | 134.2 | **10.0** | 13.40 | 12.0 | 0.833 | 14.0 "
+                        "| 0.714 | ok |")
+    assert "| 4 | 37 |" in lines[4] and lines[5].endswith("| – | – | 12.0 | – | 14.0 | – | ragged n/a (TypeError) |")
+    s = dict(bench.ragged_summary(rows))
+    mixed = math.sqrt(10 / 12 * 11 / 12)
+    assert s["ragged call over the sum of its uniform parts, mixed lengths (time / time)"] == \
+        f"geomean {mixed:.3f}x, min 0.833x, max 0.917x over 2 shapes"
+    assert s["ragged call over the call padded to the longest, equal lengths (time / time)"] == \
+        "geomean 1.010x, min 1.010x, max 1.010x over 1 shape"
+
+
+def test_main_runs_ragged_alone_and_writes_its_markdown(tmp_path, monkeypatch, capsys):
+    gpu_stand_ins(monkeypatch)
+    seen = []
+
+    def fake_case(ragged, dtype, repeats, seed):
+        seen.append((ragged, dtype, seed))
+        if ragged.shape.b == 2:
+            raise RuntimeError("out of memory")
+        return ragged_row(lo=ragged.lo, hi=ragged.shape.sq)
+
+    monkeypatch.setattr(bench, "run_ragged_case", fake_case)
+    out = tmp_path / "bench"
+    assert bench.main(["--ragged", "b=8,sq=8;b=2,sq=3", "--seed", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert [(r.shape.b, dt, seed) for r, dt, seed in seen] == [(8, "fp16", 4), (2, "fp16", 4)]
+    assert "[ragged 2/2] fp16 32/8 d128 b=2 L=32768 sq=1-3 | check n/a (RuntimeError: out of memory)" in printed
+    text = (out / "ragged.md").read_text()
+    assert text in printed + "\n" and not (out / "table.md").exists() and not (out / "serving.md").exists()
+    assert "- ragged call over the sum of its uniform parts, mixed lengths (time / time): geomean 0.833x" in text
+    data = json.loads((out / "results.json").read_text())
+    assert len(data["meta"]["ragged"]) == 2 and data["rows"] == []

@@ -30,7 +30,8 @@ needs_fake_device = pytest.mark.skipif(not (FAKEDEVICE / "libcuda.so.1").exists(
 
 
 def test_public_api():
-    assert flash_decode.__all__ == ["flash_decode", "plan", "Decoder", "merge_states", "merge_state", "__version__"]
+    assert flash_decode.__all__ == ["flash_decode", "plan", "Decoder", "DecoderGraphs", "merge_states", "merge_state",
+                                    "__version__"]
     assert isinstance(flash_decode.__version__, str)
     params = inspect.signature(flash_decode.flash_decode).parameters
     # flash_attn_with_kvcache's signature: the same names in the same order.

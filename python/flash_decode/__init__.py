@@ -7,6 +7,7 @@ from importlib import metadata as _metadata
 from . import _ops  # noqa: F401  (registers the custom ops torch.compile traces)
 from ._api import flash_decode, plan
 from ._decoder import Decoder
+from ._graphs import DecoderGraphs
 from ._merge import merge_state, merge_states
 
 try:
@@ -14,4 +15,4 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
-__all__ = ["flash_decode", "plan", "Decoder", "merge_states", "merge_state", "__version__"]
+__all__ = ["flash_decode", "plan", "Decoder", "DecoderGraphs", "merge_states", "merge_state", "__version__"]

@@ -9,6 +9,8 @@
     python -m flash_decode.bench --shapes none --lengths "32768,1024*7;hq=8,hkv=1:16k,4k*3"  # ragged batches
     python -m flash_decode.bench --kv-dtype fp8_e4m3 --read-same-bytes --paged16 --sinks --peers flashinfer
     python -m flash_decode.bench --serving-matrix   # ragged lengths on shuffled pages, FlashInfer on the same
+    python -m flash_decode.bench --batch-invariant --peers none   # batch_invariant=True beside each call
+    python -m flash_decode.bench --ragged   # ragged query lengths (cu_seqlens_q) against uniform and padded calls
     flash-decode-bench --help                     # the same, as a console script
 
 Peers run in the same process on the same tensors: torch SDPA with the cuDNN,
@@ -40,8 +42,11 @@ fp8 caches (--kv-dtype) come with a (batch, nheads_kv) descale; each row times t
 shape with caches in q's dtype too. The serving matrix (--serving-matrix) draws ragged
 lengths (seeded) and deals shuffled pools of pages, the same pools for flash_decode and
 FlashInfer (planned with the same lengths), beside a contiguous cache of those lengths.
+--batch-invariant times each table case again with batch_invariant=True. --ragged draws a
+batch's query lengths (seeded) and times one call with cu_seqlens_q, the uniform 4-D calls of
+each length (summed) and one call padded to the longest, on the same caches.
 Outputs: results.json, results.csv and bandwidth.png under --out, and each table as
-markdown (table.md, serving.md), printed too.
+markdown (table.md, serving.md, ragged.md), printed too.
 """
 
 import argparse
@@ -163,6 +168,10 @@ SERVING_MATRIX = [
 ]
 SERVING_MATRIX_QUICK = [("fp16", None, "b=8,L=2k-8k;b=2,L=100-1536"), ("fp16", "fp8_e4m3", "b=32,L=512-4k")]
 SERVING_PAGES = (16, 1)  # page sizes of the serving matrix's shuffled pools
+# Ragged batches (--ragged): sq is the longest query length, each sequence's drawn from 1..sq
+# (seeded); sq=LO-HI draws from LO..HI, so sq=4-4 is a uniform batch through the ragged call.
+RAGGED_MATRIX = "b=8,L=4k,sq=8;b=32,L=8k,sq=4;b=32,L=8k,sq=16;b=64,L=2k,sq=8;b=8,L=32k,sq=4-4;b=32,L=8k,sq=16-16"
+RAGGED_QUICK = "b=8,L=4k,sq=8;b=8,L=4k,sq=4-4"
 
 
 # ---- peers (pure: tested on CPU) ----
@@ -304,25 +313,54 @@ def parse_lengths(text):
 Serving = namedtuple("Serving", "shape lo")  # a serving-matrix shape: lengths lo..shape.L
 
 
-def parse_serving(text):
-    """'b=8,hq=32,L=2k-8k;b=1,L=32k' -> [Serving]: parse_shapes' specs whose L may be a
-    range LO-HI of sequence lengths (one value: every sequence that long); seqlen_q 1."""
+def ranged_specs(text, field):
+    """'b=8,L=2k-8k;b=1' -> [(spec, Shape, LO or None)]: parse_shapes' specs in which field may
+    be a range LO-HI (the Shape holds HI)."""
     out = []
     for spec in filter(None, (s.strip() for s in text.split(";"))):
         fields, lo = [], None
         for item in spec.split(","):
             key, _, value = item.partition("=")
-            if key.strip() == "L" and "-" in value:
+            if key.strip() == field and "-" in value:
                 low, _, high = value.partition("-")
-                lo, item = parse_int(low), f"L={high}"
+                lo, item = parse_int(low), f"{field}={high}"
             fields.append(item)
-        for shape in parse_shapes(",".join(fields)):
-            if shape.sq != 1:
-                raise ValueError(f"serving shapes decode one token (sq=1): {spec!r}")
-            if lo is not None and not 1 <= lo <= shape.L:
-                raise ValueError(f"bad length range in {spec!r}: use L=LO-HI with 1 <= LO <= HI")
-            out.append(Serving(shape, shape.L if lo is None else lo))
+        out += [(spec, shape, lo) for shape in parse_shapes(",".join(fields))]
     return out
+
+
+def parse_serving(text):
+    """'b=8,hq=32,L=2k-8k;b=1,L=32k' -> [Serving]: parse_shapes' specs whose L may be a
+    range LO-HI of sequence lengths (one value: every sequence that long); seqlen_q 1."""
+    out = []
+    for spec, shape, lo in ranged_specs(text, "L"):
+        if shape.sq != 1:
+            raise ValueError(f"serving shapes decode one token (sq=1): {spec!r}")
+        if lo is not None and not 1 <= lo <= shape.L:
+            raise ValueError(f"bad length range in {spec!r}: use L=LO-HI with 1 <= LO <= HI")
+        out.append(Serving(shape, shape.L if lo is None else lo))
+    return out
+
+
+Ragged = namedtuple("Ragged", "shape lo")  # a --ragged shape: query lengths lo..shape.sq
+
+
+def parse_ragged(text):
+    """'b=8,L=4k,sq=8;b=32,sq=4-4' -> [Ragged]: parse_shapes' specs whose sq is the longest
+    query length, the batch's lengths drawn from 1..sq, or from LO..HI with sq=LO-HI."""
+    out = []
+    for spec, shape, lo in ranged_specs(text, "sq"):
+        lo = 1 if lo is None else lo
+        if not 1 <= lo <= shape.sq <= 16:
+            raise ValueError(f"bad query lengths in {spec!r}: use sq=HI or sq=LO-HI with 1 <= LO <= HI <= 16")
+        out.append(Ragged(shape, lo))
+    return out
+
+
+def ragged_label(r):
+    """'32/8 d128 b=8 L=4096 sq=1-8'."""
+    b, hq, hkv, d, L, sq = r.shape
+    return f"{hq}/{hkv} d{d} b={b} L={L} sq={sq if r.lo == sq else f'{r.lo}-{sq}'}"
 
 
 def serving_label(s):
@@ -425,7 +463,7 @@ def serving_cases(matrix, dtypes=None, kv=None):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="flash-decode-bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.split("\n")[1:11]))
+                                epilog="\n".join(__doc__.split("\n")[1:13]))
     p.add_argument("--shapes", type=_shapes_arg, action="append",
                    help="shape specs, e.g. 'b=1,hq=32,hkv=8,d=128,L=32768,sq=1'; ';' separates "
                         "shapes, '/' lists alternatives, 'none' runs no table case (default: the "
@@ -470,13 +508,22 @@ def parse_args(argv=None):
                         "each case's keys (block_table, cache_seqlens, max_seqlen_k; the same pool for both)")
     p.add_argument("--sinks", action="store_true",
                    help="also time flash_decode with attention sinks (one fp32 logit a query head)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also time flash_decode with batch_invariant=True on each case, checked like the default "
+                        "call (column 'invariant / default')")
     p.add_argument("--serving-matrix", nargs="?", const="default", metavar="SPEC",
                    help="the serving matrix: ragged lengths (L=LO-HI, seeded) on shuffled pools of pages "
                         f"of {' and '.join(map(str, SERVING_PAGES))} keys and on a contiguous cache, "
                         "flash_decode and FlashInfer on the same pools, graph-timed; 'default' (the "
                         "built-in matrix, its quick one with --quick) or specs like 'b=8,L=2k-8k' in "
                         "--dtypes with --kv-dtype caches; alone unless --shapes asks for the table too")
-    p.add_argument("--seed", type=int, default=0, help="seed of the serving matrix's lengths and pages")
+    p.add_argument("--ragged", nargs="?", const="default", metavar="SPEC",
+                   help="ragged query lengths: a batch whose query lengths are drawn from 1..sq (seeded; "
+                        "sq=LO-HI from LO..HI) in one call with cu_seqlens_q and max_seqlen_q, beside the same "
+                        "batch as uniform calls of each length (their times summed) and as one call padded to "
+                        "the longest; causal, whole caches; 'default' (the built-in shapes, fewer with --quick) "
+                        "or specs like 'b=8,L=4k,sq=8' in --dtypes; alone unless --shapes is given")
+    p.add_argument("--seed", type=int, default=0, help="seed of the serving matrix's and --ragged's lengths and pages")
     args = p.parse_args(argv)
     if args.serving_matrix is None:
         args.serving_cases = []
@@ -489,7 +536,13 @@ def parse_args(argv=None):
                                   for dt in args.dtypes or ["fp16"]]
         except ValueError as err:
             p.error(f"argument --serving-matrix: {err}")
-    alone = args.serving_cases and not args.shapes  # --serving-matrix runs alone unless --shapes asks for more
+    spec = (RAGGED_QUICK if args.quick else RAGGED_MATRIX) if args.ragged == "default" else args.ragged or ""
+    try:
+        args.ragged_cases = [(r, dt) for r in parse_ragged(spec) for dt in args.dtypes or ["fp16"]]
+    except ValueError as err:
+        p.error(f"argument --ragged: {err}")
+    # --serving-matrix and --ragged run alone unless --shapes asks for more
+    alone = (args.serving_cases or args.ragged_cases) and not args.shapes
     if args.serving_shapes is None:
         args.serving_shapes = [] if args.shapes or args.kv_dtype or alone else \
             parse_shapes(SERVING_QUICK if args.quick else SERVING_SHAPES)
@@ -956,6 +1009,8 @@ def run_case(shape, dtype, peers, args):
                                for n in args.num_splits}
         if args.sinks:
             row.update(time_sinks(ours_call, ours, q, attended(1)[0], ref_ours[:1], dtype, args.repeats))
+        if args.batch_invariant:  # the same call in the invariant mode, same layers, same run
+            row.update(time_option("invariant", ours_call, ours, ref_ours, dtype, args.repeats, batch_invariant=True))
     flat = layer_bytes(kvs) if args.read_same_bytes and triton is not None else []
     if flat:  # the same bytes, layers and timing through a plain streaming read
         row["read_us"] = time_kernel(triton_read(flat[0].numel()), flat, args.repeats)[0]
@@ -982,14 +1037,20 @@ def time_sinks(call, layers, q, k, ref, dtype, repeats):
     sinks are near log(keys), where exp(sink) weighs as much as the scores' sum does,
     so a call that dropped them would not pass."""
     sinks = torch.randn(q.shape[1], device=q.device, dtype=torch.float32) + math.log(k.shape[2])
+    return time_option("sinks", call, layers, with_sinks(ref, q, k, sinks), dtype, repeats, sinks=sinks)
+
+
+def time_option(name, call, layers, ref, dtype, repeats, **options):
+    """{name_us, name_check}: call(layer, **options), its output (b, s, h, d) checked against
+    ref (the first sequences, (nb, h, s, d) fp32), then graph-timed over the layers."""
     out = {}
     try:
-        ok, err = matches(call(layers[0], sinks=sinks).transpose(1, 2), with_sinks(ref, q, k, sinks), dtype)
-        out["sinks_check"] = "ok" if ok else f"MISMATCH: max error {err:.3g}"
+        ok, err = matches(call(layers[0], **options).transpose(1, 2), ref, dtype)
+        out[f"{name}_check"] = "ok" if ok else f"MISMATCH: max error {err:.3g}"
         if ok:
-            out["sinks_us"] = time_kernel(functools.partial(call, sinks=sinks), layers, repeats)[0]
+            out[f"{name}_us"] = time_kernel(functools.partial(call, **options), layers, repeats)[0]
     except Exception as exc:  # noqa: BLE001
-        out["sinks_check"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
+        out[f"{name}_check"] = f"n/a ({type(exc).__name__}: {_reason(exc)})"
     return out
 
 
@@ -1186,16 +1247,25 @@ def run_serving_row(serving, dtype, kv, args):
 
 
 def run_serving_matrix(args, log):
+    return run_each("serving", args.serving_cases, args, log,
+                    lambda serving, dtype, kv: run_serving_row(serving, dtype, kv, args),
+                    lambda serving, dtype, kv: dict(dtype=dtype, kv_dtype=kv or dtype, **serving.shape._asdict(),
+                                                    lo=serving.lo, hi=serving.shape.L),
+                    lambda row, serving, *_: format_serving_matrix_row(row, serving))
+
+
+def run_each(what, cases, args, log, run, failed, line):
+    """[row]: run(*case) for each case, or failed(*case) with the reason in its check where run
+    raises (the case is reported, the others go on); each followed by a settle and a log line."""
     rows = []
-    for i, (serving, dtype, kv) in enumerate(args.serving_cases, 1):
+    for i, case in enumerate(cases, 1):
         try:
-            row = run_serving_row(serving, dtype, kv, args)
-        except Exception as err:  # noqa: BLE001 (report the shape, go on)
-            row = dict(dtype=dtype, kv_dtype=kv or dtype, **serving.shape._asdict(), lo=serving.lo, hi=serving.shape.L,
-                       check=f"n/a ({type(err).__name__}: {_reason(err)})")
+            row = run(*case)
+        except Exception as err:  # noqa: BLE001
+            row = dict(failed(*case), check=f"n/a ({type(err).__name__}: {_reason(err)})")
         rows.append(row)
         settle(args.settle)
-        log(f"[serving {i}/{len(args.serving_cases)}] " + format_serving_matrix_row(row, serving))
+        log(f"[{what} {i}/{len(cases)}] " + line(row, *case))
     return rows
 
 
@@ -1326,6 +1396,100 @@ def format_lengths_row(r):
     return text
 
 
+def ragged_parts(qlens):
+    """{query length: [sequence indices]}: the uniform calls a ragged batch splits into."""
+    parts = {}
+    for i, s in enumerate(qlens):
+        parts.setdefault(s, []).append(i)
+    return dict(sorted(parts.items()))
+
+
+def run_ragged_case(ragged, dtype, repeats, seed=0, device="cuda"):
+    """One --ragged batch over whole contiguous caches (b, L, hkv, d), causal: query lengths
+    drawn by ragged_lengths, timed as one ragged call (q (total_q, hq, d), cu_seqlens_q,
+    max_seqlen_q the longest), as uniform 4-D calls of each length (cache_batch_idx picks their
+    caches; "parts_us" sums them) and as one 4-D call padded to the longest (each sequence's rows
+    last, where bottom-right causal alignment leaves them); each checked per sequence against
+    fp32 SDPA first. TB/s counts the caches' K and V bytes."""
+    shape, lo = ragged
+    b, hq, hkv, d, L, hi = shape
+    dt = DTYPES[dtype]
+    qlens = ragged_lengths(b, lo, hi, seed)
+    top, starts = max(qlens), [0, *itertools.accumulate(qlens)]
+    nbytes = kv_bytes(shape, dtype)
+    row = dict(dtype=dtype, b=b, hq=hq, hkv=hkv, d=d, L=L, lo=lo, hi=hi, total_q=starts[-1],
+               kv_mb=round(nbytes / MB, 2))
+    n = layer_count(nbytes, torch.cuda.mem_get_info()[0])
+    if n < 1:
+        return dict(row, check=f"n/a (cache of {nbytes / 1e9:.1f} GB does not fit)")
+    buf = random_cache((n, 2, b, L, hkv, d), dt, device)
+    layers = [(buf[i, 0], buf[i, 1]) for i in range(n)]
+    q = torch.randn(starts[-1], hq, d, device=device, dtype=dt)
+    rows = [q[starts[i]:starts[i + 1]] for i in range(b)]  # each sequence's (s, hq, d) query rows
+    padded = torch.zeros(b, top, hq, d, device=device, dtype=dt)
+    for i, x in enumerate(rows):
+        padded[i, top - len(x):] = x
+    cu = torch.tensor(starts, dtype=torch.int32, device=device)
+    # name -> (call, the rows of sequence i in its output, the sequences it holds)
+    calls = {"ragged": (lambda layer: flash_decode.flash_decode(q, *layer, cu_seqlens_q=cu, max_seqlen_q=top,
+                                                                causal=True),
+                        lambda out, i: out[starts[i]:starts[i + 1]], range(b)),
+             "padded": (lambda layer: flash_decode.flash_decode(padded, *layer, causal=True),
+                        lambda out, i: out[i, top - qlens[i]:], range(b))}
+    for s, seqs in ragged_parts(qlens).items():
+        part = torch.stack([rows[i] for i in seqs])
+        index = {} if seqs == list(range(b)) else dict(
+            cache_batch_idx=torch.tensor(seqs, dtype=torch.int32, device=device))
+        calls[f"part{s}"] = (lambda layer, part=part, index=index: flash_decode.flash_decode(
+            part, *layer, causal=True, **index), lambda out, i, seqs=seqs: out[seqs.index(i)], seqs)
+    k, v = layers[0]
+    refs = [reference(x.transpose(0, 1)[None], k[i:i + 1].transpose(1, 2), v[i:i + 1].transpose(1, 2), nb=1,
+                      causal=True) for i, x in enumerate(rows)]  # (1, hq, s, d) each
+    bad, timed = [], {}
+    for name, (call, rows_of, seqs) in calls.items():
+        try:
+            out = call(layers[0])
+            results = [matches(rows_of(out, i).transpose(0, 1)[None], refs[i], dtype) for i in seqs]
+            if not all(ok for ok, _ in results):
+                bad.append(f"{name} max error {max(err for _, err in results):.3g}")
+                continue
+            timed[name] = time_kernel(call, layers, repeats)[0]
+        except Exception as exc:  # noqa: BLE001 (the ragged call may not exist yet: time the others)
+            bad.append(f"{name} n/a ({type(exc).__name__}: {_reason(exc)})")
+    row.update(layers=n, qlens=",".join(map(str, qlens)), check="ok" if not bad else "; ".join(bad),
+               ragged_us=timed.get("ragged"), padded_us=timed.get("padded"),
+               parts={int(k[4:]): us for k, us in timed.items() if k.startswith("part")})
+    if len(row["parts"]) == len(ragged_parts(qlens)):
+        row["parts_us"] = sum(row["parts"].values())
+    if row["ragged_us"]:
+        row["tbs"] = tbs(nbytes, row["ragged_us"])
+        for key in ("parts", "padded"):
+            if row.get(f"{key}_us"):
+                row[f"vs_{key}"] = row["ragged_us"] / row[f"{key}_us"]
+    return row
+
+
+def run_ragged(args, log):
+    return run_each("ragged", args.ragged_cases, args, log,
+                    lambda ragged, dtype: run_ragged_case(ragged, dtype, args.repeats, args.seed),
+                    lambda ragged, dtype: dict(dtype=dtype, **ragged.shape._asdict(), lo=ragged.lo, hi=ragged.shape.sq),
+                    lambda row, ragged, _: format_ragged_row(row, ragged))
+
+
+def format_ragged_row(r, ragged):
+    text = f"{r['dtype']} {ragged_label(ragged)}"
+    if r.get("qlens"):
+        text += f" [{r['qlens'] if len(r['qlens']) <= 40 else r['qlens'][:37] + '...'}]"
+    for key, what in (("ragged_us", "ragged"), ("parts_us", "uniform parts"), ("padded_us", "padded")):
+        if r.get(key):
+            text += f" | {what} {r[key]:.1f}us"
+    if r.get("vs_parts"):
+        text += f" | ragged / parts {r['vs_parts']:.3f}x"
+    if r.get("vs_padded"):
+        text += f" | ragged / padded {r['vs_padded']:.3f}x"
+    return text + f" | check {r.get('check')}"
+
+
 def eager_tiny(calls=400, rounds=5):
     """Eager µs per call on TINY: flash_decode vs a plain torch SDPA call."""
     q, kvs, q_ours, ours = make_tensors(TINY, "fp16", 1, "bhsd")
@@ -1361,7 +1525,8 @@ def summarize(rows, eager):
                ("vs FlashInfer on the same shuffled pages of 16 (its time / flash_decode's)", "fi_paged16_us",
                 "paged16_us"),
                ("fp8 caches against the same shape in q's dtype (time / time)", "ours_us", "same_dtype_us"),
-               ("with sinks against without (time / time)", "sinks_us", "ours_us")]
+               ("with sinks against without (time / time)", "sinks_us", "ours_us"),
+               ("batch_invariant=True against the default call (time / time)", "invariant_us", "ours_us")]
     for what, num, den in versus:  # each with data
         ratios = [r[num] / r[den] for r in rows if r.get(num) and r.get(den)]
         if ratios:
@@ -1378,6 +1543,11 @@ def summarize(rows, eager):
             if pcts:
                 out.append((f"{who}, {band}: share of {of}", spread(pcts, "{:.1f}%", statistics.median, "median")))
     out += fp8_bounds(rows)
+    slower = [r["invariant_us"] / r["ours_us"] for r in rows if r.get("invariant_us") and r.get("ours_us")
+              and r["kv_mb"] >= 64]
+    if slower:
+        out.append(("batch_invariant=True against the default call, caches >= 64 MB (time / time)",
+                    spread(slower, "{:.3f}x", geomean, "geomean")))
     if eager:
         out.append((f"eager call on {eager['shape']}", f"flash_decode {eager['ours_us']:.1f} us, "
                     f"torch SDPA {eager['sdpa_us']:.1f} us ({eager['ratio']:.3f}x)"))
@@ -1436,6 +1606,10 @@ def table_columns(rows, peers):
     if has("sinks_us"):
         cols += [("with sinks µs", "--:", _cell("sinks_us")),
                  ("sinks / without", "--:", _ratio("sinks_us", "ours_us"))]
+    if has("invariant_us") or has("invariant_check"):
+        cols += [("batch_invariant µs", "--:", lambda r: f"{r['invariant_us']:.1f}" if r.get("invariant_us")
+                  else str(r.get("invariant_check", "–"))),
+                 ("invariant / default", "--:", _ratio("invariant_us", "ours_us"))]
     return cols
 
 
@@ -1460,6 +1634,32 @@ def serving_columns():
     return cols
 
 
+def ragged_columns():
+    """The --ragged table's markdown columns."""
+    return [("dtype", "---", _cell("dtype", "{}")), ("heads q/kv", "--:", lambda r: f"{r['hq']}/{r['hkv']}"),
+            ("d", "--:", _cell("d", "{}")), ("batch", "--:", _cell("b", "{}")), ("cache len", "--:", _cell("L", "{}")),
+            ("query lengths", "--:", lambda r: f"{r['lo']}-{r['hi']}" if r["lo"] != r["hi"] else str(r["hi"])),
+            ("query rows", "--:", _cell("total_q", "{}")), ("cache MB", "--:", _cell("kv_mb")),
+            ("ragged µs", "--:", lambda r: f"**{r['ragged_us']:.1f}**" if r.get("ragged_us") else "–"),
+            ("TB/s", "--:", _cell("tbs", "{:.2f}")), ("uniform parts µs (sum)", "--:", _cell("parts_us")),
+            ("ragged / parts", "--:", _cell("vs_parts", "{:.3f}")), ("padded µs", "--:", _cell("padded_us")),
+            ("ragged / padded", "--:", _cell("vs_padded", "{:.3f}")), ("check", "---", _cell("check", "{}"))]
+
+
+def ragged_summary(rows):
+    """[(what, value)]: the ragged call's time over its uniform parts' sum and over the padded
+    call's, mixed batches and uniform ones (one part) apart."""
+    out = []
+    for what, key in (("ragged call over the sum of its uniform parts", "vs_parts"),
+                      ("ragged call over the call padded to the longest", "vs_padded")):
+        for kind, uniform in (("mixed lengths", False), ("equal lengths", True)):
+            ratios = [r[key] for r in rows if r.get(key) and (r["lo"] == r["hi"]) == uniform]
+            if ratios:
+                out.append((f"{what}, {kind} (time / time)", f"geomean {geomean(ratios):.3f}x, min "
+                            f"{min(ratios):.3f}x, max {max(ratios):.3f}x over {_shapes(len(ratios))}"))
+    return out
+
+
 def serving_summary(rows, tie=0.01):
     """[(what, value)]: per page size, FlashInfer's time over flash_decode's (geomean, wins,
     ties within ±tie, losses) and the pool's time over the contiguous cache's."""
@@ -1480,13 +1680,14 @@ def serving_summary(rows, tie=0.01):
 
 
 def write_markdown(out_dir, rows, summary, matrix, peers, meta):
-    """Print the table (with summary) and the serving matrix (with its own) as markdown and
-    write them to table.md and serving.md under out_dir."""
+    """Print the table (with summary), the serving matrix and the ragged batches (with their
+    own) as markdown and write them to table.md, serving.md and ragged.md under out_dir."""
     fi = (f"FlashInfer {meta['flashinfer']}" if meta.get("flashinfer") else
           "FlashInfer: not importable here, so no FlashInfer figures")
     head = f"{meta.get('device')}, torch {meta.get('torch')}, {fi}, {meta.get('date')}"
     for name, data, cols, lines in (("table.md", rows, lambda: table_columns(rows, peers), summary),
-                                    ("serving.md", matrix, serving_columns, meta.get("serving_summary", []))):
+                                    ("serving.md", matrix, serving_columns, meta.get("serving_summary", [])),
+                                    ("ragged.md", meta.get("ragged"), ragged_columns, meta.get("ragged_summary", []))):
         if not data:
             continue
         text = "\n".join([head, "", markdown(cols(), data), "", *(f"- {w}: {v}" for w, v in lines)])
@@ -1523,6 +1724,7 @@ def csv_columns(peers):
     base = ["dtype", "kv_dtype", *Shape._fields, "kv_mb", "layers", "num_splits", "kernel", "plan_note", "check",
             "ours_us", "ours_tbs", "ours_pct", "ours_timing", "ours_eager_us", "sdpa_eager_us", "sdpa_eager_note",
             "sweep_us", "read_us", "read_tbs", "read_pct", "same_dtype_us", "sinks_us", "sinks_check",
+            "invariant_us", "invariant_check",
             "paged16_us", "paged16_check", "fi_paged16_us", "fi_paged16_note"]
     return base + [f"{p}_{k}" for p in peers for k in ("us", "tbs", "ratio", "note")]
 
@@ -1595,10 +1797,11 @@ def format_row(r, peers):
         text += " | splits " + " ".join(f"{n}:{us:.1f}" for n, us in r["sweep_us"].items())
     if "read_us" in r:
         text += f" | read {r['read_us']:.1f}us {r['read_pct']:.0f}%"
-    extras = (("same_dtype_us", f"in {r['dtype']}"), ("sinks_us", "with sinks"), ("paged16_us", "shuffled pages of 16"),
-              ("fi_paged16_us", "FlashInfer there"))
+    extras = (("same_dtype_us", f"in {r['dtype']}"), ("sinks_us", "with sinks"), ("invariant_us", "batch_invariant"),
+              ("paged16_us", "shuffled pages of 16"), ("fi_paged16_us", "FlashInfer there"))
     text += "".join(f" | {what} {r[key]:.1f}us" for key, what in extras if r.get(key))
-    text += "".join(f" | {key} {r[key]}" for key in ("sinks_check", "paged16_check", "fi_paged16_note", "plan_note")
+    text += "".join(f" | {key} {r[key]}" for key in ("sinks_check", "invariant_check", "paged16_check",
+                                                     "fi_paged16_note", "plan_note")
                     if r.get(key) and r[key] != "ok")
     for p in peers:
         if f"{p}_ratio" in r:
@@ -1665,6 +1868,7 @@ def main(argv=None):
     serving = run_serving(args, log) if args.serving_shapes else []
     matrix = run_serving_matrix(args, log) if args.serving_cases else []
     lengths = run_lengths(args, log) if args.lengths else []
+    ragged = run_ragged(args, log) if args.ragged_cases else []
     try:
         meta["eager"] = eager_tiny()  # reported in the summary
     except Exception as err:  # noqa: BLE001
@@ -1674,7 +1878,8 @@ def main(argv=None):
     for what, value in summary:
         print(f"{what}: {value}")
     meta.update(serving=serving, lengths=lengths, kv_dtype=args.kv_dtype, descale_range=DESCALE_RANGE,
-                serving_matrix=matrix, serving_summary=serving_summary(matrix), seed=args.seed)
+                serving_matrix=matrix, serving_summary=serving_summary(matrix), seed=args.seed, ragged=ragged,
+                ragged_summary=ragged_summary(ragged))
     write_results(args.out, rows, meta, summary, args.peers)
     print(f"wrote {args.out}/results.json and results.csv")
     write_markdown(args.out, rows, summary, matrix, args.peers, meta)
