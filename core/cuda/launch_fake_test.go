@@ -198,7 +198,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			r := prepareProblem(t, &p)
 			args := Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
 				BlockTable: p.BlockTable, KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos,
-				RotarySin: p.Rotary.Sin, Sinks: p.Sinks, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+				RotarySin: p.Rotary.Sin, Sinks: p.Sinks, CuSeqlensQ: p.CuSeqlensQ, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
 			for _, call := range []string{"Decode", "Prepared.Run", "Prepared.Run again"} {
 				launched(t, log)
 				if call == "Decode" {
