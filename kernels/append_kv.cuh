@@ -144,7 +144,7 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
     // the length, which only its store needs.
     const fd_q_span span = fd_q_span_of(p, b);
     const int row = span.start + t;  // the token's row of k_new, v_new and q
-    const int kv_items = t < fd_new_tokens(p, span) ? p.heads_kv * chunks : 0;
+    const int kv_items = t < fd_new_tokens(p, b) ? p.heads_kv * chunks : 0;
     const int q_items = rotary && t < span.count ? p.heads_q * chunks : 0;
     const int stride = kFdAppendThreads * gridDim.z;
     for (int idx = blockIdx.z * kFdAppendThreads + threadIdx.x; idx < kv_items + q_items; idx += stride) {

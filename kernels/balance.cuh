@@ -159,7 +159,7 @@ __device__ __noinline__ fd_balance_pick fd_balance_block(fd_balance_args a, int 
 // reach its bits. The clamp to the grid's num_splits binds only for a
 // length past the plan's bound (max_seqlen_k): the workspace stays safe.
 __device__ __forceinline__ int fd_invariant_splits(const fd_params &p, int b, int len) {
-    const int n_new = fd_new_tokens(p, fd_q_span_of(p, b));
+    const int n_new = fd_new_tokens(p, b);
     int tiles = (fd_attended_keys(len, n_new, p.seqlen_cache) + p.balance_tile_keys - 1) / p.balance_tile_keys;
     if (p.invariant_span_tiles > 0) tiles = min(tiles, p.invariant_span_tiles);
     const int per = max(p.invariant_tiles, (tiles + p.invariant_max_splits - 1) / p.invariant_max_splits);

@@ -51,7 +51,7 @@ __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES 
     const T *v_new = fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + (long long)span.start * p.v_new_seq_stride +
                      kv_head * p.v_new_head_stride;
     const int chunks = p.head_dim / 8;
-    const int n_new = fd_new_tokens(p, span);
+    const int n_new = fd_new_tokens(p, b);
     for (int idx = threadIdx.x; idx < n_new * chunks; idx += THREADS) {
         const int t = idx / chunks, d0 = (idx % chunks) * 8;
         const uint4 kx = *reinterpret_cast<const uint4 *>(k_new + t * p.k_new_seq_stride + d0);

@@ -25,10 +25,12 @@ __device__ __forceinline__ fd_q_span fd_q_span_of(const fd_params &p, int b) {
     return {start, min(max(cu[b + 1] - start, 0), min(p.seqlen_q, p.total_q - start))};
 }
 
-// The new tokens a sequence appends: its own query count with
-// cu_seqlens_q (k_new and v_new are flattened as q is), else seqlen_new.
-__device__ __forceinline__ int fd_new_tokens(const fd_params &p, const fd_q_span &span) {
-    return p.cu_seqlens_q != 0 && p.seqlen_new > 0 ? span.count : p.seqlen_new;
+// The new tokens sequence b appends: its own query count with
+// cu_seqlens_q (k_new and v_new are flattened as q is), else seqlen_new;
+// cu_seqlens_q is read only where there are new tokens.
+__device__ __forceinline__ int fd_new_tokens(const fd_params &p, int b) {
+    if (p.seqlen_new == 0 || p.cu_seqlens_q == 0) return p.seqlen_new;
+    return fd_q_span_of(p, b).count;
 }
 
 // The earliest query token of n_rows consecutive packed rows from row0

@@ -35,6 +35,9 @@ struct fd_cache_q {  // q's strides, or the rotated copy's
     __device__ __forceinline__ long long head(const fd_params &p) const {
         return rotated ? head_stride : p.q_head_stride;
     }
+    // The sequence's first row: its first of q (ragged.cuh), or of the
+    // rotated copy, which keeps the planned rows from its own.
+    __device__ __forceinline__ long long first_row(const fd_q_span &span) const { return rotated ? 0 : span.start; }
 };
 
 template <typename T, typename KV>

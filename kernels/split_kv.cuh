@@ -5,8 +5,9 @@
 // query head kv_head*group + r/seqlen_q, query token r%seqlen_q, so every
 // query head sharing the KV head (times every query token) rides on one read
 // of K and V. With ragged query lengths (p.cu_seqlens_q, ragged.cuh) the
-// tokens past a sequence's own count are padding: zero q, never stored. It computes softmax(q k^T * scale) v over its keys with an
-// online softmax and writes either the final output (one split), or a
+// tokens past a sequence's own count are padding: zero q, never stored. It
+// computes softmax(q k^T * scale) v over its keys with an online softmax
+// and writes either the final output (one split), or a
 // normalized fp32 partial output and its natural-log LSE for the combine,
 // or, launched in clusters of num_splits blocks (sm_90), merges the splits
 // with the other blocks of its cluster and writes the final output (see
@@ -201,11 +202,6 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         if (split >= num_splits) return;
     }
 
-    // The sequence's query rows (ragged.cuh): q from its first on (the
-    // rotated q, planned rows, is placed by F::bases below).
-    const fd_q_span span = fd_q_span_of(p, b);
-    q_base += (long long)span.start * p.q_seq_stride;
-
     // A paged cache: where the keys of a tile are (the form's page ring).
     // Where every split starts at key 0 (the paged forms; the serving form
     // with no left padding and no window), the page ids of the prologue's
@@ -227,17 +223,17 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // base: the keys before this call's new ones (the appending forms read
     // keys from base on from k_new / v_new).
     const int base = balanced ? balanced_len : p.cache_seqlens ? fd_ptr<const int>(p.cache_seqlens)[b] : p.seqlen;
-    const int len = F::attended_keys(p, base, fd_new_tokens(p, span));
-    const int pos0 = len - span.count;  // query row i's position: pos0 + i (bottom-right aligned)
+    // The forms that append count the sequence's own new tokens, and the
+    // serving form's window starts from its rows' positions, so they read
+    // the sequence's query rows here (ragged.cuh); the plain form reads them
+    // only once its first tiles are on their way (below).
+    const int len = F::attended_keys(p, base, fd_new_tokens(p, b));
     int lo = 0, first_tile = 0;  // the visible keys start at lo
     typename F::q_layout q_strides;
-    F::key_range(p, b, len, pos0, row0, packed_rows, lo, first_tile);
+    F::key_range(p, b, len, len - fd_q_span_of(p, b).count, row0, packed_rows, lo, first_tile);
     F::bases(p, b, kv_head, q_base, k_base, v_base, q_strides);
-    // A block of ragged padding rows only (its rows' tokens all at or past
-    // the count) reads no key.
-    const bool no_rows = p.cu_seqlens_q != 0 && fd_first_token(p, row0, min(ROWS, packed_rows - row0)) >= span.count;
-    const int tiles = no_rows ? 0 : (len + C::kKeys - 1) / C::kKeys - first_tile;
-    const int n_tiles = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
+    const int tiles = (len + C::kKeys - 1) / C::kKeys - first_tile;
+    int n_tiles = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
 
     // The pipeline: stage s holds a K tile then a V tile, keys row-major,
     // loaded by the form's loader: load_tile(tile, stage, j), j the split's j-th tile.
@@ -303,6 +299,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
     // key_limit (the length, or the bottom-right causal mask; serving: or the
     // window's right edge, and its first visible key in rows.start).
+    // The sequence's query rows (ragged.cuh): q from its first (the rotated
+    // q keeps the planned rows), query row i at position pos0 + i. A block
+    // of padding rows only (its rows' tokens all at or past the count) reads
+    // no more keys than the prologue's.
+    const fd_q_span span = fd_q_span_of(p, b);
+    const int pos0 = len - span.count;
+    const T *const q_rows = q_base + q_strides.first_row(span) * q_strides.seq(p);
+    if (p.cu_seqlens_q != 0 && fd_first_token(p, row0, min(ROWS, packed_rows - row0)) >= span.count) n_tiles = 0;
     uint32_t qf[C::kMTiles][C::kWarpDim / 16][4];
     int key_limit[C::kMTiles][2];
     typename F::rows rows;  // the serving form: each row's first visible key
@@ -316,7 +320,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
             const int qi = valid ? token : 0;
             const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
             const uint32_t *q_row = reinterpret_cast<const uint32_t *>(
-                q_base + qi * q_strides.seq(p) + head * q_strides.head(p));
+                q_rows + qi * q_strides.seq(p) + head * q_strides.head(p));
 #pragma unroll
             for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
                 if constexpr (kFp8) {

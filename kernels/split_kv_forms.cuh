@@ -49,6 +49,8 @@
 struct fd_plain_q {
     __device__ __forceinline__ long long seq(const fd_params &p) const { return p.q_seq_stride; }
     __device__ __forceinline__ long long head(const fd_params &p) const { return p.q_head_stride; }
+    // The sequence's first row of q (ragged.cuh).
+    __device__ __forceinline__ long long first_row(const fd_q_span &span) const { return span.start; }
 };
 
 // Rows that see every key below their key_limit (the length, or the causal
