@@ -83,7 +83,8 @@ typedef struct fd_tensor {
     int64_t head_stride;   /* elements between consecutive heads */
 } fd_tensor;
 
-/* One flash-decoding call (mirrors core.Problem). Zero-initialize, then set. */
+/* One flash-decoding call (mirrors core.Problem). Zero-initialize, then set. Ragged query
+ * lengths (cu_seqlens_q) are the prepared API's: fd_layout.ragged, fd_ptrs.cu_seqlens_q. */
 typedef struct fd_args {
     int32_t dtype;        /* fd_dtype of q, k, v and out */
     int32_t batch;        /* sequences, >= 1 */
@@ -211,6 +212,13 @@ typedef struct fd_layout {
                                no value, and the LSE includes it (a row with no key: out 0, LSE
                                sinks[h]); any layout takes it, and its plan is the same */
     int64_t batch_invariant; /* 1: a sequence's result never depends on the batch it is in */
+    int64_t ragged;         /* 1: ragged query lengths (FlashAttention 3's cu_seqlens_q): each
+                               fd_run passes cu_seqlens_q; q and out are (total_q, heads_q,
+                               head_dim) and k_new, v_new (total_q, heads_kv, head_dim), their
+                               strides in q[1..3] (q[0], k_new[0]... are not read); seqlen_q is
+                               max_seqlen_q, the most rows a sequence has (1..16), and
+                               seqlen_new, with an append, must equal it */
+    int64_t total_q;        /* with ragged: the rows of q, >= 1; else 0 */
 } fd_layout;
 
 /* One call's device addresses (CUdeviceptr): q, k_cache, v_cache and out always (the
@@ -219,8 +227,9 @@ typedef struct fd_layout {
  * share no byte with the other tensors or the workspace. Zero-initialize, then set. */
 typedef struct fd_ptrs {
     uint64_t q, k_cache, v_cache, out;
-    uint64_t lse;            /* float32 (batch, heads_q, seqlen_q), contiguous, receiving the
-                                natural-log LSE; 0: not wanted */
+    uint64_t lse;            /* float32 (batch, heads_q, seqlen_q), or with ragged (heads_q,
+                                total_q), contiguous, receiving the natural-log LSE; 0: not
+                                wanted */
     uint64_t cache_seqlens;  /* int32 (batch,) lengths: with device_lengths (or instead of a
                                 seqlen); clamped to [0, seqlen_cache] on the device */
     uint64_t block_table, cache_batch_idx, cache_leftpad, alibi_slopes;
@@ -228,6 +237,13 @@ typedef struct fd_ptrs {
     uint64_t k_descale, v_descale; /* float32 scales of an fp8 cache, with the layout's descale */
     uint64_t sinks;                /* float32 (heads_q,) sink logits, given exactly with the
                                       layout's sinks, 4-byte aligned; read at each fd_run */
+    uint64_t cu_seqlens_q;         /* int32 (batch + 1,) row offsets, given exactly with the
+                                      layout's ragged: sequence b's query rows (and new
+                                      tokens) are rows cu_seqlens_q[b] to cu_seqlens_q[b + 1]
+                                      of q, out (and k_new, v_new), causal and bottom-right
+                                      aligned to their own count. Read on the device: the
+                                      start is clamped to [0, total_q], the count to
+                                      [0, min(seqlen_q, total_q - start)] */
 } fd_ptrs;
 
 /* A prepared layout: nonzero id, from fd_prepare, until its fd_release. */

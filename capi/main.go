@@ -108,7 +108,7 @@ func renamed(err error, names map[string]string, lengthsArray bool) error {
 // layoutNames are the fd_layout and fd_ptrs fields of core's argument names.
 var layoutNames = map[string]string{
 	"nheads_q": "heads_q", "nheads_kv": "heads_kv", "headdim": "head_dim", "softmax_scale": "scale",
-	"k": "k_new", "v": "v_new", "window_size": "window_left", "max_seqlen_k": "seqlen",
+	"k": "k_new", "v": "v_new", "window_size": "window_left", "max_seqlen_k": "seqlen", "max_seqlen_q": "seqlen_q",
 }
 
 //export fdgo_prepare
@@ -182,7 +182,7 @@ func fdgo_run(h C.int64_t, ptrs *C.fd_ptrs, ptrsSize C.size_t, seqlen C.int64_t,
 		CacheLeftpad: uintptr(p.cache_leftpad), AlibiSlopes: uintptr(p.alibi_slopes), KNew: uintptr(p.k_new),
 		VNew: uintptr(p.v_new), RotaryCos: uintptr(p.rotary_cos), RotarySin: uintptr(p.rotary_sin),
 		KDescale: uintptr(p.k_descale), VDescale: uintptr(p.v_descale), Sinks: uintptr(p.sinks),
-		Workspace: uintptr(workspace), WorkspaceBytes: sizeArg(workspaceBytes)}
+		CuSeqlensQ: uintptr(p.cu_seqlens_q), Workspace: uintptr(workspace), WorkspaceBytes: sizeArg(workspaceBytes)}
 	if _, err := r.Run(&a, int(seqlen), uintptr(stream)); err != nil {
 		// cache_seqlens is the seqlen argument's only where the layout takes no array.
 		return finish(renamed(err, layoutNames, p.cache_seqlens != 0 || r.Problem().DeviceLengths))

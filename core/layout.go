@@ -64,6 +64,12 @@ type Layout struct {
 	VDescaleValue  float64  `layout:"v_descale_value"`
 	Sinks          int64    `layout:"sinks"`           // 1: calls pass sinks, float32 (heads_q,) contiguous
 	BatchInvariant int64    `layout:"batch_invariant"` // 1: a sequence's result never depends on its batch
+
+	// Ragged query lengths (core/ragged.go): 1, calls pass cu_seqlens_q, and
+	// q, out, k and v are (total_q, heads, head_dim), their batch strides
+	// ignored; seqlen_q is then max_seqlen_q.
+	Ragged int64 `layout:"ragged"`
+	TotalQ int64 `layout:"total_q"` // with ragged: the rows of q
 }
 
 // LayoutBytes is the size of a Layout in bytes.
@@ -155,7 +161,7 @@ func LayoutOf(p *Problem) Layout {
 		RotaryDim: int64(p.Rotary.Dim), RotaryRows: int64(p.Rotary.Rows),
 		RotaryCos: [2]int64{p.Rotary.Stride, 1}, RotarySin: [2]int64{p.Rotary.Stride, 1},
 		RotaryInterleaved: layoutFlag(p.Rotary.Interleaved), BatchInvariant: layoutFlag(p.BatchInvariant),
-		Sinks: layoutFlag(p.HasSinks),
+		Sinks: layoutFlag(p.HasSinks), Ragged: layoutFlag(p.Ragged), TotalQ: int64(p.TotalQ),
 	}
 	if p.Window.Enabled {
 		l.WindowLeft, l.WindowRight = int64(p.Window.Left), int64(p.Window.Right)
@@ -202,6 +208,9 @@ func (l *Layout) Sizes() (Problem, error) {
 	if err != nil {
 		return Problem{}, err
 	}
+	if err := p.validateRagged(op); err != nil {
+		return Problem{}, err
+	}
 	if err := p.Shape.validate(op); err != nil {
 		return Problem{}, err
 	}
@@ -220,7 +229,7 @@ func (l *Layout) convert() (Problem, error) {
 	}{
 		{"device_lengths", l.DeviceLengths}, {"causal", l.Causal}, {"leftpad", l.Leftpad},
 		{"alibi", l.Alibi}, {"rotary_interleaved", l.RotaryInterleaved}, {"batch_invariant", l.BatchInvariant},
-		{"sinks", l.Sinks},
+		{"sinks", l.Sinks}, {"ragged", l.Ragged},
 	} {
 		if f.v != 0 && f.v != 1 {
 			return Problem{}, invalid(op, f.name, fmt.Sprintf("%d; must be 0 or 1", f.v))
@@ -239,18 +248,22 @@ func (l *Layout) convert() (Problem, error) {
 	}
 	newTokens := l.SeqlenNew > 0
 	rotary := l.RotaryDim > 0
+	qBatch, qRows, newRows := batch, seqQ, n(l.SeqlenNew)
+	if l.Ragged != 0 { // one batch of total_q flattened rows: the batch strides are not read
+		qBatch, qRows, newRows = 1, n(l.TotalQ), n(l.TotalQ)
+	}
 	tensors := [...]struct {
 		name    string
 		strides [4]int64
 		size    [4]int
 		used    bool
 	}{
-		{"q", l.Q, [4]int{batch, seqQ, hq, d}, true},
+		{"q", l.Q, [4]int{qBatch, qRows, hq, d}, true},
 		{"k_cache", l.KCache, [4]int{rows, seq, hkv, d}, true},
 		{"v_cache", l.VCache, [4]int{rows, seq, hkv, d}, true},
-		{"out", l.Out, [4]int{batch, seqQ, hq, d}, true},
-		{"k", l.KNew, [4]int{batch, n(l.SeqlenNew), hkv, d}, newTokens},
-		{"v", l.VNew, [4]int{batch, n(l.SeqlenNew), hkv, d}, newTokens},
+		{"out", l.Out, [4]int{qBatch, qRows, hq, d}, true},
+		{"k", l.KNew, [4]int{qBatch, newRows, hkv, d}, newTokens},
+		{"v", l.VNew, [4]int{qBatch, newRows, hkv, d}, newTokens},
 	}
 	var ts [len(tensors)]Tensor
 	for i, x := range tensors {
@@ -312,6 +325,7 @@ func (l *Layout) convert() (Problem, error) {
 		Rotary: Rotary{Stride: outer[2], Dim: n(l.RotaryDim), Rows: n(l.RotaryRows), Interleaved: l.RotaryInterleaved != 0},
 	}
 	p.HasSinks = l.Sinks != 0
+	p.Ragged, p.TotalQ = l.Ragged != 0, n(l.TotalQ)
 	if l.WindowLeft != -1 || l.WindowRight != -1 {
 		p.Window = Window{Enabled: true, Left: n(l.WindowLeft), Right: n(l.WindowRight)}
 	}

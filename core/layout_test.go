@@ -46,7 +46,7 @@ func TestLayoutFieldsFollowTheStruct(t *testing.T) {
 			t.Errorf("LayoutFieldsText() = %q lacks %q", text, want)
 		}
 	}
-	if !strings.HasPrefix(text, "dtype:q,") || !strings.HasSuffix(text, ",sinks:q,batch_invariant:q") {
+	if !strings.HasPrefix(text, "dtype:q,") || !strings.HasSuffix(text, ",sinks:q,batch_invariant:q,ragged:q,total_q:q") {
 		t.Errorf("LayoutFieldsText() = %q", text)
 	}
 }

@@ -115,7 +115,7 @@ type Problem struct {
 	Q, K, V, Out Tensor
 
 	// LSE, if not 0, receives the natural-log log-sum-exp as float32
-	// (Batch, HeadsQ, SeqlenQ), contiguous.
+	// (Batch, HeadsQ, SeqlenQ), contiguous; (HeadsQ, TotalQ) with Ragged.
 	LSE uintptr
 	// CacheSeqlens, if not 0, is an int32 (Batch,) device array of valid
 	// lengths; values are clamped to [0, SeqlenCache] on the device.
@@ -170,6 +170,15 @@ type Problem struct {
 	// core/sinks.go). Every form runs it; it leaves the plan alone.
 	HasSinks bool
 	Sinks    uintptr
+
+	// Ragged query lengths (core/ragged.go): with Ragged, q, out and the
+	// new tokens are TotalQ flattened rows (their BatchStride unused, 0),
+	// SeqlenQ is max_seqlen_q, and CuSeqlensQ, per call, is the int32
+	// (Batch+1,) device array of each sequence's first row; LSE is then
+	// (HeadsQ, TotalQ).
+	Ragged     bool
+	TotalQ     int
+	CuSeqlensQ uintptr
 }
 
 // minNormalFloat32 is the smallest positive normal float32, 2^-126.
@@ -285,24 +294,29 @@ func (p *Problem) ValidateLayout() error {
 	if p == nil {
 		return invalid(op, "", "nil Problem")
 	}
+	if err := p.validateRagged(op); err != nil {
+		return err
+	}
 	if err := p.Shape.validateSizes(op); err != nil {
 		return err
 	}
 	s := p.Shape
 	el, cel := s.DType.Size(), s.CacheDType().Size()
+	qBatch, qRows := p.qDims(s.SeqlenQ)
 	for _, x := range [...]struct {
-		name string
-		t    Tensor
-		seq  int
-		hds  int
-		elem int
+		name  string
+		t     Tensor
+		batch int
+		seq   int
+		hds   int
+		elem  int
 	}{
-		{"q", p.Q, s.SeqlenQ, s.HeadsQ, el},
-		{"k_cache", p.K, s.SeqlenCache, s.HeadsKV, cel},
-		{"v_cache", p.V, s.SeqlenCache, s.HeadsKV, cel},
-		{"out", p.Out, s.SeqlenQ, s.HeadsQ, el},
+		{"q", p.Q, qBatch, qRows, s.HeadsQ, el},
+		{"k_cache", p.K, s.Batch, s.SeqlenCache, s.HeadsKV, cel},
+		{"v_cache", p.V, s.Batch, s.SeqlenCache, s.HeadsKV, cel},
+		{"out", p.Out, qBatch, qRows, s.HeadsQ, el},
 	} {
-		if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, x.seq, x.hds, s.HeadDim}, x.elem, x.name == "out"); err != nil {
+		if err := checkStrides(op, x.name, x.t, [4]int{x.batch, x.seq, x.hds, s.HeadDim}, x.elem, x.name == "out"); err != nil {
 			return err
 		}
 	}
@@ -364,6 +378,9 @@ func (p *Problem) CheckPointers() error {
 	if err := p.checkSinks(op); err != nil {
 		return err
 	}
+	if err := p.checkCuSeqlensQ(op); err != nil {
+		return err
+	}
 	return p.checkOverlaps(op)
 }
 
@@ -402,8 +419,10 @@ func spanOf(name string, ptr uintptr, n uint64, elem int) byteRange {
 
 // spans is the byte range of each of p's tensors: the inputs (q,
 // k_cache, v_cache first), then out, then lse.
-func (p *Problem) spans() [17]byteRange {
+func (p *Problem) spans() [18]byteRange {
 	s := p.Shape
+	qBatch, qRows := p.qDims(s.SeqlenQ)
+	_, newRows := p.qDims(p.New.Seqlen)
 	el, cel := s.DType.Size(), s.CacheDType().Size()
 	rows, seq := p.cacheDims() // paged caches hold NumPages pages of PageSize keys
 	var table, slopes uint64   // elements of a rotary table and of alibi_slopes
@@ -418,12 +437,12 @@ func (p *Problem) spans() [17]byteRange {
 		kScales, vScales = p.KDescale.scales(s.Batch, s.HeadsKV), p.VDescale.scales(s.Batch, s.HeadsKV)
 	}
 	return [...]byteRange{
-		tensorRange("q", p.Q, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
+		tensorRange("q", p.Q, [4]int{qBatch, qRows, s.HeadsQ, s.HeadDim}, el),
 		tensorRange("k_cache", p.K, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, cel),
 		tensorRange("v_cache", p.V, [4]int{rows, seq, s.HeadsKV, s.HeadDim}, cel),
 		spanOf("cache_seqlens", p.CacheSeqlens, uint64(s.Batch), 4),
-		tensorRange("k", p.New.K, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
-		tensorRange("v", p.New.V, [4]int{s.Batch, p.New.Seqlen, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("k", p.New.K, [4]int{qBatch, newRows, s.HeadsKV, s.HeadDim}, el),
+		tensorRange("v", p.New.V, [4]int{qBatch, newRows, s.HeadsKV, s.HeadDim}, el),
 		spanOf("rotary_cos", p.Rotary.Cos, table, el),
 		spanOf("rotary_sin", p.Rotary.Sin, table, el),
 		spanOf("block_table", p.BlockTable, uint64(max(s.Batch-1, 0))*uint64(p.BlockTableStride)+uint64(p.MaxPages), 4),
@@ -433,8 +452,9 @@ func (p *Problem) spans() [17]byteRange {
 		spanOf("k_descale", p.KDescale.Ptr, kScales, 4),
 		spanOf("v_descale", p.VDescale.Ptr, vScales, 4),
 		spanOf("sinks", p.Sinks, uint64(s.HeadsQ), 4),
-		tensorRange("out", p.Out, [4]int{s.Batch, s.SeqlenQ, s.HeadsQ, s.HeadDim}, el),
-		spanOf("lse", p.LSE, uint64(s.Batch)*uint64(s.HeadsQ)*uint64(s.SeqlenQ), 4),
+		spanOf("cu_seqlens_q", p.CuSeqlensQ, uint64(s.Batch)+1, 4),
+		tensorRange("out", p.Out, [4]int{qBatch, qRows, s.HeadsQ, s.HeadDim}, el),
+		spanOf("lse", p.LSE, p.lseElems(), 4),
 	}
 }
 
@@ -446,7 +466,7 @@ func (p *Problem) spans() [17]byteRange {
 func (p *Problem) checkOverlaps(op string) error {
 	// Tensors are told apart by their index in spans (no string compares:
 	// this runs every call).
-	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 15, 16
+	const kIdx, vIdx, outIdx, lseIdx = 1, 2, 16, 17
 	all := p.spans()
 	inputs := all[:lseIdx] // the inputs and out
 	kCache, vCache := all[kIdx], all[vIdx]

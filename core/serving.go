@@ -142,6 +142,9 @@ func (p *Problem) validateServing(op string) error {
 // the tensors; Validate checks everything.
 func (p *Problem) ValidateSizes() error {
 	const op = "plan"
+	if err := p.validateRagged(op); err != nil {
+		return err
+	}
 	if err := p.Shape.validateSizes(op); err != nil {
 		return err
 	}
@@ -255,11 +258,12 @@ func (p *Problem) validateServingStrides(op string) error {
 		}
 	}
 	if n > 0 {
+		batch, rows := p.qDims(n)
 		for _, x := range [...]struct {
 			name string
 			t    Tensor
 		}{{"k", p.New.K}, {"v", p.New.V}} {
-			if err := checkStrides(op, x.name, x.t, [4]int{s.Batch, n, s.HeadsKV, s.HeadDim}, s.DType.Size(), false); err != nil {
+			if err := checkStrides(op, x.name, x.t, [4]int{batch, rows, s.HeadsKV, s.HeadDim}, s.DType.Size(), false); err != nil {
 				return err
 			}
 		}

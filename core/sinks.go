@@ -21,13 +21,21 @@ import "fmt"
 // checkSinks is CheckPointers' part for the sinks array: given exactly
 // when the layout has sinks, and 4-byte aligned.
 func (p *Problem) checkSinks(op string) error {
+	return checkLayoutArray(op, "sinks", p.HasSinks, p.Sinks, "", "without HasSinks (a layout with sinks=1)")
+}
+
+// checkLayoutArray checks the address of a per-call array of 4-byte
+// elements that a call passes exactly where its layout has it (has): not
+// null then (null: the message adds missing), null otherwise (given: the
+// message adds unexpected), and aligned.
+func checkLayoutArray(op, name string, has bool, ptr uintptr, missing, unexpected string) error {
 	switch {
-	case p.HasSinks && p.Sinks == 0:
-		return invalid(op, "sinks", "null device pointer")
-	case !p.HasSinks && p.Sinks != 0:
-		return invalid(op, "sinks", fmt.Sprintf("address %#x given without HasSinks (a layout with sinks=1)", p.Sinks))
-	case p.Sinks%4 != 0:
-		return invalid(op, "sinks", fmt.Sprintf("address %#x is not 4-byte aligned", p.Sinks))
+	case has && ptr == 0:
+		return invalid(op, name, "null device pointer"+missing)
+	case !has && ptr != 0:
+		return invalid(op, name, fmt.Sprintf("address %#x given %s", ptr, unexpected))
+	case ptr%4 != 0:
+		return invalid(op, name, fmt.Sprintf("address %#x is not 4-byte aligned", ptr))
 	}
 	return nil
 }

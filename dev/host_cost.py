@@ -75,7 +75,7 @@ def parts(q, k, v, sdpa, device):
         run, h = _api._prepare(None, q, k, v, None, None, None, None, None, None, None, None, None, False,
                                (-1, -1), 0.0, True, None, splits, out)[:2]
         table[name] = lambda h=h, run=run: run(h, -1, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                               0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, stream(0))
+                                               0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, stream(0))
     if device != "cpu":
         table["current stream"] = lambda: stream(0)
         table["torch SDPA"] = lambda: F.scaled_dot_product_attention(*sdpa, enable_gqa=True)

@@ -19,6 +19,10 @@
 // become (x0 cos - x1 sin, x0 sin + x1 cos) with cos[m], sin[m] of the
 // position's row; dims past rotary_dim are copied.
 //
+// With ragged query lengths (ragged.cuh) sequence b's new tokens and query
+// rows are its own count of rows of k_new, v_new and q from its first; its
+// rotated q still goes to q_rot's planned rows (b, i), which stage 1 reads.
+//
 // Launch shape. grid (max(seqlen_new, seqlen_q), batch, parts), 128
 // threads: the parts blocks (t, b, *) take token t of sequence b, their
 // threads striding over the token's (head, 16-byte chunk) items: heads_kv x
@@ -44,6 +48,7 @@
 #include "fp8.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "ragged.cuh"
 
 // Threads of an fd_append_kv block (the launch's block size).
 constexpr int kFdAppendThreads = 128;
@@ -134,10 +139,13 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
 
     const bool rotary = p.rotary_cos != 0;
     const int chunks = p.head_dim / 8;
-    // The token's items, k/v's then q's, fixed by the launch: an item's new
-    // row is loaded in flight with the length, which only its store needs.
-    const int kv_items = t < p.seqlen_new ? p.heads_kv * chunks : 0;
-    const int q_items = rotary && t < p.seqlen_q ? p.heads_q * chunks : 0;
+    // The token's items, k/v's then q's, fixed by the launch (and the
+    // sequence's ragged count): an item's new row is loaded in flight with
+    // the length, which only its store needs.
+    const fd_q_span span = fd_q_span_of(p, b);
+    const int row = span.start + t;  // the token's row of k_new, v_new and q
+    const int kv_items = t < fd_new_tokens(p, b) ? p.heads_kv * chunks : 0;
+    const int q_items = rotary && t < span.count ? p.heads_q * chunks : 0;
     const int stride = kFdAppendThreads * gridDim.z;
     for (int idx = blockIdx.z * kFdAppendThreads + threadIdx.x; idx < kv_items + q_items; idx += stride) {
         const bool is_kv = idx < kv_items;
@@ -145,12 +153,12 @@ __device__ __forceinline__ void fd_append_kv(const fd_params &p) {
         const int d0 = ((is_kv ? idx : idx - kv_items) % chunks) * 8;
         fd_append_chunk c0, c1;  // k and v, or q
         if (is_kv) {
-            c0 = fd_append_load(p, fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
+            c0 = fd_append_load(p, fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + (long long)row * p.k_new_seq_stride +
                                        h * p.k_new_head_stride + d0, d0, rotary);
-            c1 = fd_append_load(p, fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +
+            c1 = fd_append_load(p, fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + (long long)row * p.v_new_seq_stride +
                                        h * p.v_new_head_stride + d0, d0, false);
         } else {
-            c0 = fd_append_load(p, fd_ptr<const T>(p.q) + b * p.q_batch_stride + t * p.q_seq_stride +
+            c0 = fd_append_load(p, fd_ptr<const T>(p.q) + b * p.q_batch_stride + (long long)row * p.q_seq_stride +
                                        h * p.q_head_stride + d0, d0, true);
         }
 

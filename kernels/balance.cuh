@@ -8,6 +8,8 @@
 // Plan.BalanceSplits) sizes the splits from all the lengths instead, so
 // that every split of the batch holds about the same number of key tiles:
 //     tiles_b = ceil(len_b / tile keys)      len_b = cache_seqlens[b] + seqlen_new, clamped
+// (with ragged query lengths seqlen_new is the most any sequence appends, so
+// a sequence's count may be sized for a few more keys than it has)
 //     c_b     = clamp(ceil(n * batch * tiles_b / sum_b tiles_b), 1, p.num_splits)
 // (c_b = 1 where every length is 0). Sequence b's items (K/V head, row
 // tile) are split c_b ways, the tiles dealt round robin as in any plan.
@@ -26,6 +28,7 @@
 #define FLASHDECODE_BALANCE_CUH
 
 #include "params.h"
+#include "ragged.cuh"
 
 // What the rule reads of the kernels' arguments, passed by value to the
 // out-of-line stage-1 helper below (a reference to the arguments themselves
@@ -149,13 +152,15 @@ __device__ __noinline__ fd_balance_pick fd_balance_block(fd_balance_args a, int 
 //     tiles_b = ceil(keys_b / tile keys), at most p.invariant_span_tiles where set (a window)
 //     per_b   = max(p.invariant_tiles, ceil(tiles_b / p.invariant_max_splits))
 //     c_b     = clamp(ceil(tiles_b / per_b), 1, p.num_splits)
-// keys_b counted as stage 1 counts them (fd_attended_keys). Stage 1 deals
+// keys_b counted as stage 1 counts them (fd_attended_keys, with the
+// sequence's own new tokens: fd_new_tokens). Stage 1 deals
 // b's tiles round robin by c_b and the combine merges its c_b splits in
 // order, so neither the batch, the other lengths, the grid nor the SMs
 // reach its bits. The clamp to the grid's num_splits binds only for a
 // length past the plan's bound (max_seqlen_k): the workspace stays safe.
-__device__ __forceinline__ int fd_invariant_splits(const fd_params &p, int len) {
-    int tiles = (fd_attended_keys(len, p.seqlen_new, p.seqlen_cache) + p.balance_tile_keys - 1) / p.balance_tile_keys;
+__device__ __forceinline__ int fd_invariant_splits(const fd_params &p, int b, int len) {
+    const int n_new = fd_new_tokens(p, b);
+    int tiles = (fd_attended_keys(len, n_new, p.seqlen_cache) + p.balance_tile_keys - 1) / p.balance_tile_keys;
     if (p.invariant_span_tiles > 0) tiles = min(tiles, p.invariant_span_tiles);
     const int per = max(p.invariant_tiles, (tiles + p.invariant_max_splits - 1) / p.invariant_max_splits);
     return min(max((tiles + per - 1) / per, 1), p.num_splits);
@@ -171,7 +176,7 @@ __device__ __forceinline__ int fd_invariant_splits(const fd_params &p, int len) 
 __device__ __forceinline__ int fd_row_splits(const fd_params &p, int row) {
     const fd_balance_args a = fd_balance_args_of(p);
     const int b = min(row / (p.heads_q * p.seqlen_q), a.batch - 1);
-    if (p.invariant_tiles > 0) return fd_invariant_splits(p, fd_balance_len(a, b));
+    if (p.invariant_tiles > 0) return fd_invariant_splits(p, b, fd_balance_len(a, b));
     long long total = 0;
     for (int i = threadIdx.x % 32; i < a.batch; i += 32) total += fd_balance_tiles(a, fd_balance_len(a, i));
 #pragma unroll

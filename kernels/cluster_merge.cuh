@@ -18,6 +18,7 @@
 
 #include "params.h"
 #include "ptx.cuh"
+#include "ragged.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
 
@@ -25,9 +26,11 @@
 // (n <= KMAX) with the combine's formula
 //     m = max_s lse_s,  w_s = 2^(lse_s - m),  out = sum_s w_s o_s / sum_s w_s:
 // lse2_of(s) gives block s's base-2 LSE of the row, o_of(s) its normalized
-// output there; writes out (and lse). Both forms below use it.
+// output there; writes out (and lse) at the sequence's rows (span). Both
+// forms below use it, for the rows below span.count.
 template <typename T, int KMAX, typename LseOf, typename OOf>
-__device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n, int b, int kv_head, int r, int d,
+__device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n, int b, int kv_head,
+                                                      const fd_q_span &span, int r, int d,
                                                       LseOf lse2_of, OOf o_of) {
     float lse2[KMAX];
     float m = -CUDART_INF_F;
@@ -50,12 +53,10 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
     }
     acc = fd_scale4(acc, fd_state_norm(st));  // no visible key: output 0
     const int head = kv_head * p.group + r / p.seqlen_q;
-    const int qi = r % p.seqlen_q;
-    T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
-             head * p.out_head_stride + d;
-    fd_store4(out, acc);
+    const int row = span.start + r % p.seqlen_q;
+    fd_store4(fd_ptr<T>(p.out) + fd_out_offset(p, b, head, row) + d, acc);
     if (d == 0 && p.lse != 0)
-        fd_ptr<float>(p.lse)[(b * p.heads_q + head) * p.seqlen_q + qi] =
+        fd_ptr<float>(p.lse)[fd_lse_offset(p, b, head, row)] =
             st.d == 0.f ? -CUDART_INF_F : (off + log2f(st.d)) * CUDART_LN2_F;  // NaN stays NaN (state.cuh)
 }
 
@@ -68,7 +69,7 @@ __device__ __forceinline__ void fd_cluster_merge_item(const fd_params &p, int n,
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void fd_split_kv_cluster_merge(const fd_params &p, const float *park_o,
                                                           const float *park_lse, int b,
-                                                          int kv_head, int row0) {
+                                                          int kv_head, int row0, const fd_q_span &span) {
     using C = fd_split_kv_config<D, ROWS>;
     const int n = fd_cluster_size();
     const int rank = fd_cluster_rank();
@@ -80,9 +81,9 @@ __device__ __forceinline__ void fd_split_kv_cluster_merge(const fd_params &p, co
         const int row = idx / (D / 4);
         const int d = (idx % (D / 4)) * 4;
         const int r = row0 + row;
-        if (r >= packed_rows || d >= p.head_dim) continue;
+        if (r >= packed_rows || d >= p.head_dim || r % p.seqlen_q >= span.count) continue;
         fd_cluster_merge_item<T, C::kMaxCluster>(
-            p, n, b, kv_head, r, d, [&](int s) { return fd_cluster_ld(fd_cluster_addr(park_lse + row, s)); },
+            p, n, b, kv_head, span, r, d, [&](int s) { return fd_cluster_ld(fd_cluster_addr(park_lse + row, s)); },
             [&](int s) { return fd_cluster_ld4(fd_cluster_addr(park_o + row * D + d, s)); });
     }
     fd_cluster_sync();  // the others have read this block's rows: it may exit
@@ -149,7 +150,8 @@ __device__ __forceinline__ uint32_t fd_cluster_inbox_bytes(int n, int rank, int 
 // and writes out (and lse).
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void fd_cluster_push_merge(const fd_params &p, uint64_t *bar, int n, int rank,
-                                                      int per_block, int b, int kv_head, int row0) {
+                                                      int per_block, int b, int kv_head, int row0,
+                                                      const fd_q_span &span) {
     using C = fd_split_kv_config<D, ROWS>;
     const fd_cluster_inbox<D, ROWS> in;
     const int packed_rows = p.group * p.seqlen_q;
@@ -161,9 +163,9 @@ __device__ __forceinline__ void fd_cluster_push_merge(const fd_params &p, uint64
         const int row = idx / (D / 4);
         const int d = (idx % (D / 4)) * 4;
         const int r = row0 + row;
-        if (r >= packed_rows || d >= p.head_dim) continue;
+        if (r >= packed_rows || d >= p.head_dim || r % p.seqlen_q >= span.count) continue;
         fd_cluster_merge_item<T, C::kMaxCluster>(
-            p, n, b, kv_head, r, d, [&](int s) { return in.lse[s * ROWS + row]; },
+            p, n, b, kv_head, span, r, d, [&](int s) { return in.lse[s * ROWS + row]; },
             [&](int s) { return in.o[s * per_block + i]; });
     }
 }

@@ -10,7 +10,8 @@
 // through the shared softmax state (state.cuh): each split is the state
 // (lse_s * log2 e, 1), empty when lse_s = -inf. A row whose splits are all
 // empty gets out = 0 and lse = -inf. It writes out in q's dtype through the
-// out strides, and lse when p.lse is not 0.
+// out strides, and lse when p.lse is not 0; with ragged query lengths only
+// the rows of each sequence's own count (ragged.cuh).
 //
 // Launch shape. One block of 4 warps per output row: grid batch * heads_q *
 // seqlen_q (core/variants.go CombineRows = 1), or only the rows from
@@ -51,6 +52,7 @@
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
+#include "ragged.cuh"
 #include "state.cuh"
 
 #define FD_COMBINE_UNROLL 8  // splits one warp has in flight per step
@@ -84,13 +86,26 @@ __device__ __forceinline__ void fd_combine_fold(fd_state &st, float4 (&acc)[SLIC
         [](const float4 &x) { return x; });
 }
 
-// Where output row `row` (batch, query head, query token) goes in out.
+// Output row `row` (batch, query head, query token order): where it goes
+// in out as if its sequence's rows started at row 0 (known before the PDL
+// wait), its sequence's rows (after it: a padding row of a ragged sequence
+// is not written), and where its LSE goes (row itself without ragged
+// lengths). Each is worked out from row where it is used, so that no more
+// than out is held through the fold (a padding row is merged, then not
+// written), and the divisions only where ragged.
 template <typename T>
 __device__ __forceinline__ T *fd_combine_out(const fd_params &p, int row) {
-    const int b = row / (p.heads_q * p.seqlen_q);
-    const int head = row / p.seqlen_q % p.heads_q;
-    const int qi = row % p.seqlen_q;
-    return fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride + head * p.out_head_stride;
+    return fd_ptr<T>(p.out) + fd_out_offset(p, row / (p.heads_q * p.seqlen_q), row / p.seqlen_q % p.heads_q,
+                                            row % p.seqlen_q);
+}
+__device__ __forceinline__ fd_q_span fd_combine_span(const fd_params &p, int row) {
+    if (p.cu_seqlens_q == 0) return {0, p.seqlen_q};
+    return fd_q_span_of(p, row / (p.heads_q * p.seqlen_q));
+}
+__device__ __forceinline__ long long fd_combine_lse(const fd_params &p, int row, const fd_q_span &span) {
+    if (p.cu_seqlens_q == 0) return row;
+    return fd_lse_offset(p, row / (p.heads_q * p.seqlen_q), row / p.seqlen_q % p.heads_q,
+                         span.start + row % p.seqlen_q);
 }
 
 template <typename T, int WARPS, bool BALANCED>
@@ -141,13 +156,16 @@ __device__ __forceinline__ void fd_combine(const fd_params &p) {
         }
     }
     const float inv = fd_state_norm(st);  // every split empty: output 0
+    const fd_q_span span = fd_combine_span(p, row);  // read once merged: nothing more held through the fold
+    if (row % p.seqlen_q >= span.count) return;       // a ragged sequence's padding row
+    out += (long long)span.start * p.out_seq_stride;
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
         acc[i] = fd_scale4(acc[i], inv);
         if (d < p.head_dim) fd_store4(out + d, acc[i]);
     }
-    if (lane == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
+    if (lane == 0 && p.lse != 0) fd_ptr<float>(p.lse)[fd_combine_lse(p, row, span)] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 // The narrow form, for plans of at most FD_COMBINE_UNROLL splits: one warp
@@ -182,12 +200,15 @@ __device__ __forceinline__ void fd_combine_rows(const fd_params &p) {
     FD_TRACE(3);  // (no warps to meet)
     const int lane = threadIdx.x % 32;
     const float inv = fd_state_norm(st);  // every split empty: output 0
+    const fd_q_span span = fd_combine_span(p, row);  // read once merged: nothing more held through the fold
+    if (row % p.seqlen_q >= span.count) return;       // a ragged sequence's padding row
+    out += (long long)span.start * p.out_seq_stride;
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) {
         const int d = lane * 4 + 128 * i;
         if (d < p.head_dim) fd_store4(out + d, fd_scale4(acc[i], inv));
     }
-    if (lane == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
+    if (lane == 0 && p.lse != 0) fd_ptr<float>(p.lse)[fd_combine_lse(p, row, span)] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 // The column-group form, for plans of more splits than fd_combine loads in
@@ -269,8 +290,11 @@ __device__ __forceinline__ void fd_combine_cols(const fd_params &p) {
         fd_state_merge(st, part[w], sa, sb);
         acc[0] = fd_axpby4(acc[0], sa, sum[w][lane], sb);
     }
+    const fd_q_span span = fd_combine_span(p, row);  // read once merged: nothing more held through the fold
+    if (row % p.seqlen_q >= span.count) return;       // a ragged sequence's padding row
+    out += (long long)span.start * p.out_seq_stride;
     if (live_col) fd_store4(out + d, fd_scale4(acc[0], fd_state_norm(st)));  // every split empty: 0
-    if (lane == 0 && d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[row] = fd_state_lse2(st) * CUDART_LN2_F;
+    if (lane == 0 && d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[fd_combine_lse(p, row, span)] = fd_state_lse2(st) * CUDART_LN2_F;
 }
 
 #endif  // FLASHDECODE_COMBINE_CUH

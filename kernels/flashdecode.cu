@@ -46,6 +46,8 @@
 //                        its own argument struct, merge_params.h)
 //   partials.cuh         where a split's partials lie in the workspace (the
 //                        rows stage 1 writes and the combine reads)
+//   ragged.cuh           ragged query lengths (cu_seqlens_q): a sequence's rows
+//                        of q, out, lse and the new tokens, clamped
 //   balance.cuh          a sequence's attended keys, and balanced splits
 //                        worked out on the device from the lengths
 //   state.cuh            the online-softmax state and merge all of them share

@@ -9,9 +9,12 @@
 #include "fp8.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "ragged.cuh"
 
-// The append: K/V head kv_head of sequence b writes its new tokens into the
-// cache, token t at key base + t: into its page (PAGED) or row b of a
+// The append: K/V head kv_head of sequence b writes its new tokens (rows
+// span.start on of k_new / v_new, span.count of them with ragged query
+// lengths, else seqlen_new: fd_new_tokens) into the cache, token t at key
+// base + t: into its page (PAGED) or row b of a
 // contiguous cache, skipping keys outside [0, seqlen_cache) and page ids
 // outside [0, num_pages) as fd_append_kv does.
 // No block of the grid reads those rows from the cache (they read the new
@@ -21,7 +24,8 @@
 // char), divided by the descales and quantized (fd_quantize8).
 template <typename T, typename KV, int THREADS, bool PAGED, typename PAGES>
 __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES &pages, int b, int kv_head, int base,
-                                                const fd_quant &k_descale, const fd_quant &v_descale) {
+                                                const fd_q_span &span, const fd_quant &k_descale,
+                                                const fd_quant &v_descale) {
     // Token t's row offsets in k and v; false where it is skipped.
     auto row_of = [&](int t, long long &k_row, long long &v_row) {
         const int key = base + t;
@@ -42,10 +46,13 @@ __device__ __forceinline__ void fd_fused_append(const fd_params &p, const PAGES 
     // The cache, which the rest of stage 1 only reads.
     KV *k_cache = fd_ptr<KV>(p.k) + kv_head * p.k_head_stride;
     KV *v_cache = fd_ptr<KV>(p.v) + kv_head * p.v_head_stride;
-    const T *k_new = fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + kv_head * p.k_new_head_stride;
-    const T *v_new = fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + kv_head * p.v_new_head_stride;
+    const T *k_new = fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + (long long)span.start * p.k_new_seq_stride +
+                     kv_head * p.k_new_head_stride;
+    const T *v_new = fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + (long long)span.start * p.v_new_seq_stride +
+                     kv_head * p.v_new_head_stride;
     const int chunks = p.head_dim / 8;
-    for (int idx = threadIdx.x; idx < p.seqlen_new * chunks; idx += THREADS) {
+    const int n_new = fd_new_tokens(p, b);
+    for (int idx = threadIdx.x; idx < n_new * chunks; idx += THREADS) {
         const int t = idx / chunks, d0 = (idx % chunks) * 8;
         const uint4 kx = *reinterpret_cast<const uint4 *>(k_new + t * p.k_new_seq_stride + d0);
         const uint4 vx = *reinterpret_cast<const uint4 *>(v_new + t * p.v_new_seq_stride + d0);

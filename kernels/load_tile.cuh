@@ -15,6 +15,7 @@
 #include "fp8.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "ragged.cuh"
 #include "split_kv_config.cuh"
 
 // A tile chunk's copy (valid: within the visible keys and head_dim); an fp8
@@ -42,13 +43,16 @@ struct fd_copy_new {
                                                const KV *v_src) const {
         constexpr int kElems = 16 / sizeof(KV);
         const bool fresh = gkey >= base;
+        // The sequence's first row of k_new / v_new (ragged.cuh), read where
+        // a new token is copied rather than held through the tile loop.
+        const int q_start = fresh ? fd_q_span_of(p, b).start : 0;
         if constexpr (sizeof(KV) == 2) {
             const T *k_from = fresh ? fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride +
-                                          (long long)(gkey - base) * p.k_new_seq_stride +
+                                          (long long)(q_start + gkey - base) * p.k_new_seq_stride +
                                           kv_head * p.k_new_head_stride + copy_chunk * kElems
                                     : k_src;
             const T *v_from = fresh ? fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride +
-                                          (long long)(gkey - base) * p.v_new_seq_stride +
+                                          (long long)(q_start + gkey - base) * p.v_new_seq_stride +
                                           kv_head * p.v_new_head_stride + copy_chunk * kElems
                                     : v_src;
             fd_cp_async_16(k_s + s_off, k_from, valid);
@@ -57,7 +61,7 @@ struct fd_copy_new {
             fd_cp_async_bytes(k_s + s_off, k_src, valid ? chunk_bytes : 0);
             fd_cp_async_bytes(v_s + s_off, v_src, valid ? chunk_bytes : 0);
         } else {
-            const long long t = gkey - base;
+            const long long t = q_start + gkey - base;
             const T *k_from = fd_ptr<const T>(p.k_new) + b * p.k_new_batch_stride + t * p.k_new_seq_stride +
                               kv_head * p.k_new_head_stride + copy_chunk * kElems;
             const T *v_from = fd_ptr<const T>(p.v_new) + b * p.v_new_batch_stride + t * p.v_new_seq_stride +

@@ -18,14 +18,14 @@ typedef unsigned long long fd_devptr;  // a device address; 0: none
 
 typedef struct fd_params {
     // Inputs, in the variant's dtype (fp16 or bf16).
-    fd_devptr q;            // const T: (batch, seqlen_q, heads_q, head_dim)
+    fd_devptr q;            // const T: (batch, seqlen_q, heads_q, head_dim), or (total_q, heads_q, head_dim) with cu_seqlens_q
     fd_devptr k;            // const T: (batch, seqlen_cache, heads_kv, head_dim)
     fd_devptr v;            // const T: (batch, seqlen_cache, heads_kv, head_dim)
     fd_devptr cache_seqlens; // const int: (batch,) valid lengths, or 0: every batch uses `seqlen`
 
     // Outputs.
-    fd_devptr out;          // T: (batch, seqlen_q, heads_q, head_dim), q's dtype
-    fd_devptr lse;          // float: (batch, heads_q, seqlen_q) contiguous natural-log LSE, or 0
+    fd_devptr out;          // T: q's shape and dtype
+    fd_devptr lse;          // float: natural-log LSE by lse_batch_stride, lse_head_stride (below), or 0
 
     // Workspace for num_splits > 1 (0 when num_splits == 1: stage 1 then
     // writes out/lse itself and no combine runs). Rows are ordered
@@ -121,6 +121,23 @@ typedef struct fd_params {
     int invariant_span_tiles;  // > 0 (a window): the most tiles counted for a sequence, ceil(window keys / tile) + 1
     // The fp8 variants' cache format: 1 float8_e5m2, 0 float8_e4m3fn.
     int kv_e5m2;
+
+    // Ragged query lengths (FlashAttention 3's cu_seqlens_q): const int
+    // (batch + 1,) row offsets, or 0: every sequence has seqlen_q rows.
+    // With them, seqlen_q is the most a sequence has (what the plan is for),
+    // q, out, k_new and v_new hold total_q rows (their batch strides 0), and
+    // sequence b's query row i is row cu_seqlens_q[b] + i of each, for i
+    // below its count cu_seqlens_q[b + 1] - cu_seqlens_q[b], both clamped
+    // so that its rows lie in [0, total_q) and number at most seqlen_q
+    // (fd_q_span, ragged.cuh). Its other planned rows are not read, and
+    // nothing is written for them but the workspace's partials.
+    fd_devptr cu_seqlens_q;
+    int total_q;
+    // Where lse's row (b, head, i) is: b * lse_batch_stride + head *
+    // lse_head_stride + start + i, start being the sequence's first row
+    // (0 without cu_seqlens_q): (batch, heads_q, seqlen_q) contiguous, or
+    // (heads_q, total_q) with cu_seqlens_q.
+    long long lse_batch_stride, lse_head_stride;
 } fd_params;
 
 #ifdef __cplusplus

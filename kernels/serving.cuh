@@ -6,7 +6,8 @@
 //
 // Keys are absolute cache indices: b's keys are [lo, len), len =
 // cache_seqlens[b] + seqlen_new (clamped), lo = cache_leftpad[b]; query row
-// i sits at pos_i = len - seqlen_q + i and sees [max(lo, pos_i - left),
+// i sits at pos_i = pos0 + i, pos0 = len - n (n: the sequence's query rows,
+// seqlen_q or its ragged count), and sees [max(lo, pos_i - left),
 // min(len, pos_i + right + 1)) (causal: right 0). A block's tiles start at
 // the tile of its rows' first visible key, so a window reads only its keys.
 #ifndef FLASHDECODE_SERVING_CUH
@@ -14,16 +15,13 @@
 
 #include "params.h"
 #include "ptx.cuh"
+#include "ragged.cuh"
 
 // The first key any of a block's rows sees: lo, or with a left window the
-// window start of its earliest query token. The rows are consecutive tokens
-// of consecutive heads, so the earliest is row0's unless they wrap past the
-// last token (and then token 0).
-__device__ __forceinline__ int fd_serving_first_key(const fd_params &p, int len, int lo, int row0, int n_rows) {
+// window start of its earliest query token (at position pos0 + token).
+__device__ __forceinline__ int fd_serving_first_key(const fd_params &p, int pos0, int lo, int row0, int n_rows) {
     if (p.window_left < 0) return lo;
-    const int q0 = row0 % p.seqlen_q;
-    const int q_min = q0 + n_rows > p.seqlen_q ? 0 : q0;
-    return (int)max((long long)lo, (long long)len - p.seqlen_q + q_min - p.window_left);
+    return (int)max((long long)lo, (long long)pos0 + fd_first_token(p, row0, n_rows) - p.window_left);
 }
 
 // Where the block reads, once the lengths and indices may be read: the cache
@@ -37,6 +35,9 @@ struct fd_cache_q {  // q's strides, or the rotated copy's
     __device__ __forceinline__ long long head(const fd_params &p) const {
         return rotated ? head_stride : p.q_head_stride;
     }
+    // The sequence's first row: its first of q (ragged.cuh), or of the
+    // rotated copy, which keeps the planned rows from its own.
+    __device__ __forceinline__ long long first_row(const fd_q_span &span) const { return rotated ? 0 : span.start; }
 };
 
 template <typename T, typename KV>
@@ -84,11 +85,11 @@ struct fd_serving_score {
     __device__ __forceinline__ void in_max(const fd_params &, float &, int, int) const {}
 
     // sc[mt][nt][2h + e]: packed row lane_row + mt * 16 + 8h of (b, kv_head),
-    // key key_lane + nt * 8 + e.
+    // key key_lane + nt * 8 + e; query token i at position pos0 + i.
     template <int MTILES>
     __device__ __forceinline__ void apply(const fd_params &p, float (&sc)[MTILES][2][4], int key_lane,
                                           const fd_serving_rows<MTILES> &rows, const int (&limit)[MTILES][2],
-                                          int b, int kv_head, int lane_row, int len) const {
+                                          int b, int kv_head, int lane_row, int pos0) const {
         if (p.softcap > 0.f) {
 #pragma unroll
             for (int mt = 0; mt < MTILES; ++mt)
@@ -108,7 +109,7 @@ struct fd_serving_score {
                 for (int h = 0; h < 2; ++h) {
                     const int r = lane_row + mt * 16 + 8 * h;
                     const bool valid = r < p.group * p.seqlen_q;
-                    const int pos = len - p.seqlen_q + (valid ? r % p.seqlen_q : 0);
+                    const int pos = pos0 + (valid ? r % p.seqlen_q : 0);
                     const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
                     const float slope = fd_ptr<const float>(p.alibi_slopes)[b * p.alibi_batch_stride + head] * CUDART_L2E_F;
 #pragma unroll

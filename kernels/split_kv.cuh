@@ -4,8 +4,10 @@
 // of b's keys. Its query rows are the ROWS "packed" rows r of that KV head:
 // query head kv_head*group + r/seqlen_q, query token r%seqlen_q, so every
 // query head sharing the KV head (times every query token) rides on one read
-// of K and V. It computes softmax(q k^T * scale) v over its keys with an
-// online softmax and writes either the final output (one split), or a
+// of K and V. With ragged query lengths (p.cu_seqlens_q, ragged.cuh) the
+// tokens past a sequence's own count are padding: zero q, never stored. It
+// computes softmax(q k^T * scale) v over its keys with an online softmax
+// and writes either the final output (one split), or a
 // normalized fp32 partial output and its natural-log LSE for the combine,
 // or, launched in clusters of num_splits blocks (sm_90), merges the splits
 // with the other blocks of its cluster and writes the final output (see
@@ -83,6 +85,7 @@
 #include "load_tile.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "ragged.cuh"
 #include "sinks.cuh"
 #include "split_kv_config.cuh"
 #include "split_kv_epilogue.cuh"
@@ -195,7 +198,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     }
 
     if (p.invariant_tiles > 0) {  // batch-invariant: the sequence's own split count (balance.cuh)
-        num_splits = fd_invariant_splits(p, p.cache_seqlens ? fd_ptr<const int>(p.cache_seqlens)[b] : p.seqlen);
+        num_splits = fd_invariant_splits(p, b, p.cache_seqlens ? fd_ptr<const int>(p.cache_seqlens)[b] : p.seqlen);
         if (split >= num_splits) return;
     }
 
@@ -220,13 +223,17 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // base: the keys before this call's new ones (the appending forms read
     // keys from base on from k_new / v_new).
     const int base = balanced ? balanced_len : p.cache_seqlens ? fd_ptr<const int>(p.cache_seqlens)[b] : p.seqlen;
-    const int len = F::attended_keys(p, base);
+    // The forms that append count the sequence's own new tokens, and the
+    // serving form's window starts from its rows' positions, so they read
+    // the sequence's query rows here (ragged.cuh); the plain form reads them
+    // only once its first tiles are on their way (below).
+    const int len = F::attended_keys(p, base, fd_new_tokens(p, b));
     int lo = 0, first_tile = 0;  // the visible keys start at lo
     typename F::q_layout q_strides;
-    F::key_range(p, b, len, row0, packed_rows, lo, first_tile);
+    F::key_range(p, b, len, len - fd_q_span_of(p, b).count, row0, packed_rows, lo, first_tile);
     F::bases(p, b, kv_head, q_base, k_base, v_base, q_strides);
     const int tiles = (len + C::kKeys - 1) / C::kKeys - first_tile;
-    const int n_tiles = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
+    int n_tiles = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
 
     // The pipeline: stage s holds a K tile then a V tile, keys row-major,
     // loaded by the form's loader: load_tile(tile, stage, j), j the split's j-th tile.
@@ -292,6 +299,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // columns past head_dim are zero. Each row's last visible key + 1 goes in
     // key_limit (the length, or the bottom-right causal mask; serving: or the
     // window's right edge, and its first visible key in rows.start).
+    // The sequence's query rows (ragged.cuh): q from its first (the rotated
+    // q keeps the planned rows), query row i at position pos0 + i. A block
+    // of padding rows only (its rows' tokens all at or past the count) reads
+    // no more keys than the prologue's.
+    const fd_q_span span = fd_q_span_of(p, b);
+    const int pos0 = len - span.count;
+    const T *const q_rows = q_base + q_strides.first_row(span) * q_strides.seq(p);
+    if (p.cu_seqlens_q != 0 && fd_first_token(p, row0, min(ROWS, packed_rows - row0)) >= span.count) n_tiles = 0;
     uint32_t qf[C::kMTiles][C::kWarpDim / 16][4];
     int key_limit[C::kMTiles][2];
     typename F::rows rows;  // the serving form: each row's first visible key
@@ -300,11 +315,12 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = row0 + mt * 16 + g + 8 * h;
-            const bool valid = r < packed_rows;
-            const int qi = valid ? r % p.seqlen_q : 0;
+            const int token = r % p.seqlen_q;
+            const bool valid = r < packed_rows && token < span.count;  // ragged padding rows: zero q
+            const int qi = valid ? token : 0;
             const int head = kv_head * p.group + (valid ? r / p.seqlen_q : 0);
             const uint32_t *q_row = reinterpret_cast<const uint32_t *>(
-                q_base + qi * q_strides.seq(p) + head * q_strides.head(p));
+                q_rows + qi * q_strides.seq(p) + head * q_strides.head(p));
 #pragma unroll
             for (int kk = 0; kk < C::kWarpDim / 16; ++kk) {
                 if constexpr (kFp8) {
@@ -323,14 +339,14 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
                     qf[mt][kk][2 + h] = valid && d0 + 8 < p.head_dim ? q_row[d0 / 2 + 4] : 0u;
                 }
             }
-            key_limit[mt][h] = p.causal ? len - p.seqlen_q + qi + 1 : len;
-            rows.set(p, mt, h, len - p.seqlen_q + qi, lo, len, key_limit[mt][h]);
+            key_limit[mt][h] = p.causal ? pos0 + qi + 1 : len;
+            rows.set(p, mt, h, pos0 + qi, lo, len, key_limit[mt][h]);
         }
     }
     // Attention sinks: split 0's key warp 0 starts from the rows' sinks (sinks.cuh).
     if (p.sinks != 0 && split == 0 && key_warp == 0) fd_sink_start(p, kv_head, row0 + g, packed_rows, t4, m, l);
 
-    F::append(p, pages, b, kv_head, base, split, row0, k_quant, v_quant);  // the appending forms, once the first tiles are on their way
+    F::append(p, pages, b, kv_head, base, span, split, row0, k_quant, v_quant);  // the appending forms, once the first tiles are on their way
     const typename F::score score(p);
     // The stage of tile `it`, counted along the loop: no division by kStages a tile.
     int stage = 0;
@@ -435,7 +451,7 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
         }
 #pragma unroll
         for (int kg = 0; kg < C::kKeyGroups; ++kg)
-            score.apply(p, sc[kg], key0 + kg * 16 + 2 * t4, rows, key_limit, b, kv_head, row0 + g, len);
+            score.apply(p, sc[kg], key0 + kg * 16 + 2 * t4, rows, key_limit, b, kv_head, row0 + g, pos0);
 
         // Online softmax, one step for all of the warp's keys of the tile;
         // the probabilities become the A fragments of P V.
@@ -562,6 +578,8 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     // every item.
     // The workspace holds the rows the combine merges, split by split (partials.cuh).
     const int partial_rows = fd_partial_rows(p);
+    // The sequence's rows again, read anew rather than held through the loop.
+    const fd_q_span out_span = fd_q_span_of(p, b);
     float *park_o = so + C::kMergeBytes / 4;  // [ROWS][D]
     float *park_lse = park_o + ROWS * D;      // [ROWS]
     const bool push = C::kPushMerge && clustered;
@@ -571,13 +589,13 @@ __device__ __forceinline__ void fd_split_kv_body(const fd_params &p, uint64_t &m
     const fd_split_kv_write<T, D, ROWS> merge_rows{sm,   sl,       sw,       slse,   push,      merge_bar,
                                                    p,    cluster_n, rank,     per_block, block_rows, row0,
                                                    packed_rows, so, clustered, park_o, park_lse, kv_head,
-                                                   b,    num_splits, split, partial_rows};
+                                                   b,    num_splits, split, partial_rows, out_span};
     if constexpr (C::kMergeByRow) merge_rows(fd_bool<true>{});
     else if (block_rows * (D / 4) > 2 * C::kThreads) merge_rows(fd_bool<true>{});
     else merge_rows(fd_bool<false>{});
     FD_TRACE(4);
-    if (push) fd_cluster_push_merge<T, D, ROWS>(p, &merge_bar, cluster_n, rank, per_block, b, kv_head, row0);
-    else if (clustered) fd_split_kv_cluster_merge<T, D, ROWS>(p, park_o, park_lse, b, kv_head, row0);
+    if (push) fd_cluster_push_merge<T, D, ROWS>(p, &merge_bar, cluster_n, rank, per_block, b, kv_head, row0, out_span);
+    else if (clustered) fd_split_kv_cluster_merge<T, D, ROWS>(p, park_o, park_lse, b, kv_head, row0, out_span);
 }
 
 // The two kernels, each with its own static shared memory: the cluster

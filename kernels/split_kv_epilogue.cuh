@@ -12,6 +12,7 @@
 #include "params.h"
 #include "partials.cuh"
 #include "ptx.cuh"
+#include "ragged.cuh"
 #include "split_kv_config.cuh"
 #include "state.cuh"
 
@@ -64,6 +65,7 @@ struct fd_split_kv_write {
     float *const &park_o, *const &park_lse;    // a cluster's pull merge: the block's normalized rows and LSEs
     int &kv_head, &b, &num_splits, &split;     // the block's item and split
     const int &partial_rows;                   // the workspace's rows per split (partials.cuh)
+    const fd_q_span &span;                     // the sequence's query rows (ragged.cuh)
 
     template <typename BY_ROW>
     __device__ __forceinline__ void operator()(BY_ROW by_row) const {
@@ -133,12 +135,11 @@ struct fd_split_kv_write {
             const float lse = fd_state_lse2(st) * CUDART_LN2_F;  // natural log; -inf stays -inf
             const int head = kv_head * p.group + r / p.seqlen_q;
             const int qi = r % p.seqlen_q;
-            const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // lse / partial row order
+            const int out_row = (b * p.heads_q + head) * p.seqlen_q + qi;  // the partials' row order
             if (p.o_partial == 0 || num_splits == 1) {
-                T *out = fd_ptr<T>(p.out) + b * p.out_batch_stride + qi * p.out_seq_stride +
-                         head * p.out_head_stride + d;
-                fd_store4(out, acc);
-                if (d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[out_row] = lse;
+                if (qi >= span.count) continue;  // a ragged sequence's padding row
+                fd_store4(fd_ptr<T>(p.out) + fd_out_offset(p, b, head, span.start + qi) + d, acc);
+                if (d == 0 && p.lse != 0) fd_ptr<float>(p.lse)[fd_lse_offset(p, b, head, span.start + qi)] = lse;
             } else {
                 const long long prow = (long long)split * partial_rows + fd_partial_row(p, out_row);
                 *reinterpret_cast<float4 *>(fd_ptr<float>(p.o_partial) + prow * p.head_dim + d) = acc;

@@ -27,7 +27,7 @@
 //                      the softmax's max pass does to each (scale and mask)
 //   before_wait        the argument loads (and prefetch) before the PDL wait
 //   kFromKeyZero       whether every split of a paged cache starts at key 0
-//   attended_keys      the keys of a sequence of `base` cached ones
+//   attended_keys      the keys of a sequence of `base` cached ones and its new tokens
 //   key_range          the visible keys [lo, ..) and the block's first tile
 //   bases              q, k and v of the sequence once lengths may be read
 //   append             the fused append, once the first tiles are on their way
@@ -41,6 +41,7 @@
 #include "load_serving.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "ragged.cuh"
 #include "serving.cuh"
 #include "split_kv_config.cuh"
 
@@ -48,6 +49,8 @@
 struct fd_plain_q {
     __device__ __forceinline__ long long seq(const fd_params &p) const { return p.q_seq_stride; }
     __device__ __forceinline__ long long head(const fd_params &p) const { return p.q_head_stride; }
+    // The sequence's first row of q (ragged.cuh).
+    __device__ __forceinline__ long long first_row(const fd_q_span &span) const { return span.start; }
 };
 
 // Rows that see every key below their key_limit (the length, or the causal
@@ -87,16 +90,16 @@ struct fd_form_plain {
     }
     static constexpr bool kFromKeyZero = false;  // (no pages)
     // No appended tokens.
-    __device__ __forceinline__ static int attended_keys(const fd_params &p, int base) {
-        return fd_attended_keys<false>(base, p.seqlen_new, p.seqlen_cache);
+    __device__ __forceinline__ static int attended_keys(const fd_params &p, int base, int) {
+        return fd_attended_keys<false>(base, 0, p.seqlen_cache);
     }
     __device__ __forceinline__ static void key_range(const fd_params &, const int &, const int &, const int &,
-                                                     const int &, int &, int &) {}
+                                                     const int &, const int &, int &, int &) {}
     __device__ __forceinline__ static void bases(const fd_params &, int, int, const T *&, const KV *&, const KV *&,
                                                  q_layout &) {}
     template <typename PAGES>
-    __device__ __forceinline__ static void append(const fd_params &, const PAGES &, int, int, int, int, int,
-                                                  const fd_quant &, const fd_quant &) {}
+    __device__ __forceinline__ static void append(const fd_params &, const PAGES &, int, int, int, const fd_q_span &,
+                                                  int, int, const fd_quant &, const fd_quant &) {}
 };
 
 // What every form but the plain one shares: appended keys, a cache row by
@@ -111,9 +114,9 @@ struct fd_form_cache : fd_form_plain<T, KV, D, ROWS> {
                                                        const KV *const &k_base, const KV *const &v_base) {
         fd_touch_params(q_base, k_base, v_base, p.seqlen, p.cache_batch, p.seqlen_new);
     }
-    // The appended tokens are keys too (balance.cuh).
-    __device__ __forceinline__ static int attended_keys(const fd_params &p, int base) {
-        return fd_attended_keys<true>(base, p.seqlen_new, p.seqlen_cache);
+    // The sequence's n_new appended tokens are keys too (balance.cuh).
+    __device__ __forceinline__ static int attended_keys(const fd_params &p, int base, int n_new) {
+        return fd_attended_keys<true>(base, n_new, p.seqlen_cache);
     }
     __device__ __forceinline__ static void bases(const fd_params &p, int b, int kv_head, const T *&q_base,
                                                  const KV *&k_base, const KV *&v_base, q_layout &q) {
@@ -135,10 +138,10 @@ struct fd_form_paged_append : fd_form_paged<T, KV, D, ROWS> {
     // Block (split 0, row tile 0) of each K/V head writes the new tokens.
     template <typename PAGES>
     __device__ __forceinline__ static void append(const fd_params &p, const PAGES &pages, int b, int kv_head,
-                                                  int base, int split, int row0, const fd_quant &k_descale,
-                                                  const fd_quant &v_descale) {
+                                                  int base, const fd_q_span &span, int split, int row0,
+                                                  const fd_quant &k_descale, const fd_quant &v_descale) {
         if (split == 0 && row0 == 0)
-            fd_fused_append<T, KV, C::kThreads, true>(p, pages, b, kv_head, base, k_descale, v_descale);
+            fd_fused_append<T, KV, C::kThreads, true>(p, pages, b, kv_head, base, span, k_descale, v_descale);
     }
 };
 
@@ -148,10 +151,10 @@ struct fd_form_append : fd_form_cache<T, KV, D, ROWS> {
     using loader = fd_load_contiguous<T, KV, D, ROWS, true>;
     template <typename PAGES>
     __device__ __forceinline__ static void append(const fd_params &p, const PAGES &pages, int b, int kv_head,
-                                                  int base, int split, int row0, const fd_quant &k_descale,
-                                                  const fd_quant &v_descale) {
+                                                  int base, const fd_q_span &span, int split, int row0,
+                                                  const fd_quant &k_descale, const fd_quant &v_descale) {
         if (split == 0 && row0 == 0)
-            fd_fused_append<T, KV, C::kThreads, false>(p, pages, b, kv_head, base, k_descale, v_descale);
+            fd_fused_append<T, KV, C::kThreads, false>(p, pages, b, kv_head, base, span, k_descale, v_descale);
     }
 };
 
@@ -167,10 +170,10 @@ struct fd_form_serving : fd_form_cache<T, KV, D, ROWS> {
     // Keys before lo (the left padding) are never visible, and the block
     // starts at the tile of the first key any of its rows sees.
     __device__ __forceinline__ static void key_range(const fd_params &p, const int &b, const int &len,
-                                                     const int &row0, const int &packed_rows, int &lo,
-                                                     int &first_tile) {
+                                                     const int &pos0, const int &row0, const int &packed_rows,
+                                                     int &lo, int &first_tile) {
         lo = p.cache_leftpad ? min(max(fd_ptr<const int>(p.cache_leftpad)[b], 0), len) : 0;
-        first_tile = fd_serving_first_key(p, len, lo, row0, min(ROWS, packed_rows - row0)) / C::kKeys;
+        first_tile = fd_serving_first_key(p, pos0, lo, row0, min(ROWS, packed_rows - row0)) / C::kKeys;
     }
 };
 

@@ -14,7 +14,7 @@ LAYOUT = ("dtype batch seqlen_q heads_q heads_kv head_dim seqlen_cache num_split
           "q:4 k_cache:4 v_cache:4 out:4 page_size num_pages max_pages block_table:2 cache_batch leftpad "
           "window_left window_right softcap:d alibi alibi_slopes:2 seqlen_new k_new:4 v_new:4 rotary_dim "
           "rotary_rows rotary_cos:2 rotary_sin:2 rotary_interleaved kv_dtype descale k_descale:2 v_descale:2 "
-          "k_descale_value:d v_descale_value:d sinks batch_invariant").split()
+          "k_descale_value:d v_descale_value:d sinks batch_invariant ragged total_q").split()
 FIELDS = [(f"{name}[{i}]" if n.isdigit() else name, "d" if n == "d" else "q")
           for name, _, n in (f.partition(":") for f in LAYOUT) for i in range(int(n) if n.isdigit() else 1)]
 

@@ -64,7 +64,7 @@ def test_a_call_passes_its_addresses_and_allocates_nothing(layout_binding, no_al
         assert (handle, seqlen, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seqlens, blocks) == (
             1, 96, q2.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), lens2.data_ptr(),
             table2.data_ptr())
-        assert rest[:-3] == [0] * 10 and ws and ws_bytes == dec.workspace_bytes and stream == 0
+        assert rest[:-3] == [0] * 11 and ws and ws_bytes == dec.workspace_bytes and stream == 0
         outs.add((out.data_ptr(), lse.data_ptr(), ws))
     assert len(outs) == 1  # the decoder's own out, lse and workspace, every call
     assert len(layout_binding.args("Prepare")) == 1 and len(layout_binding.args("Workspace")) == 1

@@ -44,12 +44,12 @@ def test_public_api():
                         ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
                         ("num_splits", 0), ("return_softmax_lse", False), ("out", None),
                         ("max_seqlen_k", None), ("batch_invariant", False), ("k_descale", None), ("v_descale", None),
-                        ("sinks", None)]
+                        ("sinks", None), ("cu_seqlens_q", None), ("max_seqlen_q", None)]
     params = inspect.signature(flash_decode.plan).parameters
     assert list(params)[:6] == ["batch", "seqlen_q", "nheads_q", "nheads_kv", "headdim", "seqlen_cache"]
     assert {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY} == {
         "dtype", "num_splits", "device", "seqlen", "serving", "seqlen_new", "window_size", "rotary", "page_size",
-        "lengths", "batch_invariant", "kv_dtype", "k_descale", "v_descale"}
+        "lengths", "batch_invariant", "kv_dtype", "k_descale", "v_descale", "cu_seqlens_q"}
     for fn in (flash_decode.flash_decode, flash_decode.plan):
         assert "Example" in fn.__doc__ and ">>>" in fn.__doc__
 
@@ -126,7 +126,7 @@ layout = dict(dtype=1, batch=1, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128
 _LAUNCH_THROUGH_THE_BINDING = _PLAIN_LAYOUT + """
 h = _api._handle(b, dict(layout, num_splits=32), 0)
 ws = b.Workspace(h, -1)
-splits = b.Run(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 3 * G, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10 * G, ws, 0)
+splits = b.Run(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 3 * G, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10 * G, ws, 0)
 print(json.dumps(dict(flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=32, device=0), ran=splits, ws=ws)))
 """
 
@@ -161,7 +161,7 @@ b, G = _native.binding(), 1 << 30
 h = _api._handle(b, layout, 0)
 ws = b.Workspace(h, -1)
 splits = b.Run(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 5 * G, 0, 0, 0, 6 * G, 7 * G, 8 * G, 9 * G,
-               0, 0, 0, 10 * G, ws, 0)
+               0, 0, 0, 0, 10 * G, ws, 0)
 print(json.dumps(dict(splits=splits, ws=ws)))
 """
 
@@ -186,7 +186,7 @@ _HINTED_LAUNCH = _PLAIN_LAYOUT + """
 h = _api._handle(b, dict(layout, device_lengths=1), 0)
 for seqlen in (-1, 1000):  # the capacity's plan, then the plan for a bound of 1000 keys (planned as 1024)
     ws = b.Workspace(h, seqlen)
-    b.Run(h, seqlen, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10 * G, ws, 0)
+    b.Run(h, seqlen, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10 * G, ws, 0)
 plans = [flash_decode.plan(1, 1, 32, 8, 128, 32768, device=0, seqlen=n, lengths=True) for n in (None, 1000)]
 print(json.dumps([[p["kernel"], p["grid"], p["cluster"], p["combine"]] for p in plans]))
 """
@@ -372,7 +372,7 @@ layout = dict(dtype=1, batch=1, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128
               k_cache=kv, v_cache=kv, out=q, window_left=-1, window_right=-1)
 handle = lambda **changes: flash_decode._api._handle(native, dict(layout, **changes), 0)
 report["handle"], report["handle_again"] = handle(), handle()
-run = lambda h, q, k, v, out: native.Run(h, -1, q, k, v, out, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+run = lambda h, q, k, v, out: native.Run(h, -1, q, k, v, out, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 for name, call in [("prepare_scale", lambda: handle(scale=1e-50)),
                    ("prepare_stride", lambda: handle(k_cache=kv[:3] + (2,))),
                    ("workspace", lambda: native.Workspace(report["handle"], -1)),
@@ -518,7 +518,7 @@ def test_layout_prepared_once_workspace_from_binding(layout_binding):
     for handle, seqlen, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seqlens, *serving, ws, ws_bytes, stream in runs:
         assert (handle, seqlen, q_ptr, k_ptr, v_ptr, seqlens) == (1, -1, q.data_ptr(), k.data_ptr(),
                                                                  v.data_ptr(), lens.data_ptr())
-        assert out_ptr and lse_ptr and ws and ws_bytes == 1000 and serving == [0] * 11
+        assert out_ptr and lse_ptr and ws and ws_bytes == 1000 and serving == [0] * 12
 
 
 @pytest.mark.parametrize("q_bhsd", [(2, 8, 1, 64), (2, 8, 3, 64)], ids=["contiguous but a size-1 stride", "strided"])

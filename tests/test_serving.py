@@ -37,12 +37,14 @@ def test_signature_is_flash_attn_with_kvcache():
     assert list(keywords) == ["rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
                               "block_table", "softmax_scale", "causal", "window_size", "softcap",
                               "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse", "out",
-                              "max_seqlen_k", "batch_invariant", "k_descale", "v_descale", "sinks"]
+                              "max_seqlen_k", "batch_invariant", "k_descale", "v_descale", "sinks", "cu_seqlens_q",
+                              "max_seqlen_q"]
     assert keywords == dict(rotary_cos=None, rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
                             num_splits=0, return_softmax_lse=False, out=None, max_seqlen_k=None,
-                            batch_invariant=False, k_descale=None, v_descale=None, sinks=None)
+                            batch_invariant=False, k_descale=None, v_descale=None, sinks=None, cu_seqlens_q=None,
+                            max_seqlen_q=None)
     doc = flash_decode.flash_decode.__doc__
     for name in keywords:
         assert f"{name}" in doc, name
@@ -106,7 +108,8 @@ def test_layout_sent_to_prepare(layout_binding):
     ((handle, seqlen, *pointers, ws, ws_bytes, stream),) = layout_binding.args("Run")
     assert (handle, seqlen, ws_bytes, stream) == (1, -1, 1000, 0) and ws
     names = ["q", "k_cache", "v_cache", "out", "lse", "cache_seqlens", "block_table", "cache_batch_idx",
-             "cache_leftpad", "alibi_slopes", "k", "v", "rotary_cos", "rotary_sin", "k_descale", "v_descale", "sinks"]
+             "cache_leftpad", "alibi_slopes", "k", "v", "rotary_cos", "rotary_sin", "k_descale", "v_descale", "sinks",
+             "cu_seqlens_q"]
     tensors = dict(a, out=out, lse=lse)
     assert pointers == [tensors[n].data_ptr() if n in tensors else 0 for n in names]
 
@@ -178,7 +181,7 @@ def test_defaults_are_the_plain_layout(layout_binding, defaults):
     assert layout["window_left"] == layout["window_right"] == -1 and layout["softcap"] == 0.0
     assert layout["seqlen_new"] == layout["rotary_dim"] == layout["rotary_interleaved"] == 0
     ((_, _, *pointers, _, _, _),) = layout_binding.args("Run")
-    assert pointers[6:] == [0] * 11
+    assert pointers[6:] == [0] * 12
 
 
 def test_serving_layout_prepared_once(layout_binding):

@@ -64,7 +64,7 @@ static void test_layout_fields(void) {
         FIELD(softcap), FIELD(alibi), FIELD(alibi_slopes), FIELD(seqlen_new), FIELD(k_new), FIELD(v_new),
         FIELD(rotary_dim), FIELD(rotary_rows), FIELD(rotary_cos), FIELD(rotary_sin), FIELD(rotary_interleaved),
         FIELD(kv_dtype), FIELD(descale), FIELD(k_descale), FIELD(v_descale), FIELD(k_descale_value),
-        FIELD(v_descale_value), FIELD(sinks), FIELD(batch_invariant),
+        FIELD(v_descale_value), FIELD(sinks), FIELD(batch_invariant), FIELD(ragged), FIELD(total_q),
     };
     const size_t nfields = sizeof fields / sizeof fields[0];
     const char *text = fd_layout_fields();
@@ -291,6 +291,60 @@ static void test_run_refusals(int gpus) {
     fd_release(h);
 }
 
+// Ragged query lengths: the layout's ragged and total_q (q's batch stride not read),
+// planned as the uniform layout of seqlen_q (max_seqlen_q) rows a sequence; refusals
+// by name; fd_run takes cu_seqlens_q exactly with ragged.
+static void test_ragged(int gpus) {
+    fd_layout u = dense_layout(4096);
+    u.seqlen_q = 4;
+    const int64_t q4[4] = {4 * 32 * 128, 32 * 128, 128, 1};
+    memcpy(u.q, q4, sizeof q4), memcpy(u.out, q4, sizeof q4);
+    fd_layout l = u;
+    l.ragged = 1, l.total_q = 5, l.q[0] = 12345, l.out[0] = 0;
+    fd_handle hu, h;
+    fd_plan_info pu, p;
+    size_t wu = 0, w = 1;
+    CHECK(fd_prepare(&u, sizeof u, -1, &hu) == FD_OK && fd_prepare(&l, sizeof l, -1, &h) == FD_OK,
+          "fd_prepare: \"%s\"", fd_last_error());
+    CHECK(fd_plan(hu, -1, &pu) == FD_OK && fd_plan(h, -1, &p) == FD_OK && memcmp(&p, &pu, sizeof p) == 0 &&
+              fd_workspace_size(hu, -1, &wu) == FD_OK && fd_workspace_size(h, -1, &w) == FD_OK && w == wu,
+          "ragged plan %s %d splits %zu bytes, uniform %s %d splits %zu bytes", p.kernel, p.num_splits, w, pu.kernel,
+          pu.num_splits, wu);
+    fd_release(hu), fd_release(h);
+
+    fd_layout bad = l;
+    bad.seqlen_q = 17;
+    expect_error("max_seqlen_q 17", fd_prepare(&bad, sizeof bad, -1, &h), FD_ERR_UNSUPPORTED, "seqlen_q");
+    bad = l, bad.total_q = 0;
+    expect_error("total_q 0", fd_prepare(&bad, sizeof bad, -1, &h), FD_ERR_INVALID, "total_q");
+    bad = u, bad.total_q = 5;
+    expect_error("total_q without ragged", fd_prepare(&bad, sizeof bad, -1, &h), FD_ERR_INVALID, "total_q");
+    bad = l, bad.ragged = 2;
+    expect_error("ragged 2", fd_prepare(&bad, sizeof bad, -1, &h), FD_ERR_INVALID, "ragged");
+    bad = l, bad.seqlen_new = 2;
+    const int64_t kn[4] = {0, 8 * 128, 128, 1};
+    memcpy(bad.k_new, kn, sizeof kn), memcpy(bad.v_new, kn, sizeof kn);
+    expect_error("seqlen_new not seqlen_q", fd_prepare(&bad, sizeof bad, -1, &h), FD_ERR_INVALID, "k_new");
+
+    CHECK(fd_prepare(&l, sizeof l, 0, &h) == FD_OK, "fd_prepare on device 0: \"%s\"", fd_last_error());
+    fd_ptrs ptrs = good_ptrs();
+    expect_error("no cu_seqlens_q", fd_run(h, &ptrs, sizeof ptrs, -1, NULL, 0, NULL), FD_ERR_INVALID, "cu_seqlens_q");
+    ptrs.cu_seqlens_q = 0x3000002;
+    expect_error("misaligned cu_seqlens_q", fd_run(h, &ptrs, sizeof ptrs, -1, NULL, 0, NULL), FD_ERR_INVALID,
+                 "cu_seqlens_q");
+    ptrs.cu_seqlens_q = 0x3000000, ptrs.lse = 0x1000000 + 4 * 128;  // inside q's 5 rows
+    expect_error("lse over q", fd_run(h, &ptrs, sizeof ptrs, -1, NULL, 0, NULL), FD_ERR_INVALID, "lse");
+    ptrs.lse = 0;
+    if (gpus == 0)
+        expect_error("good ragged call, no device", fd_run(h, &ptrs, sizeof ptrs, -1, NULL, 0, NULL), FD_ERR_INVALID,
+                     "device");
+    fd_release(h);
+    CHECK(fd_prepare(&u, sizeof u, 0, &hu) == FD_OK, "fd_prepare: \"%s\"", fd_last_error());
+    expect_error("cu_seqlens_q without ragged", fd_run(hu, &ptrs, sizeof ptrs, -1, NULL, 0, NULL), FD_ERR_INVALID,
+                 "cu_seqlens_q");
+    fd_release(hu);
+}
+
 // A child forked without exec gets FD_ERR_FORKED at once, from every entry point,
 // and a message that says to spawn; the parent keeps working.
 static void test_fork(void) {
@@ -336,6 +390,7 @@ int main(void) {
     test_prepare_refusals();
     test_run_refusals(gpus);
     test_fp8();
+    test_ragged(gpus);
     test_fork();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -21,7 +21,7 @@ func TestCheckAddressesNamesTheLowOne(t *testing.T) {
 		{"cache_seqlens", &p.CacheSeqlens}, {"block_table", &p.BlockTable}, {"cache_batch_idx", &p.CacheBatchIdx},
 		{"cache_leftpad", &p.CacheLeftpad}, {"alibi_slopes", &p.AlibiSlopes}, {"k", &p.New.K.Ptr}, {"v", &p.New.V.Ptr},
 		{"rotary_cos", &p.Rotary.Cos}, {"rotary_sin", &p.Rotary.Sin}, {"k_descale", &p.KDescale.Ptr},
-		{"v_descale", &p.VDescale.Ptr}, {"sinks", &p.Sinks}, {"workspace", &ws},
+		{"v_descale", &p.VDescale.Ptr}, {"sinks", &p.Sinks}, {"cu_seqlens_q", &p.CuSeqlensQ}, {"workspace", &ws},
 	}
 	if err := checkAddresses(&p, ws); err != nil {
 		t.Fatalf("all 0: %v", err)

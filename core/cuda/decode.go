@@ -41,7 +41,7 @@ func checkAddresses(p *core.Problem, workspace uintptr) error {
 	if !(low(p.Q.Ptr) || low(p.K.Ptr) || low(p.V.Ptr) || low(p.Out.Ptr) || low(p.LSE) || low(p.CacheSeqlens) ||
 		low(p.BlockTable) || low(p.CacheBatchIdx) || low(p.CacheLeftpad) || low(p.AlibiSlopes) ||
 		low(p.New.K.Ptr) || low(p.New.V.Ptr) || low(p.Rotary.Cos) || low(p.Rotary.Sin) || low(p.KDescale.Ptr) ||
-		low(p.VDescale.Ptr) || low(p.Sinks) || low(workspace)) {
+		low(p.VDescale.Ptr) || low(p.Sinks) || low(p.CuSeqlensQ) || low(workspace)) {
 		return nil
 	}
 	for _, x := range [...]struct {
@@ -52,7 +52,7 @@ func checkAddresses(p *core.Problem, workspace uintptr) error {
 		{"cache_seqlens", p.CacheSeqlens}, {"block_table", p.BlockTable}, {"cache_batch_idx", p.CacheBatchIdx},
 		{"cache_leftpad", p.CacheLeftpad}, {"alibi_slopes", p.AlibiSlopes}, {"k", p.New.K.Ptr}, {"v", p.New.V.Ptr},
 		{"rotary_cos", p.Rotary.Cos}, {"rotary_sin", p.Rotary.Sin}, {"k_descale", p.KDescale.Ptr},
-		{"v_descale", p.VDescale.Ptr}, {"sinks", p.Sinks}, {"workspace", workspace},
+		{"v_descale", p.VDescale.Ptr}, {"sinks", p.Sinks}, {"cu_seqlens_q", p.CuSeqlensQ}, {"workspace", workspace},
 	} {
 		if err := checkAddress("decode", x.name, x.ptr); err != nil {
 			return err

@@ -195,6 +195,7 @@ func setCall(k *C.fd_params, p *core.Problem, pl *core.Plan, workspace uintptr) 
 	k.out = C.fd_devptr(p.Out.Ptr)
 	k.lse = C.fd_devptr(p.LSE)
 	k.sinks = C.fd_devptr(p.Sinks)
+	k.cu_seqlens_q = C.fd_devptr(p.CuSeqlensQ)
 	if pl.CombineGrid > 0 {
 		k.o_partial = C.fd_devptr(workspace)
 		k.lse_partial = C.fd_devptr(workspace + uintptr(pl.LSEPartialOffset))
@@ -247,6 +248,12 @@ func plainParams(p *core.Problem, pl *core.Plan) C.fd_params {
 		k.combine_early_dependents = 1
 	}
 	k.prefetch_tiles = C.int(pl.PrefetchTiles)
+	// lse: (batch, heads_q, seqlen_q), or with ragged lengths (heads_q, total_q)
+	// (kernels/ragged.cuh; q's and out's batch strides are then 0).
+	k.lse_batch_stride, k.lse_head_stride = C.longlong(p.HeadsQ*p.SeqlenQ), C.longlong(p.SeqlenQ)
+	if p.Ragged {
+		k.total_q, k.lse_batch_stride, k.lse_head_stride = C.int(p.TotalQ), 0, C.longlong(p.TotalQ)
+	}
 	k.whole_items = C.int(pl.WholeItems)
 	k.combine_row0 = C.int(pl.CombineRow0)
 	if pl.BalanceSplits > 0 {

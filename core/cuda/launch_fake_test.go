@@ -85,6 +85,16 @@ func launchCases() []launchCase {
 		p.Causal = true
 		return p
 	}
+	// ragged flattens p's query rows (and new tokens): totalQ rows of at
+	// most sq a sequence.
+	ragged := func(p core.Problem, sq, totalQ int) core.Problem {
+		p.SeqlenQ, p.Ragged, p.TotalQ, p.CuSeqlensQ = sq, true, totalQ, 12*gib
+		p.Q.BatchStride, p.Out.BatchStride = 0, 0
+		if p.New.Seqlen > 0 {
+			p.New.Seqlen, p.New.K.BatchStride, p.New.V.BatchStride = sq, 0, 0
+		}
+		return p
+	}
 	return []launchCase{
 		{"split and combine", plain(1, 32, 8, 32768, 32), "combine"},
 		{"splits merged in clusters", plain(1, 32, 8, 1024, 0), "cluster"},
@@ -139,6 +149,14 @@ func launchCases() []launchCase {
 			p.BatchInvariant = true
 			return p
 		}(), "invariant"},
+		{"ragged queries, the combine", ragged(plain(2, 32, 8, 32768, 32), 4, 5), "combine"},
+		{"ragged queries, the cluster merge", ragged(plain(1, 32, 8, 1024, 0), 3, 3), "cluster"},
+		{"ragged paged append with rotary", ragged(paged(), 2, 3), "append"},
+		{"ragged paged append fused into stage 1", func() core.Problem {
+			p := paged()
+			p.Rotary = core.Rotary{}
+			return ragged(p, 2, 3)
+		}(), "fused"},
 	}
 }
 
@@ -180,7 +198,7 @@ func TestLaunchesFollowThePlan(t *testing.T) {
 			r := prepareProblem(t, &p)
 			args := Args{Q: p.Q.Ptr, K: p.K.Ptr, V: p.V.Ptr, Out: p.Out.Ptr, LSE: p.LSE, CacheSeqlens: p.CacheSeqlens,
 				BlockTable: p.BlockTable, KNew: p.New.K.Ptr, VNew: p.New.V.Ptr, RotaryCos: p.Rotary.Cos,
-				RotarySin: p.Rotary.Sin, Sinks: p.Sinks, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
+				RotarySin: p.Rotary.Sin, Sinks: p.Sinks, CuSeqlensQ: p.CuSeqlensQ, Workspace: 10 * gib, WorkspaceBytes: pl.WorkspaceBytes}
 			for _, call := range []string{"Decode", "Prepared.Run", "Prepared.Run again"} {
 				launched(t, log)
 				if call == "Decode" {

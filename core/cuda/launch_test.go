@@ -86,7 +86,7 @@ func TestLayoutParamsReadNoAddress(t *testing.T) {
 		zero := p
 		zero.Q.Ptr, zero.K.Ptr, zero.V.Ptr, zero.Out.Ptr, zero.LSE, zero.CacheSeqlens = 0, 0, 0, 0, 0, 0
 		zero.BlockTable, zero.CacheBatchIdx, zero.CacheLeftpad, zero.AlibiSlopes = 0, 0, 0, 0
-		zero.New.K.Ptr, zero.New.V.Ptr, zero.Rotary.Cos, zero.Rotary.Sin, zero.Sinks = 0, 0, 0, 0, 0
+		zero.New.K.Ptr, zero.New.V.Ptr, zero.Rotary.Cos, zero.Rotary.Sin, zero.Sinks, zero.CuSeqlensQ = 0, 0, 0, 0, 0, 0
 		zero.Seqlen = 7
 		k := layoutParams(&zero, &pl)
 		if k != layoutParams(&p, &pl) {
@@ -99,5 +99,39 @@ func TestLayoutParamsReadNoAddress(t *testing.T) {
 		if k == layoutParams(&p, &pl) {
 			t.Errorf("%s: setCall set no address", tc.name)
 		}
+	}
+}
+
+// TestRaggedParams: ragged query lengths hand the kernels cu_seqlens_q,
+// total_q, the flattened tensors' zero batch strides and lse's (heads_q,
+// total_q) strides; other calls get no offsets and lse (batch, heads_q,
+// seqlen_q).
+func TestRaggedParams(t *testing.T) {
+	ragged := 0
+	for _, tc := range launchCases() {
+		p := tc.p
+		if err := p.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		pl, err := core.MakePlan(p.PlanShape(), core.H200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := params(&p, &pl, 10<<30)
+		if !p.Ragged {
+			if k.cu_seqlens_q != 0 || k.total_q != 0 || int(k.lse_batch_stride) != p.HeadsQ*p.SeqlenQ || int(k.lse_head_stride) != p.SeqlenQ {
+				t.Errorf("%s: cu_seqlens_q %#x, total_q %d, lse strides %d, %d", tc.name, k.cu_seqlens_q, k.total_q, k.lse_batch_stride, k.lse_head_stride)
+			}
+			continue
+		}
+		ragged++
+		if uintptr(k.cu_seqlens_q) != p.CuSeqlensQ || int(k.total_q) != p.TotalQ || k.lse_batch_stride != 0 ||
+			int(k.lse_head_stride) != p.TotalQ || k.q_batch_stride != 0 || k.out_batch_stride != 0 ||
+			k.k_new_batch_stride != 0 || int(k.seqlen_q) != p.SeqlenQ {
+			t.Errorf("%s: params %+v", tc.name, k)
+		}
+	}
+	if ragged == 0 {
+		t.Error("no ragged launch case")
 	}
 }

@@ -84,8 +84,10 @@ type Args struct {
 	// KDescale and VDescale (an fp8 layout with descale arrays) and Sinks
 	// (a layout with sinks).
 	KDescale, VDescale, Sinks uintptr
-	Workspace                 uintptr
-	WorkspaceBytes            int
+	// CuSeqlensQ, given exactly for a layout of ragged query lengths.
+	CuSeqlensQ     uintptr
+	Workspace      uintptr
+	WorkspaceBytes int
 }
 
 // Workspace returns the bytes of workspace Run needs when called with this
@@ -168,6 +170,7 @@ func setArgs(p *core.Problem, a *Args) {
 	p.BlockTable, p.CacheBatchIdx, p.CacheLeftpad, p.AlibiSlopes = a.BlockTable, a.CacheBatchIdx, a.CacheLeftpad, a.AlibiSlopes
 	p.New.K.Ptr, p.New.V.Ptr, p.Rotary.Cos, p.Rotary.Sin = a.KNew, a.VNew, a.RotaryCos, a.RotarySin
 	p.KDescale.Ptr, p.VDescale.Ptr, p.Sinks = a.KDescale, a.VDescale, a.Sinks
+	p.CuSeqlensQ = a.CuSeqlensQ
 }
 
 // checkCall checks the device addresses of a call of a valid layout p and

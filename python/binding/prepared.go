@@ -91,7 +91,7 @@ func PlanJSON(handle, seqlen int) (plan string) {
 // splits it used, or a negative error id. The workspace needs
 // Workspace(handle, seqlen) bytes.
 func Run(handle, seqlen int, q, k, v, out, lse, cacheSeqlens, blockTable, cacheBatchIdx, cacheLeftpad, alibiSlopes,
-	kNew, vNew, rotaryCos, rotarySin, kDescale, vDescale, sinks, workspace uintptr, workspaceBytes int,
+	kNew, vNew, rotaryCos, rotarySin, kDescale, vDescale, sinks, cuSeqlensQ, workspace uintptr, workspaceBytes int,
 	stream uintptr) (splits int) {
 	defer recoverError(&splits)
 	r, err := prepared.Get(int64(handle))
@@ -101,7 +101,7 @@ func Run(handle, seqlen int, q, k, v, out, lse, cacheSeqlens, blockTable, cacheB
 	pl, err := r.Run(&cuda.Args{Q: q, K: k, V: v, Out: out, LSE: lse, CacheSeqlens: cacheSeqlens,
 		BlockTable: blockTable, CacheBatchIdx: cacheBatchIdx, CacheLeftpad: cacheLeftpad, AlibiSlopes: alibiSlopes,
 		KNew: kNew, VNew: vNew, RotaryCos: rotaryCos, RotarySin: rotarySin,
-		KDescale: kDescale, VDescale: vDescale, Sinks: sinks,
+		KDescale: kDescale, VDescale: vDescale, Sinks: sinks, CuSeqlensQ: cuSeqlensQ,
 		Workspace: workspace, WorkspaceBytes: workspaceBytes}, seqlen, stream)
 	if err != nil {
 		return fail(err)

@@ -86,7 +86,7 @@ func checkFailure(t *testing.T, what string, ret int, kind cuda.Kind, arg string
 
 func TestLayoutFields(t *testing.T) {
 	fields := strings.Split(LayoutFields(), ",")
-	if len(fields)*8 != core.LayoutBytes || fields[0] != "dtype:q" || fields[len(fields)-1] != "batch_invariant:q" {
+	if len(fields)*8 != core.LayoutBytes || fields[0] != "dtype:q" || fields[len(fields)-1] != "total_q:q" {
 		t.Errorf("LayoutFields() = %q", LayoutFields())
 	}
 }
@@ -162,10 +162,10 @@ func TestWorkspacePlanRun(t *testing.T) {
 	}
 	const ok = uintptr(1) << 30
 	run := func(q, ws uintptr) int {
-		return Run(h, -1, q, 2*ok, 3*ok, 4*ok, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ws, 0, 0)
+		return Run(h, -1, q, 2*ok, 3*ok, 4*ok, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ws, 0, 0)
 	}
 	checkFailure(t, "Run without a device", run(ok, 0), cuda.KindInvalid, "device")
-	checkFailure(t, "Run of a made-up handle", Run(12345, -1, ok, 2*ok, 3*ok, 4*ok, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+	checkFailure(t, "Run of a made-up handle", Run(12345, -1, ok, 2*ok, 3*ok, 4*ok, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
 		cuda.KindInvalid, "handle")
 }
 

@@ -20,11 +20,11 @@ func BenchmarkRun(b *testing.B) {
 	if h < 0 {
 		b.Fatal(ErrorMessage(h))
 	}
-	if n := Run(h, -1, 1*gib, 64*gib, 128*gib, 2*gib, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0); n < 0 {
+	if n := Run(h, -1, 1*gib, 64*gib, 128*gib, 2*gib, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0); n < 0 {
 		b.Fatal(ErrorMessage(n))
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		Run(h, -1, 1*gib, 64*gib, 128*gib, 2*gib, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+		Run(h, -1, 1*gib, 64*gib, 128*gib, 2*gib, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 	}
 }

@@ -52,7 +52,8 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  max_seqlen_k: int | None = None, batch_invariant: bool = False,
                  k_descale: float | torch.Tensor | None = None,
                  v_descale: float | torch.Tensor | None = None,
-                 sinks: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                 sinks: torch.Tensor | None = None, cu_seqlens_q: torch.Tensor | None = None,
+                 max_seqlen_q: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few new query tokens over a KV cache (flash decoding).
 
     FlashAttention 2's ``flash_attn_with_kvcache``, same names and meanings. Runs on q's device's current
@@ -85,9 +86,15 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             both, of 1 element or ``(batch, nheads_kv)`` (their values are not checked: no host sync).
         sinks: float32 ``(nheads_q,)``: a logit per query head whose ``exp`` joins each row's softmax
             denominator with no value (gpt-oss); the LSE includes it.
+        cu_seqlens_q, max_seqlen_q: ragged query lengths (FlashAttention 3's): int32 ``(batch + 1,)`` on q's
+            device, sequence b's rows being ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` (0 to 16 of them, causal
+            and bottom-right aligned to their own count), and the int 1-16 the call is planned for (at least
+            the most rows a sequence has). q and out are then ``(total_q, nheads_q, headdim)``, k and v
+            ``(total_q, nheads_kv, headdim)``, lse ``(nheads_q, total_q)``. See docs/api.md.
 
     Returns:
-        out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32 (batch, nheads_q, seqlen_q).
+        out in q's shape and dtype; with return_softmax_lse ``(out, lse)``, lse float32 (batch, nheads_q, seqlen_q),
+        or (nheads_q, total_q) with cu_seqlens_q.
 
     Raises:
         TypeError, ValueError, NotImplementedError (a size the kernels lack) or RuntimeError (no driver, native
@@ -107,7 +114,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                        cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                        alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant, k_descale,
-                       v_descale, sinks)
+                       v_descale, sinks, cu_seqlens_q, max_seqlen_q)
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
              and window_size == (-1, -1) and k_descale is None and v_descale is None
@@ -122,7 +129,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.get_device()),
                type(softmax_scale), softmax_scale, type(causal), causal, type(num_splits), num_splits,
                type(batch_invariant), batch_invariant,
-               None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()))
+               None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
+               None if cu_seqlens_q is None and max_seqlen_q is None else
+               (_sig(cu_seqlens_q), type(max_seqlen_q), max_seqlen_q))
         if not plain:
             sig += (*map(_sig, (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table,
                                 alibi_slopes, sinks)), type(window_size), tuple(window_size), tuple(map(type, window_size)),
@@ -139,7 +148,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                          rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant, k_descale, v_descale,
-                         sinks)
+                         sinks, cu_seqlens_q, max_seqlen_q)
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -157,13 +166,14 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if out is None:  # empty_like keeps a contiguous q's strides (those registered) and is the cheaper call
         out = torch.empty_like(q) if q_contiguous else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(*lse_shape, dtype=torch.float32, device=q.device) if return_softmax_lse else None
+    cu = 0 if cu_seqlens_q is None else cu_seqlens_q.data_ptr()
     stream = _current_stream(device)
     while True:
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device) if workspace_bytes else None
         try:
             if plain:
                 status = run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                             0 if lse is None else lse.data_ptr(), seqlens, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                             0 if lse is None else lse.data_ptr(), seqlens, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, cu,
                              0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
             else:
                 status = run(handle, seqlen, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
@@ -177,7 +187,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              0 if rotary_sin is None else rotary_sin.data_ptr(),
                              k_descale.data_ptr() if isinstance(k_descale, torch.Tensor) else 0,
                              v_descale.data_ptr() if isinstance(v_descale, torch.Tensor) else 0,
-                             0 if sinks is None else sinks.data_ptr(),
+                             0 if sinks is None else sinks.data_ptr(), cu,
                              0 if workspace is None else workspace.data_ptr(), workspace_bytes, stream)
         except OverflowError:  # past the core's int64
             name = "cache_seqlens" if type(cache_seqlens) is int else "max_seqlen_k"
@@ -209,26 +219,33 @@ def _scale_sig(x):
 
 def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
              block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-             out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None):
+             out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None, cu_seqlens_q=None,
+             max_seqlen_q=None):
     """Check a call, have the core prepare its layout and keep what later calls need under sig."""
     fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-                     num_splits, out, batch_invariant, k_descale, v_descale, sinks)
+                     num_splits, out, batch_invariant, k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q)
     arrays = fields.get("descale")  # descale tensors: their device is checked, and goes with each call
     device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
                             rotary_sin=rotary_sin, cache_seqlens=cache_seqlens if fields["device_lengths"] else None,
                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
                             alibi_slopes=alibi_slopes, sinks=sinks, out=out, k_descale=k_descale if arrays else None,
-                            v_descale=v_descale if arrays else None)
+                            v_descale=v_descale if arrays else None, cu_seqlens_q=cu_seqlens_q)
     native = _native.binding()
-    entry = [_native.function(native, "Run"), _handle(native, fields, device), 0, device,
-             (fields["batch"], fields["heads_q"], fields["seqlen_q"]), q.is_contiguous(), type(cache_seqlens) is int,
-             native]
+    entry = [_native.function(native, "Run"), _handle(native, fields, device), 0, device, _lse_shape(fields),
+             q.is_contiguous(), type(cache_seqlens) is int, native]
     if sig is not None:
         if len(_prepared) >= _PREPARED_LIMIT:
             _prepared.clear()  # the core keeps the handles: preparing again is a lookup
         _prepared[sig] = entry
     return entry
+
+
+def _lse_shape(fields):
+    """The LSE's shape: (batch, nheads_q, seqlen_q), or (nheads_q, total_q) with ragged lengths."""
+    if fields.get("ragged"):
+        return fields["heads_q"], fields["total_q"]
+    return fields["batch"], fields["heads_q"], fields["seqlen_q"]
 
 
 def _handle(native, fields, device):
@@ -249,9 +266,14 @@ def _handle(native, fields, device):
 
 def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None):
+            out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None, cu_seqlens_q=None,
+            max_seqlen_q=None):
     """Check what only Python sees in a call (but the devices) and return its layout fields."""
-    _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
+    ragged = cu_seqlens_q is not None or max_seqlen_q is not None
+    if ragged:
+        _tensor("q", q, 3, "(total_q, nheads_q, headdim) with cu_seqlens_q", None)
+    else:
+        _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
     dims = "(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else \
         "(batch, seqlen_cache, nheads_kv, headdim)"
     _tensor("k_cache", k_cache, 4, dims, (q.dtype, *_FP8))
@@ -259,8 +281,16 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if v_cache.dtype != k_cache.dtype:
         raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype} (the caches are q's dtype or both one "
                         f"fp8 format), got {v_cache.dtype}")
-    batch, seqlen_q, heads_q, head_dim = q.shape
     rows, seqlen_cache, heads_kv, _ = k_cache.shape
+    if ragged:  # one batch of total_q flattened rows: a (total_q, ...) tensor's strides, batch stride 0
+        batch, seqlen_q = _ragged(cu_seqlens_q, max_seqlen_q, dict(
+            cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
+            block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+            k_cache=k_cache if block_table is None and cache_batch_idx is None else None))
+        (heads_q, head_dim), rows_of = q.shape[1:], lambda t: (0, *t.stride())
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        rows_of = torch.Tensor.stride
     if k_cache.shape[3] != head_dim or (rows != batch and block_table is None and cache_batch_idx is None):
         raise ValueError(f"k_cache must have shape (batch={batch}, seqlen_cache, nheads_kv, headdim={head_dim}) to "
                          f"match q (other rows with cache_batch_idx or block_table), got {tuple(k_cache.shape)}")
@@ -271,7 +301,8 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     elif cache_seqlens is not None and type(cache_seqlens) is not int:
         raise TypeError(f"cache_seqlens must be None, an int or an int32 tensor, got {type(cache_seqlens).__name__}")
     if out is not None:
-        _tensor("out", out, 4, "(batch, seqlen_q, nheads_q, headdim)", q.dtype)
+        _tensor("out", out, q.dim(), "(total_q, nheads_q, headdim)" if ragged else "(batch, seqlen_q, nheads_q, headdim)",
+                q.dtype)
         if out.shape != q.shape:
             raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     _check_bool("causal", causal)
@@ -282,13 +313,15 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     fields = dict(dtype=_DTYPES[q.dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
                   head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=_check_int("num_splits", num_splits),
                   device_lengths=int(isinstance(cache_seqlens, torch.Tensor)), causal=int(causal), scale=scale,
-                  q=q.stride(), k_cache=k_cache.stride(), v_cache=v_cache.stride(),
-                  out=_contiguous(q.shape) if out is None else out.stride(),
+                  q=rows_of(q), k_cache=k_cache.stride(), v_cache=v_cache.stride(),
+                  out=((0,) * ragged + _contiguous(q.shape)) if out is None else rows_of(out),
                   window_left=left, window_right=right, softcap=_float("softcap", softcap),
                   kv_dtype=_FP8.get(k_cache.dtype, 0), **_descales(k_descale, v_descale, batch, heads_kv))
     _check_bool("batch_invariant", batch_invariant)
     if batch_invariant:
         fields.update(batch_invariant=1)
+    if ragged:
+        fields.update(ragged=1, total_q=q.shape[0])
     if block_table is not None:
         _index("block_table", block_table, batch, table=True)
         pages = block_table.shape[1]
@@ -320,7 +353,16 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
         if (given[a] is None) != (given[b] is None):
             missing, other = (b, a) if given[b] is None else (a, b)
             raise ValueError(f"{missing} is None but {other} is not: {what} together")
-    if k is not None:
+    if k is not None and ragged:  # flattened as q is: each sequence appends its own rows
+        dims = f"(total_q={q.shape[0]}, nheads_kv={heads_kv}, headdim={head_dim})"
+        _tensor("k", k, 3, dims, q.dtype)
+        _tensor("v", v, 3, dims, q.dtype)
+        if tuple(k.shape) != (q.shape[0], heads_kv, head_dim):
+            raise ValueError(f"k must have shape {dims} with cu_seqlens_q, got {tuple(k.shape)}")
+        if v.shape != k.shape:
+            raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+        fields.update(seqlen_new=seqlen_q, k_new=rows_of(k), v_new=rows_of(v))
+    elif k is not None:
         dims = f"(batch={batch}, seqlen_new, nheads_kv={heads_kv}, headdim={head_dim})"
         _tensor("k", k, 4, dims, q.dtype)
         _tensor("v", v, 4, dims, q.dtype)
@@ -345,13 +387,13 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
 def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
             return_softmax_lse, out, max_seqlen_k, batch_invariant=False, k_descale=None, v_descale=None,
-            sinks=None):
+            sinks=None, cu_seqlens_q=None, max_seqlen_q=None):
     """flash_decode while torch.compile traces: the eager call's first checks (the ops' schemas would
     turn True into 1, and out= is a copy that would cast or broadcast), then an op. A descale goes
     in as a tensor or as a value (the schemas have no union)."""
     _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
-            batch_invariant, k_descale, v_descale, sinks)
+            batch_invariant, k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q)
     _check_lengths(cache_seqlens, max_seqlen_k)
     if out is not None and out.device != q.device:
         raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
@@ -362,12 +404,13 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if k is None and rotary_cos is None:
         result, lse = torch.ops.flash_decode.decode(
             q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, *descales, sinks)
+            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, *descales, sinks,
+            cu_seqlens_q, max_seqlen_q)
     else:
         result, lse = torch.ops.flash_decode.decode_append(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            max_seqlen_k, batch_invariant, *descales, sinks)
+            max_seqlen_k, batch_invariant, *descales, sinks, cu_seqlens_q, max_seqlen_q)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result
@@ -379,7 +422,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
          window_size: tuple[int, int] = (-1, -1), rotary: bool = False, page_size: int = 0,
          lengths: bool = False, batch_invariant: bool = False, kv_dtype: torch.dtype | None = None,
          k_descale: float | torch.Tensor | None = None,
-         v_descale: float | torch.Tensor | None = None) -> dict[str, Any]:
+         v_descale: float | torch.Tensor | None = None,
+         cu_seqlens_q: torch.Tensor | None = None) -> dict[str, Any]:
     """What :func:`flash_decode` would launch for these shapes on a device, from the Go
     core: the split count num_splits=0 picks, the grid, the kernels and the workspace.
     The full reference is docs/api.md.
@@ -399,6 +443,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         batch_invariant: as in :func:`flash_decode` (the plan then has ``invariant_tiles``).
         kv_dtype: the caches' dtype: None (dtype's), torch.float8_e4m3fn or torch.float8_e5m2.
         k_descale, v_descale: as in :func:`flash_decode` (a tensor's shape and strides are read, not its data).
+        cu_seqlens_q: ragged query lengths, int32 ``(batch + 1,)`` (its shape is read, not its data): seqlen_q
+            is then max_seqlen_q, and the plan is the uniform one of that many rows a sequence.
 
     Returns:
         dict: the core's plan (``num_splits``, ``grid``, ``cluster``, ``workspace_bytes``, ``kernel``, ...).
@@ -438,6 +484,14 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     if seqlen_new:
         new = _contiguous((batch, seqlen_new, heads_kv, head_dim))
         fields.update(seqlen_new=seqlen_new, k_new=new, v_new=new)
+    if cu_seqlens_q is not None:  # flattened rows, batch * seqlen_q of them at most
+        if _ragged(cu_seqlens_q, seqlen_q, {})[0] != batch:
+            raise ValueError(f"cu_seqlens_q must have batch + 1 = {batch + 1} elements, got {cu_seqlens_q.shape[0]}")
+        rows = (0, heads_q * head_dim, head_dim, 1)
+        fields.update(ragged=1, total_q=batch * seqlen_q, q=rows, out=rows)
+        if seqlen_new:
+            new = (0, heads_kv * head_dim, head_dim, 1)
+            fields.update(k_new=new, v_new=new)
     if rotary:  # tables for a rotary_dim of a multiple of 16, as the kernels take
         dim = max(16, head_dim // 16 * 16)
         fields.update(rotary_dim=dim, rotary_rows=seqlen_cache + seqlen_new, rotary_cos=(dim // 2, 1),
@@ -475,6 +529,30 @@ def _device_index(device):
 
 
 # ---- checks of what the Go core cannot see ----
+
+def _ragged(cu_seqlens_q, max_seqlen_q, batched):
+    """(batch, max_seqlen_q) of ragged query lengths: cu_seqlens_q an int32 (batch + 1,) tensor, contiguous,
+    batch agreeing with the (batch, ...) tensors in batched (None: not given), max_seqlen_q an int; the
+    core checks its range and the device checks nothing of the values."""
+    if cu_seqlens_q is None:
+        raise ValueError("max_seqlen_q is given without cu_seqlens_q: it is the most rows a sequence of "
+                         "ragged query lengths has")
+    _tensor("cu_seqlens_q", cu_seqlens_q, 1, "(batch + 1,)", torch.int32)
+    if max_seqlen_q is None:
+        raise ValueError("max_seqlen_q must be given with cu_seqlens_q: the most rows a sequence has (1 to 16), "
+                         "which the call is planned for (no host sync reads it from cu_seqlens_q)")
+    seqlen_q = _check_int("max_seqlen_q", max_seqlen_q)
+    n = cu_seqlens_q.shape[0]
+    if n < 2:
+        raise ValueError(f"cu_seqlens_q must have batch + 1 >= 2 elements, got shape {tuple(cu_seqlens_q.shape)}")
+    if cu_seqlens_q.stride(0) != 1:
+        raise ValueError(f"cu_seqlens_q must be contiguous, got stride {cu_seqlens_q.stride()}")
+    for name, t in batched.items():
+        if t is not None and t.dim() >= 1 and t.shape[0] != n - 1:
+            raise ValueError(f"cu_seqlens_q must have batch + 1 = {t.shape[0] + 1} elements ({name} has batch "
+                             f"{t.shape[0]}), got {n}")
+    return n - 1, seqlen_q
+
 
 def _check_lengths(cache_seqlens, max_seqlen_k):
     """Refuse lengths the core cannot be told: -1 (its whole cache), a max_seqlen_k without a cache_seqlens tensor."""

@@ -16,6 +16,8 @@ class Decoder:
     data is not read) and the options of :func:`flash_decode.flash_decode`, the same names and
     meanings. ``cache_seqlens`` is None (every sequence attends the whole cache) or an int32
     ``(batch,)`` tensor, and ``max_seqlen_k``, if given, the bound every call is planned for.
+    With ``cu_seqlens_q`` and ``max_seqlen_q`` (ragged query lengths, as flash_decode takes them) q is
+    ``(total_q, nheads_q, headdim)`` and each call passes its own ``cu_seqlens_q`` of the layout.
 
     ``workspace_bytes`` is the most any call of the layout needs (the core's answer for the
     bound). The decoder allocates that workspace once, or takes ``workspace=``: a uint8 CUDA
@@ -24,7 +26,7 @@ class Decoder:
     every call that passes none: copy them before the next call if you keep them.
 
     A call takes tensors of the layout (q, the caches and, where the layout has them,
-    cache_seqlens, block_table, alibi_slopes, descale tensors, sinks, out, lse; an optional one
+    cache_seqlens, block_table, alibi_slopes, descale tensors, sinks, cu_seqlens_q, out, lse; an optional one
     left out is the one given at construction), checks that they match it (ValueError naming the
     argument; nothing launched) and launches on the current stream with no host sync, so it can
     be captured in a CUDA graph once and replayed with new lengths and tables written in place.
@@ -51,6 +53,7 @@ class Decoder:
                  lse: torch.Tensor | None = None, max_seqlen_k: int | None = None,
                  batch_invariant: bool = False, k_descale: float | torch.Tensor | None = None,
                  v_descale: float | torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                 cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
                  workspace: torch.Tensor | None = None):
         if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
             raise TypeError("cache_seqlens must be None or an int32 (batch,) tensor: an int is planned per call "
@@ -64,7 +67,7 @@ class Decoder:
         run, handle, _, device, lse_shape, _, _, native = _api._prepare(
             None, q, k_cache, v_cache, None, None, None, None, cache_seqlens, None, None, block_table,
             softmax_scale, causal, window_size, softcap, True, alibi_slopes, num_splits, out, batch_invariant,
-            k_descale, v_descale, sinks)
+            k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q)
         self._run, self._handle, self._device, self._native = run, handle, device, native
         self._seqlen = -1 if max_seqlen_k is None else max_seqlen_k  # -1: the whole cache
         if (needed := native.Workspace(handle, self._seqlen)) < 0:
@@ -82,7 +85,7 @@ class Decoder:
         # name -> (the layout's signature, the tensor a call that omits it uses); required ones have None.
         given = dict(q=q, k_cache=k_cache, v_cache=v_cache, out=out, lse=lse, cache_seqlens=cache_seqlens,
                      block_table=block_table, alibi_slopes=alibi_slopes, k_descale=k_descale if arrays else None,
-                     v_descale=v_descale if arrays else None, sinks=sinks)
+                     v_descale=v_descale if arrays else None, sinks=sinks, cu_seqlens_q=cu_seqlens_q)
         self._layout = {name: (_api._sig(t), None if name in ("q", "k_cache", "v_cache") else t)
                         for name, t in given.items()}
         self.return_softmax_lse = return_softmax_lse
@@ -107,12 +110,12 @@ class Decoder:
                  cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                  alibi_slopes: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
                  v_descale: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                 out: torch.Tensor | None = None,
+                 cu_seqlens_q: torch.Tensor | None = None, out: torch.Tensor | None = None,
                  lse: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of q over the caches, written into out (and lse); returns out, or (out, lse)."""
         given = dict(q=q, k_cache=k_cache, v_cache=v_cache, out=out, lse=lse, cache_seqlens=cache_seqlens,
                      block_table=block_table, alibi_slopes=alibi_slopes, k_descale=k_descale, v_descale=v_descale,
-                     sinks=sinks)
+                     sinks=sinks, cu_seqlens_q=cu_seqlens_q)
         ptrs = {}
         for name, t in given.items():
             sig, default = self._layout[name]
@@ -132,7 +135,7 @@ class Decoder:
         workspace = self._workspace
         status = self._run(self._handle, self._seqlen, ptrs["q"], ptrs["k_cache"], ptrs["v_cache"], ptrs["out"],
                            ptrs["lse"], ptrs["cache_seqlens"], ptrs["block_table"], 0, 0, ptrs["alibi_slopes"],
-                           0, 0, 0, 0, ptrs["k_descale"], ptrs["v_descale"], ptrs["sinks"],
+                           0, 0, 0, 0, ptrs["k_descale"], ptrs["v_descale"], ptrs["sinks"], ptrs["cu_seqlens_q"],
                            0 if workspace is None else workspace.data_ptr(),
                            0 if workspace is None else workspace.numel(), _api._current_stream(self._device))
         if status < 0:
@@ -141,10 +144,12 @@ class Decoder:
 
 
 def _check_lse(lse, shape, device):
-    """Refuse an lse unless a contiguous float32 tensor of shape (batch, nheads_q, seqlen_q) on q's device."""
-    _api._tensor("lse", lse, 3, f"(batch, nheads_q, seqlen_q) = {tuple(shape)}", torch.float32)
+    """Refuse an lse unless a contiguous float32 tensor of shape (batch, nheads_q, seqlen_q) (ragged:
+    (nheads_q, total_q)) on q's device."""
+    dims = "(nheads_q, total_q)" if len(shape) == 2 else "(batch, nheads_q, seqlen_q)"
+    _api._tensor("lse", lse, len(shape), f"{dims} = {tuple(shape)}", torch.float32)
     if tuple(lse.shape) != tuple(shape) or not lse.is_contiguous():
-        raise ValueError(f"lse must be contiguous of shape (batch, nheads_q, seqlen_q) = {tuple(shape)}, "
+        raise ValueError(f"lse must be contiguous of shape {dims} = {tuple(shape)}, "
                          f"got shape {tuple(lse.shape)} and stride {lse.stride()}")
     if lse.device != device:
         raise ValueError(f"lse must be on q's device {device}, got {lse.device}")

@@ -17,7 +17,8 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[
            alibi_slopes: Optional[Tensor], num_splits: int, max_seqlen_k: Optional[int] = None,
            batch_invariant: bool = False, k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
            k_descale_value: Optional[float] = None, v_descale_value: Optional[float] = None,
-           sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+           sinks: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+           max_seqlen_q: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """flash_decode without new tokens; returns (out, lse). A descale is a tensor or a value (*_value)."""
     return _api.flash_decode(
         q, k_cache, v_cache, cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens,
@@ -25,7 +26,8 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[
         softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right), softcap=softcap,
         alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True, max_seqlen_k=max_seqlen_k,
         batch_invariant=batch_invariant, k_descale=k_descale_value if k_descale is None else k_descale,
-        v_descale=v_descale_value if v_descale is None else v_descale, sinks=sinks)
+        v_descale=v_descale_value if v_descale is None else v_descale, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=max_seqlen_q)
 
 
 @torch.library.custom_op("flash_decode::decode_append", mutates_args=("k_cache", "v_cache"), device_types="cuda")
@@ -38,7 +40,8 @@ def decode_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
                   k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
                   k_descale_value: Optional[float] = None,
                   v_descale_value: Optional[float] = None,
-                  sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                  sinks: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                  max_seqlen_q: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """flash_decode appending k and v into the caches; returns (out, lse). Descales as in decode."""
     return _api.flash_decode(
         q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
@@ -47,7 +50,8 @@ def decode_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
         window_size=(window_left, window_right), softcap=softcap, rotary_interleaved=rotary_interleaved,
         alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True, max_seqlen_k=max_seqlen_k,
         batch_invariant=batch_invariant, k_descale=k_descale_value if k_descale is None else k_descale,
-        v_descale=v_descale_value if v_descale is None else v_descale, sinks=sinks)
+        v_descale=v_descale_value if v_descale is None else v_descale, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=max_seqlen_q)
 
 
 @torch.library.custom_op("flash_decode::merge_states", mutates_args=(), device_types="cuda")
@@ -57,7 +61,10 @@ def merge_states(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _results(q, *_):
-    """Empty (out, lse) as the kernels return them: out like q, contiguous; lse float32 (batch, nheads_q, seqlen_q)."""
+    """Empty (out, lse) as the kernels return them: out like q, contiguous; lse float32 (batch, nheads_q,
+    seqlen_q), or (nheads_q, total_q) for a ragged q (total_q, nheads_q, headdim)."""
+    if q.dim() == 3:
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     batch, seqlen_q, nheads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, nheads_q, seqlen_q), dtype=torch.float32)
 
