@@ -135,10 +135,10 @@ def problem(shards, seed=0, batch=3, heads=(4, 2), headdim=16, dtype=torch.float
             kv_dtype=None):
     """q, the whole caches, global lengths, and each rank's shard (paged: its own pool of shuffled pages
     of that size and its block table), the same from the same seed in every process."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # drawn and sharded on the CPU, then moved (fp8 too)
     keys = 4 * shards.world_size * shards.block + 5
     q = torch.randn(batch, 1, heads[0], headdim, generator=g).to(device, dtype)
-    k, v = (torch.randn(batch, keys, heads[1], headdim, generator=g).to(device, kv_dtype or dtype) for _ in "kv")
+    k, v = (torch.randn(batch, keys, heads[1], headdim, generator=g) for _ in "kv")
     lengths = torch.randint(0, keys + 1, (batch,), generator=g, dtype=torch.int32)
     lengths[0] = keys
     ranks = []
@@ -151,9 +151,10 @@ def problem(shards, seed=0, batch=3, heads=(4, 2), headdim=16, dtype=torch.float
             order = torch.randperm(batch * blocks, generator=g)
             kr, vr = kr[order].contiguous(), vr[order].contiguous()
             table = torch.argsort(order).view(batch, blocks).to(device, torch.int32)
-            ranks.append((kr, vr, table))
         else:
-            ranks.append((kr, vr, None))
+            table = None
+        ranks.append((kr.to(device, kv_dtype or dtype), vr.to(device, kv_dtype or dtype), table))
+    k, v = (x.to(device, kv_dtype or dtype) for x in (k, v))
     return q, k, v, lengths.to(device), ranks
 
 
@@ -376,7 +377,6 @@ def gpu_problem(shards, dtype, case, paged):
     kv_dtype = torch.float8_e4m3fn if case.get("fp8") else None
     q, k, v, lengths, ranks = problem(shards, seed=3, batch=4, heads=(16, 4), headdim=128, dtype=dtype,
                                       device="cuda", paged=paged, kv_dtype=kv_dtype)
-    ranks = [(kr.cuda(), vr.cuda(), None if t is None else t.cuda()) for kr, vr, t in ranks]
     options = {n: x for n, x in case.items() if n not in ("fp8", "sinks")}
     options["cache_seqlens"] = lengths
     if case.get("sinks"):
@@ -442,3 +442,50 @@ def test_gpu_collective_path_on_one_gpu(backend, world):
 def test_gpu_nccl_over_every_gpu():
     world = min(torch.cuda.device_count(), 8)
     assert spawn(_gpu_worker, world, "nccl") == list(range(world))
+
+
+# ---- dev/cp_bench.py: its arguments (the benchmark itself runs under torchrun on GPUs) ----
+
+@pytest.fixture(scope="module")
+def cp_bench():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "dev" / "cp_bench.py"
+    spec = importlib.util.spec_from_file_location("cp_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cp_bench_arguments(cp_bench):
+    args = cp_bench.parse_args([])
+    assert args.lengths == [32768, 131072, 1 << 20] and args.batch == [1] and args.heads == (32, 8)
+    assert args.layout == ("interleaved", 0) and args.layers == 4 and not args.no_single and args.out is None
+    args = cp_bench.parse_args(["--lengths", "1k,3", "--batch", "1,8", "--heads", "8/1", "--layout", "pages16",
+                                "--layers", "80", "--dtype", "bf16", "--no-single", "--out", "/tmp/cp"])
+    assert args.lengths == [1024, 3] and args.batch == [1, 8] and args.heads == (8, 1)
+    assert args.layout == ("pages", 16) and args.layers == 80 and args.dtype == "bf16" and args.no_single
+    assert cp_bench.shards_for(args, 4, 1000) == Shards.pages(4, 16)
+    assert cp_bench.shards_for(cp_bench.parse_args(["--layout", "contiguous"]), 3, 1000) == Shards.contiguous(3, 334)
+    assert cp_bench.shards_for(cp_bench.parse_args([]), 8, 1000) == Shards.interleaved(8)
+
+
+@pytest.mark.parametrize("argv", [["--lengths", "0"], ["--lengths", "1x"], ["--lengths", ""], ["--heads", "8/3"],
+                                  ["--heads", "32"], ["--layout", "pages0"], ["--layout", "rings"],
+                                  ["--layers", "0"], ["--dtype", "fp8"], ["--repeats", "-1"], ["--backend", "mpi"]])
+def test_cp_bench_refuses_bad_arguments(cp_bench, argv, capsys):
+    with pytest.raises(SystemExit):
+        cp_bench.parse_args(argv)
+    assert "error" in capsys.readouterr().err
+
+
+def test_cp_bench_rows(cp_bench):
+    row = cp_bench.row_text(dict(world=8, layout="pages16", step_us=12.345, single_us=None))
+    assert row.startswith("| 8 | pages16 | n/a") and "| 12.3 |" in row and row.endswith("| n/a |")
+    assert cp_bench.row_text(dict(world=2, step_us=None, note="does not fit")).endswith("| does not fit")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_cp_bench_says_it_needs_gpus(cp_bench, capsys):
+    assert cp_bench.main(["--lengths", "1k"]) == 1
+    assert "needs CUDA GPUs" in capsys.readouterr().err
