@@ -327,6 +327,34 @@ def test_append_follows_cache_batch_idx_and_skips_past_the_shard():
     assert cache[2, 1].eq(1).all() and cache[0].eq(0).all() and cache[1].eq(0).all()  # position 4: local 2, past
 
 
+@pytest.mark.parametrize("shards", [Shards.pages(3, 4), Shards.interleaved(2)], ids=["pages3x4", "interleaved2"])
+def test_steps_of_append_then_decode_follow_the_whole_cache(on_cpu, shards):
+    """An engine's loop: each step appends a token of every sequence into its owner, then decodes."""
+    batch, heads, d, capacity, steps = 2, 2, 8, 64, 9
+    g = torch.Generator().manual_seed(5)
+    whole_k, whole_v = torch.zeros(batch, capacity, heads, d), torch.zeros(batch, capacity, heads, d)
+    local = [[torch.zeros(batch, shards.local_length(capacity, r), heads, d) for _ in "kv"]
+             for r in range(shards.world_size)]
+    lengths = torch.tensor([3, 0], dtype=torch.int32)
+    for b in range(batch):  # a prefilled prompt, loaded shard by shard
+        whole_k[b, :lengths[b]], whole_v[b, :lengths[b]] = (torch.randn(int(lengths[b]), heads, d, generator=g)
+                                                            for _ in "kv")
+    for r, (kr, vr) in enumerate(local):
+        kr.copy_(shards.shard(whole_k, r))
+        vr.copy_(shards.shard(whole_v, r))
+    for _ in range(steps):
+        q = torch.randn(batch, 1, 4, d, generator=g)
+        k, v = (torch.randn(batch, 1, heads, d, generator=g) for _ in "kv")
+        for b in range(batch):
+            whole_k[b, lengths[b]], whole_v[b, lengths[b]] = k[b, 0], v[b, 0]
+        for r, (kr, vr) in enumerate(local):
+            fdist.append(kr, vr, k, v, shards=shards, rank=r, cache_seqlens=lengths)
+        lengths += 1
+        out = fdist.decode_shards(q, [x[0] for x in local], [x[1] for x in local], shards=shards,
+                                  cache_seqlens=lengths, causal=True)
+        torch.testing.assert_close(out, standin(q, whole_k, whole_v, cache_seqlens=lengths), atol=1e-5, rtol=1e-5)
+
+
 # ---- the collective path over gloo, CPU processes ------------------------------------
 
 def _gloo_worker(rank, world, init, block, paged, results):
