@@ -517,3 +517,11 @@ def test_cp_bench_rows(cp_bench):
 def test_cp_bench_says_it_needs_gpus(cp_bench, capsys):
     assert cp_bench.main(["--lengths", "1k"]) == 1
     assert "needs CUDA GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call", ["decode", "decode_shards", "local_state"])
+def test_a_layout_that_is_not_shards_is_refused(call):
+    q = torch.zeros(1, 1, 2, 8)
+    args = (q, [q], [q]) if call == "decode_shards" else (q, q, q)
+    with pytest.raises(TypeError, match="^shards"):
+        getattr(fdist, call)(*args, shards=(2, 1), **({"rank": 0} if call == "local_state" else {}))

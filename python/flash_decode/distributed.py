@@ -149,6 +149,7 @@ def decode_shards(q: torch.Tensor, k_caches, v_caches, *, shards: Shards, block_
     """:func:`decode` of every rank's shard in one process, with no collective: ``k_caches[r]``,
     ``v_caches[r]`` (and ``block_tables[r]``) are rank r's; the states are packed, merged and
     returned as :func:`decode` does, bit for bit. For tests, and for shards that fit one device."""
+    local = _options(q, None, None, shards, options)
     if not isinstance(k_caches, (list, tuple)) or not isinstance(v_caches, (list, tuple)):
         raise TypeError(f"k_caches and v_caches must be lists of {shards.world_size} tensors, got "
                         f"{type(k_caches).__name__} and {type(v_caches).__name__}")
@@ -158,7 +159,6 @@ def decode_shards(q: torch.Tensor, k_caches, v_caches, *, shards: Shards, block_
             raise ValueError(f"{name} must hold one item a rank, {shards.world_size}, got {len(x)}")
     if "block_table" in options:
         raise ValueError("block_table: pass block_tables, one a rank")
-    local = _options(q, None, None, shards, options)
     row, size = _state_bytes(q)
     recv = torch.empty(shards.world_size, row, dtype=torch.uint8, device=q.device)
     for r in range(shards.world_size):
@@ -170,8 +170,9 @@ def local_state(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *
                 **options) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank's ``(out, lse)`` over its shard, as :func:`decode` computes it before the gather: for callers
     that run their own collective (an all-to-all by heads, say) and merge with ``merge_states``."""
+    local = _options(q, None, None, shards, options)
     shards._check_rank(rank)
-    kwargs = _rank_options(_options(q, None, None, shards, options), shards, rank)
+    kwargs = _rank_options(local, shards, rank)
     return flash_decode(q, k_cache, v_cache, return_softmax_lse=True, **kwargs)
 
 
