@@ -34,7 +34,7 @@ class Shards:
         (0, 5, 9)
     """
 
-    def __init__(self, world_size: int, block: int):
+    def __init__(self, world_size: int, block: int) -> None:
         for name, value in (("world_size", world_size), ("block", block)):
             if type(value) is not int:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -107,8 +107,9 @@ class Shards:
             raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
 
 
-def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k=None, v=None, *, shards: Shards,
-           group=None, return_softmax_lse: bool = False, **options):
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
+           v: torch.Tensor | None = None, *, shards: Shards, group: dist.ProcessGroup | None = None,
+           return_softmax_lse: bool = False, **options) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """flash_decode over a KV cache sharded along its length over ``group``'s ranks (default: the
     world): each rank passes its own shard (``k_cache``, ``v_cache`` and, paged, its ``block_table``)
     and the same q and options, with lengths and bounds given as the whole sequence's (global). Every
@@ -144,8 +145,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k=None
     return _merged(recv.view(world, row), q, size, return_softmax_lse)
 
 
-def decode_shards(q: torch.Tensor, k_caches, v_caches, *, shards: Shards, block_tables=None,
-                  return_softmax_lse: bool = False, **options):
+def decode_shards(q: torch.Tensor, k_caches: list[torch.Tensor] | tuple[torch.Tensor, ...],
+                  v_caches: list[torch.Tensor] | tuple[torch.Tensor, ...], *, shards: Shards,
+                  block_tables: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
+                  return_softmax_lse: bool = False, **options) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`decode` of every rank's shard in one process, with no collective: ``k_caches[r]``,
     ``v_caches[r]`` (and ``block_tables[r]``) are rank r's; the states are packed, merged and
     returned as :func:`decode` does, bit for bit. For tests, and for shards that fit one device."""
@@ -189,7 +192,8 @@ def merge(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, shards: Shards,
            rank: int, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None = None,
-           cache_batch_idx: torch.Tensor | None = None, k_descale=None, v_descale=None) -> None:
+           cache_batch_idx: torch.Tensor | None = None, k_descale: float | torch.Tensor | None = None,
+           v_descale: float | torch.Tensor | None = None) -> None:
     """Write a step's new keys and values (``(batch, seqlen_new, nheads_kv, headdim)``, already rotated
     at their global positions) into rank's shard: token t of sequence b, at global position
     ``cache_seqlens[b] + t``, goes to the rank that holds that position, at its local index; other
