@@ -248,11 +248,42 @@ def test_position_dependent_options_are_refused_by_name(on_cpu, name, options, s
         assert "position" in str(err.value)
 
 
-def test_appending_in_the_call_is_refused(on_cpu):
+@pytest.mark.parametrize("new, options, exc, name", [
+    ((1, None), dict(cache_seqlens=3), ValueError, "k, v"), ((1, 1), dict(), ValueError, "cache_seqlens"),
+    ((2, 2), dict(cache_seqlens=3, causal=True), NotImplementedError, "causal")])
+def test_new_tokens_are_checked_before_the_group_is_asked_for(on_cpu, new, options, exc, name):
     shards = Shards.interleaved(2)
-    q, _, _, _, ranks = problem(shards)
-    with pytest.raises(NotImplementedError, match="^k, v"):  # before the group is asked for
-        fdist.decode(q, ranks[0][0], ranks[0][1], q, q, shards=shards)
+    _, _, _, _, ranks = problem(shards)
+    q = torch.randn(3, 3, 4, 16)
+    k, v = (None if n is None else torch.randn(3, n, 2, 16) for n in new)
+    with pytest.raises(exc, match=f"^{name}"):
+        fdist.decode(q, ranks[0][0], ranks[0][1], k, v, shards=shards, **options)
+
+
+@pytest.mark.parametrize("seqlen_q, new, causal", [(1, 1, True), (3, 3, True), (2, 4, True), (3, 3, False)])
+@pytest.mark.parametrize("shards", [Shards.pages(3, 4), Shards.interleaved(2)], ids=["pages3x4", "interleaved2"])
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["fp32", "fp8"])
+def test_new_tokens_in_the_call_attend_as_in_the_whole_cache(on_cpu, shards, seqlen_q, new, causal, kv_dtype):
+    """Speculative tokens: the shards' cached keys and the new tokens' own (causal) block, merged, are the
+    whole cache's call with k, v appended; afterwards each shard holds its new tokens."""
+    q, k_whole, v_whole, lengths, ranks = problem(shards, kv_dtype=kv_dtype)
+    capacity = k_whole.shape[1]
+    lengths = lengths.clamp(max=capacity - new)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(q.shape[0], seqlen_q, *q.shape[2:], generator=g)
+    k, v = (torch.randn(q.shape[0], new, k_whole.shape[2], q.shape[3], generator=g) for _ in "kv")
+    descale = dict(k_descale=0.5, v_descale=2.0) if kv_dtype else {}
+    for b, n in enumerate(lengths.tolist()):
+        k_whole[b, n:n + new] = fdist._stored(k[b], k_whole.dtype, descale.get("k_descale"))
+        v_whole[b, n:n + new] = fdist._stored(v[b], v_whole.dtype, descale.get("v_descale"))
+    want = whole(q, k_whole, v_whole, cache_seqlens=lengths + new, causal=causal, **descale)
+    out, lse = fdist.decode_shards(q, [r[0] for r in ranks], [r[1] for r in ranks], k, v, shards=shards,
+                                   cache_seqlens=lengths, causal=causal, return_softmax_lse=True, **descale)
+    torch.testing.assert_close(out, want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want[1], atol=1e-5, rtol=1e-5)
+    for r, (kr, vr, _) in enumerate(ranks):
+        assert torch.equal(kr.view(torch.uint8), shards.shard(k_whole, r).view(torch.uint8))
+        assert torch.equal(vr.view(torch.uint8), shards.shard(v_whole, r).view(torch.uint8))
 
 
 def test_decode_needs_an_initialized_group():
@@ -357,21 +388,28 @@ def test_steps_of_append_then_decode_follow_the_whole_cache(on_cpu, shards):
 
 # ---- the collective path over gloo, CPU processes ------------------------------------
 
-def _gloo_worker(rank, world, init, block, paged, results):
+def _gloo_worker(rank, world, init, block, paged, new, results):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         fdist.flash_decode = standin
         shards = Shards(world, block)
         q, k, v, lengths, ranks = problem(shards, seed=7, paged=paged)
+        lengths = lengths.clamp(max=k.shape[1] - new)
+        q = q.expand(-1, max(new, 1), -1, -1).contiguous()
+        k_new, v_new = (x[:, :new] * 0.5 for x in (k, v)) if new else (None, None)
         sinks = torch.linspace(-1.0, 1.0, q.shape[2])
+        options = dict(cache_seqlens=lengths, sinks=sinks, softcap=3.0, causal=bool(new), return_softmax_lse=True)
+        theirs = [(kr.clone(), vr.clone(), t) for kr, vr, t in ranks]
         kr, vr, table = ranks[rank]
-        out, lse = fdist.decode(q, kr, vr, shards=shards, cache_seqlens=lengths, block_table=table, sinks=sinks,
-                                softcap=3.0, return_softmax_lse=True)
-        local = fdist.decode_shards(q, [r[0] for r in ranks], [r[1] for r in ranks], shards=shards,
-                                    block_tables=[r[2] for r in ranks] if paged else None,
-                                    cache_seqlens=lengths, sinks=sinks, softcap=3.0, return_softmax_lse=True)
+        out, lse = fdist.decode(q, kr, vr, k_new, v_new, shards=shards, block_table=table, **options)
+        local = fdist.decode_shards(q, [r[0] for r in theirs], [r[1] for r in theirs], k_new, v_new, shards=shards,
+                                    block_tables=[r[2] for r in theirs] if paged else None, **options)
         assert torch.equal(out, local[0]) and torch.equal(lse, local[1]), "gathered and local merges differ"
-        want = whole(q, k, v, cache_seqlens=lengths, sinks=sinks, softcap=3.0)
+        assert torch.equal(kr, theirs[rank][0]) and torch.equal(vr, theirs[rank][1]), "appends differ"
+        for b, n in enumerate(lengths.tolist()):
+            if new:
+                k[b, n:n + new], v[b, n:n + new] = k_new[b], v_new[b]
+        want = whole(q, k, v, cache_seqlens=lengths + new, sinks=sinks, softcap=3.0, causal=bool(new))
         torch.testing.assert_close(out, want[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse, want[1], atol=1e-5, rtol=1e-5)
         results.put(rank)
@@ -391,9 +429,9 @@ def spawn(worker, world, *args):
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo in this torch")
-@pytest.mark.parametrize("world, block, paged", [(2, 1, 0), (3, 4, 4), (3, 5, 0)])
-def test_gloo_gathers_and_merges_on_cpu_processes(world, block, paged):
-    assert spawn(_gloo_worker, world, block, paged) == list(range(world))
+@pytest.mark.parametrize("world, block, paged, new", [(2, 1, 0, 0), (3, 4, 4, 0), (3, 5, 0, 0), (2, 4, 4, 3)])
+def test_gloo_gathers_and_merges_on_cpu_processes(world, block, paged, new):
+    assert spawn(_gloo_worker, world, block, paged, new) == list(range(world))
 
 
 # ---- on a GPU: the real kernels --------------------------------------------------------

@@ -117,12 +117,17 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: tor
     rank and to :func:`decode_shards` of the same shards. One all-gather of each rank's (out, lse),
     merged by LSE; the merge is ``merge_states`` on CUDA tensors and float32 torch on CPU ones.
 
+    k, v: the step's new tokens ``(batch, seqlen_new, nheads_kv, headdim)``, rotated by the caller at
+    their global positions, as flash_decode's k, v: attended (the shards' cached keys, merged with one
+    call over the new tokens alone, causal bottom-right, on every rank), then written into the ranks
+    that hold their positions (:func:`append`); cache_seqlens counts the keys before them.
+
     options are flash_decode's: cache_seqlens (None: every rank's whole shard), cache_batch_idx,
-    cache_leftpad, block_table, softmax_scale, causal (seqlen_q 1 only), window_size (``(-1, right)``,
-    seqlen_q 1 only), softcap, num_splits, max_seqlen_k, batch_invariant, k_descale, v_descale and
-    sinks (rank 0's call counts them, once). Refused by name (``NotImplementedError``): options whose
-    scores depend on a key's global position, which a shard's call numbers from 0 (alibi_slopes, a
-    left window, causal with seqlen_q > 1), and appending (k, v, rotary): use :func:`append`.
+    cache_leftpad, block_table, softmax_scale, causal (with seqlen_q > 1 only with at least seqlen_q
+    new tokens), window_size (``(-1, right)``, seqlen_q 1 only), softcap, num_splits, max_seqlen_k,
+    batch_invariant, k_descale, v_descale and sinks (rank 0's call counts them, once). Refused by name
+    (``NotImplementedError``): options whose scores depend on a key's global position, which a shard's
+    call numbers from 0 (alibi_slopes, a left window, causal over cached keys only, rotary).
 
     Example (each of 2 processes, one GPU each, holds every other page of 16 keys)::
 
@@ -134,25 +139,31 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: tor
     rank, world = _group_rank(group, shards)
     row, size = _state_bytes(q)
     send = torch.empty(row, dtype=torch.uint8, device=q.device)
-    _state_into(send, q, k_cache, v_cache, shards, rank, local)
-    recv = torch.empty(world * row, dtype=torch.uint8, device=q.device)
+    _state_into(send, q, k_cache, v_cache, shards, rank, _step_options(local, k))
+    recv = torch.empty((world + (k is not None)) * row, dtype=torch.uint8, device=q.device)
+    if k is not None:  # the same on every rank, merged there with no collective; written after the calls
+        _new_state_into(recv[world * row:], q, k, v, k_cache.dtype, local)
+        _append_step(k_cache, v_cache, k, v, shards, rank, local, local.get("block_table"))
+    gathered = recv[:world * row]
     if send.is_cuda and dist.get_backend(group) == dist.Backend.GLOO:  # gloo gathers CPU tensors only
-        staged = torch.empty(recv.shape, dtype=torch.uint8)
+        staged = torch.empty(gathered.shape, dtype=torch.uint8)
         dist.all_gather_into_tensor(staged, send.cpu(), group=group)
-        recv.copy_(staged)
+        gathered.copy_(staged)
     else:
-        dist.all_gather_into_tensor(recv, send, group=group)
-    return _merged(recv.view(world, row), q, size, return_softmax_lse)
+        dist.all_gather_into_tensor(gathered, send, group=group)
+    return _merged(recv.view(-1, row), q, size, return_softmax_lse)
 
 
 def decode_shards(q: torch.Tensor, k_caches: list[torch.Tensor] | tuple[torch.Tensor, ...],
-                  v_caches: list[torch.Tensor] | tuple[torch.Tensor, ...], *, shards: Shards,
+                  v_caches: list[torch.Tensor] | tuple[torch.Tensor, ...], k: torch.Tensor | None = None,
+                  v: torch.Tensor | None = None, *, shards: Shards,
                   block_tables: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
                   return_softmax_lse: bool = False, **options) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`decode` of every rank's shard in one process, with no collective: ``k_caches[r]``,
-    ``v_caches[r]`` (and ``block_tables[r]``) are rank r's; the states are packed, merged and
-    returned as :func:`decode` does, bit for bit. For tests, and for shards that fit one device."""
-    local = _options(q, None, None, shards, options)
+    ``v_caches[r]`` (and ``block_tables[r]``) are rank r's, k and v the step's new tokens as there;
+    the states are packed, merged and returned as :func:`decode` does, bit for bit. For tests, and for
+    shards that fit one device."""
+    local = _options(q, k, v, shards, options)
     if not isinstance(k_caches, (list, tuple)) or not isinstance(v_caches, (list, tuple)):
         raise TypeError(f"k_caches and v_caches must be lists of {shards.world_size} tensors, got "
                         f"{type(k_caches).__name__} and {type(v_caches).__name__}")
@@ -163,9 +174,14 @@ def decode_shards(q: torch.Tensor, k_caches: list[torch.Tensor] | tuple[torch.Te
     if "block_table" in options:
         raise ValueError("block_table: pass block_tables, one a rank")
     row, size = _state_bytes(q)
-    recv = torch.empty(shards.world_size, row, dtype=torch.uint8, device=q.device)
+    recv = torch.empty(shards.world_size + (k is not None), row, dtype=torch.uint8, device=q.device)
+    shard_options = _step_options(local, k)
     for r in range(shards.world_size):
-        _state_into(recv[r], q, k_caches[r], v_caches[r], shards, r, dict(local, block_table=tables[r]))
+        _state_into(recv[r], q, k_caches[r], v_caches[r], shards, r, dict(shard_options, block_table=tables[r]))
+    if k is not None:  # written after every call, as decode does
+        _new_state_into(recv[-1], q, k, v, k_caches[0].dtype, local)
+        for r in range(shards.world_size):
+            _append_step(k_caches[r], v_caches[r], k, v, shards, r, local, tables[r])
     return _merged(recv, q, size, return_softmax_lse)
 
 
@@ -232,12 +248,13 @@ def append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: tor
 
 
 def _stored(x, dtype, descale):
-    """x (batch, heads, headdim) as the cache stores it."""
+    """x (batch, ..., nheads_kv, headdim) as a cache of dtype stores it."""
     if dtype not in _FP8_MAX:
         return x.to(dtype)
     scale = 1.0 if descale is None else descale
-    if isinstance(scale, torch.Tensor):
-        scale = scale.view(-1, 1, 1) if scale.numel() == 1 else scale.view(x.shape[0], x.shape[1], 1)
+    if isinstance(scale, torch.Tensor):  # 1 element, or (batch, nheads_kv)
+        ones = [1] * (x.dim() - 3)
+        scale = scale.view([1] * x.dim()) if scale.numel() == 1 else scale.view(x.shape[0], *ones, x.shape[-2], 1)
     return (x.float() / scale).clamp(-_FP8_MAX[dtype], _FP8_MAX[dtype]).to(dtype)
 
 
@@ -265,9 +282,13 @@ def _options(q, k, v, shards, options):
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a tensor (batch, seqlen_q, nheads_q, headdim), got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
-    if k is not None or v is not None:
-        raise NotImplementedError("k, v: a sharded call does not append; write the new tokens into the rank "
-                                  "that holds their positions with flash_decode.distributed.append first")
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both or neither")
+    if k is not None:
+        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor) or k.dim() != 4 or k.shape != v.shape:
+            raise ValueError("k, v must be tensors (batch, seqlen_new, nheads_kv, headdim) of one shape")
+        if not isinstance(options.get("cache_seqlens"), (int, torch.Tensor)):
+            raise ValueError("cache_seqlens: with k, v, the keys cached before them (an int or a tensor)")
     if "out" in options:
         raise TypeError("out: a sharded call writes into its own gather buffer")
     seqlen_q = q.shape[1]
@@ -281,12 +302,38 @@ def _options(q, k, v, shards, options):
                                   "and a shard's flash_decode call numbers its keys from 0 (the kernels take "
                                   "no key position offset and stride); only (-1, -1), or (-1, right) with "
                                   "seqlen_q 1, is exact")
-    if options.get("causal") and seqlen_q > 1:
+    if options.get("causal") and seqlen_q > (0 if k is None else k.shape[1]) and seqlen_q > 1:
         raise NotImplementedError(f"causal: with seqlen_q={seqlen_q} each query row sees keys up to its global "
                                   "position, and a shard's call masks its own last keys instead (the kernels "
-                                  "take no key position offset and stride); pass seqlen_q 1, or merge the new "
-                                  "tokens' causal block separately")
+                                  "take no key position offset and stride); pass the step's new tokens as k, v "
+                                  "(at least seqlen_q of them), whose causal block is merged separately")
     return dict(options)
+
+
+def _step_options(options, k):
+    """The shard calls' options: with new tokens, the cached keys alone, which every query row sees."""
+    return options if k is None else dict(options, causal=False)
+
+
+def _append_step(k_cache, v_cache, k, v, shards, rank, options, block_table):
+    """append of the step's new tokens into rank's shard, at the global lengths the options give."""
+    lengths = options["cache_seqlens"]
+    if not isinstance(lengths, torch.Tensor):
+        lengths = torch.full((k.shape[0],), lengths, dtype=torch.int32, device=k.device)
+    append(k_cache, v_cache, k, v, shards=shards, rank=rank, cache_seqlens=lengths, block_table=block_table,
+           cache_batch_idx=options.get("cache_batch_idx"), k_descale=options.get("k_descale"),
+           v_descale=options.get("v_descale"))
+
+
+def _new_state_into(row, q, k, v, cache_dtype, options):
+    """Every query row's (out, lse) over the step's new tokens alone, written into row: a cache of
+    seqlen_new keys stored as the shards store them, causal (bottom-right) as in the whole cache."""
+    out, lse = _views(row, q, _state_bytes(q)[1])
+    keys, values = (_stored(x, cache_dtype, options.get(f"{n}_descale")) for n, x in (("k", k), ("v", v)))
+    names = ("softmax_scale", "causal", "softcap", "batch_invariant", "k_descale", "v_descale")
+    kwargs = {n: options[n] for n in names if options.get(n) is not None}
+    _, got = flash_decode(q, keys, values, return_softmax_lse=True, out=out, **kwargs)
+    lse.copy_(got)
 
 
 def _pair(window):
