@@ -474,6 +474,33 @@ def test_gpu_shards_match_the_whole_cache_call(shards, dtype, case):
     assert torch.equal(out, direct[0]) and torch.equal(lse, direct[1].transpose(1, 2))
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp16", "fp8"])
+@pytest.mark.parametrize("shards", [Shards.interleaved(3), Shards.pages(2, 16)], ids=["interleaved3", "pages2x16"])
+def test_gpu_new_tokens_match_the_whole_cache_call(shards, fp8):
+    """Three speculative rows, causal, with their three tokens appended in the call: the shards' answer and
+    caches against flash_decode's append and attention over the whole cache."""
+    from conftest import LSE_TOL, OUT_TOL
+    paged, rows = (16 if shards.block == 16 else 0), 3
+    q, k_whole, v_whole, ranks, options = gpu_problem(shards, torch.float16, dict(fp8=True) if fp8 else {}, paged)
+    options["cache_seqlens"] = options["cache_seqlens"].clamp(max=k_whole.shape[1] - rows)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(q.shape[0], rows, *q.shape[2:], generator=g).to("cuda", torch.float16)
+    k, v = (torch.randn(q.shape[0], rows, k_whole.shape[2], q.shape[3], generator=g).to("cuda", torch.float16)
+            for _ in "kv")
+    want = flash_decode.flash_decode(q, k_whole, v_whole, k, v, causal=True, return_softmax_lse=True, **options)
+    out, lse = fdist.decode_shards(q, [r[0] for r in ranks], [r[1] for r in ranks], k, v, shards=shards,
+                                   block_tables=[r[2] for r in ranks] if paged else None, causal=True,
+                                   return_softmax_lse=True, **options)
+    torch.testing.assert_close(out, want[0], **OUT_TOL[torch.float16])
+    torch.testing.assert_close(lse, want[1], **LSE_TOL[torch.float16])
+    for r, (kr, _, table) in enumerate(ranks):  # compared as bytes: fp8 is not indexed on the device
+        local = kr.view(torch.uint8)
+        if table is not None:
+            local = local[table.long()].flatten(1, 2)[:, :shards.local_length(k_whole.shape[1], r)]
+        assert torch.equal(local, shards.shard(k_whole.view(torch.uint8), r))
+
+
 def _gpu_worker(rank, world, init, backend, results):
     device = rank % torch.cuda.device_count()
     torch.cuda.set_device(device)
