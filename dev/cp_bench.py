@@ -7,6 +7,7 @@ Needs CUDA GPUs; one process per GPU under torchrun, or one process alone (a wor
     torchrun --nproc-per-node 8 dev/cp_bench.py                                # the default cases
     for n in 1 2 4 8; do torchrun --nproc-per-node $n dev/cp_bench.py --out /tmp/cp; done   # scaling
     torchrun --nproc-per-node 8 dev/cp_bench.py --lengths 1m --layers 80 --no-single     # 320 GB of cache
+    torchrun --nproc-per-node 4 dev/cp_bench.py --batch 1,8 --append   # each call appends its step's token
     python3 dev/cp_bench.py --lengths 32k --layout pages16                     # one GPU, no torchrun
 
 Each case holds --layers layers of cache (a step's calls read them in turn, past the L2) of --batch
@@ -30,8 +31,8 @@ import flash_decode
 from flash_decode import distributed as fdist
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-COLUMNS = ("world", "layout", "batch", "heads", "headdim", "length", "layers", "dtype", "step_us", "attend_us",
-           "gather_us", "collective_share", "read_gbps_per_gpu", "single_us", "efficiency")
+COLUMNS = ("world", "layout", "batch", "heads", "headdim", "length", "layers", "dtype", "append", "step_us",
+           "attend_us", "gather_us", "collective_share", "read_gbps_per_gpu", "single_us", "efficiency")
 
 
 def parse_count(text):
@@ -88,6 +89,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
     p.add_argument("--repeats", type=positive, default=20)
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    p.add_argument("--append", action="store_true",
+                   help="each call brings the step's new token (k, v): attended, then written into its rank")
     p.add_argument("--no-single", action="store_true", help="skip the single-GPU call on the whole cache")
     p.add_argument("--out", type=pathlib.Path, help="append the rows to OUT/cp_results.jsonl")
     return p.parse_args(argv)
@@ -147,7 +150,7 @@ def run_case(args, rank, world, batch, length):
     local = shards.local_length(length, rank)
     row = -(-batch * hq * (d * dtype.itemsize + 4) // 16) * 16  # one rank's (out, lse), packed as decode does
     case = dict(world=world, layout=f"{args.layout[0]}{args.layout[1] or ''}", batch=batch, heads=f"{hq}/{hkv}",
-                headdim=d, length=length, layers=args.layers, dtype=args.dtype)
+                headdim=d, length=length, layers=args.layers, dtype=args.dtype, append=args.append)
     cache_bytes = 2 * batch * local * hkv * d * dtype.itemsize * args.layers
     ok = torch.tensor([1 if fits(cache_bytes) else 0], device="cuda")
     if world > 1:
@@ -155,9 +158,10 @@ def run_case(args, rank, world, batch, length):
     if not int(ok):
         return dict(case, step_us=None, note=f"a rank's {cache_bytes / 2**30:.1f} GiB of shard does not fit")
     layers = make_layers(args, batch, local, args.layout[1], dtype)
-    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    new = [torch.randn(batch, 1, hkv, d, dtype=dtype, device="cuda") for _ in "kv"] if args.append else [None] * 2
+    lens = torch.full((batch,), length - args.append, dtype=torch.int32, device="cuda")  # before the new token
     call = dict(shards=shards, cache_seqlens=lens, causal=True)
-    step = median_us(lambda: [fdist.decode(q, k, v, block_table=t, **call) for q, k, v, t in layers],
+    step = median_us(lambda: [fdist.decode(q, k, v, *new, block_table=t, **call) for q, k, v, t in layers],
                      args.repeats, world)
     attend = median_us(lambda: [fdist.local_state(q, k, v, rank=rank, block_table=t, **call)
                                 for q, k, v, t in layers], args.repeats, world)

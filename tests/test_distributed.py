@@ -554,6 +554,7 @@ def test_cp_bench_arguments(cp_bench):
     args = cp_bench.parse_args([])
     assert args.lengths == [32768, 131072, 1 << 20] and args.batch == [1] and args.heads == (32, 8)
     assert args.layout == ("interleaved", 0) and args.layers == 4 and not args.no_single and args.out is None
+    assert not args.append and cp_bench.parse_args(["--append"]).append
     args = cp_bench.parse_args(["--lengths", "1k,3", "--batch", "1,8", "--heads", "8/1", "--layout", "pages16",
                                 "--layers", "80", "--dtype", "bf16", "--no-single", "--out", "/tmp/cp"])
     assert args.lengths == [1024, 3] and args.batch == [1, 8] and args.heads == (8, 1)
