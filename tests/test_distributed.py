@@ -591,3 +591,12 @@ def test_a_layout_that_is_not_shards_is_refused(call):
     args = (q, [q], [q]) if call == "decode_shards" else (q, q, q)
     with pytest.raises(TypeError, match="^shards"):
         getattr(fdist, call)(*args, shards=(2, 1), **({"rank": 0} if call == "local_state" else {}))
+
+
+def test_append_skips_negative_positions_and_clamps_cache_rows():
+    shards = Shards.interleaved(1)
+    cache = torch.zeros(2, 4, 1, 4)
+    k = torch.ones(2, 1, 1, 4)
+    fdist.append(cache, cache.clone(), k, k, shards=shards, rank=0, cache_seqlens=torch.tensor([-1, 1]),
+                 cache_batch_idx=torch.tensor([0, 7], dtype=torch.int32))
+    assert cache[0].eq(0).all() and cache[1, 1].eq(1).all() and cache.sum() == 4

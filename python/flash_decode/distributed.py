@@ -229,13 +229,13 @@ def append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: tor
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     seqs = torch.arange(batch, device=k.device)
-    rows = seqs if cache_batch_idx is None else cache_batch_idx.long()
+    rows = seqs if cache_batch_idx is None else cache_batch_idx.long().clamp(0, k_cache.shape[0] - 1)
     for t in range(new):  # one token of each sequence a pass: the sequences' slots are distinct
         position = cache_seqlens.long() + t
         mine = shards.rank_of(position) == rank
         slot = shards.local_index(position).clamp(0, capacity - 1)
-        mine &= shards.local_index(position) < capacity
-        if paged:  # a page id outside the pool is not written, as flash_decode's append skips it
+        mine &= (position >= 0) & (shards.local_index(position) < capacity)  # in the shard, as flash_decode skips
+        if paged:  # nor a page id outside the pool
             page = block_table[seqs, slot // k_cache.shape[1]].long()
             mine &= (page >= 0) & (page < k_cache.shape[0])
             index = (page.clamp(0, k_cache.shape[0] - 1), slot % k_cache.shape[1])
