@@ -279,6 +279,10 @@ def _options(q, k, v, shards, options):
     """options checked for a sharded call, with the whole-sequence (global) lengths still to map."""
     if not isinstance(shards, Shards):
         raise TypeError(f"shards must be a flash_decode.distributed.Shards, got {type(shards).__name__}")
+    for name in ("cu_seqlens_q", "max_seqlen_q"):
+        if options.get(name) is not None:
+            raise NotImplementedError(f"{name}: a sharded call takes uniform query rows (batch, seqlen_q, ...); "
+                                      "pad ragged ones to the longest")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a tensor (batch, seqlen_q, nheads_q, headdim), got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
