@@ -9,6 +9,7 @@ from ._api import flash_decode, plan
 from ._decoder import Decoder
 from ._graphs import DecoderGraphs
 from ._merge import merge_state, merge_states
+from . import distributed  # noqa: F401  (flash_decode.distributed: decode over a sharded cache)
 
 try:
     __version__ = _metadata.version("flash-decode")
