@@ -304,7 +304,7 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
                 q.dtype)
         _same_shape("out", out, "q", q)
     _check_bool("causal", causal)
-    scale = 0.0 if softmax_scale is None else _float("softmax_scale", softmax_scale)
+    scale = 0.0 if softmax_scale is None else _float("softmax_scale", softmax_scale, "a float or None")
     if scale == 0 and softmax_scale is not None:  # 0 is None to the core
         raise ValueError(f"softmax_scale={softmax_scale} must be positive (None: 1/sqrt(headdim))")
     left, right = _window(window_size)
@@ -623,9 +623,7 @@ def _descales(k_descale, v_descale, batch, heads_kv):
                                  f"got {tuple(x.shape)}")
             fields[name] = (0, 0) if x.numel() == 1 else x.stride()
             continue
-        if not isinstance(x, (int, float)) or isinstance(x, bool):
-            raise TypeError(f"{name} must be a float or a float32 tensor, got {type(x).__name__}")
-        if (value := _float(name, x)) == 0:  # 0 is 1 to the core
+        if (value := _float(name, x, "a float or a float32 tensor")) == 0:  # 0 is 1 to the core
             raise ValueError(f"{name}={x} must be positive (None: 1)")
         fields[name + "_value"] = value
     return fields
@@ -647,11 +645,10 @@ def _check_int(name, value):
     return value
 
 
-def _float(name, value):
-    """value as a float (an int past float64 as infinity, which the core refuses)."""
+def _float(name, value, what="a float"):
+    """value as a float (an int past float64 as infinity, which the core refuses); what: the types taken."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a float{' or None' if name == 'softmax_scale' else ''}, "
-                        f"got {type(value).__name__}")
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
     try:
         return float(value)
     except OverflowError:
