@@ -69,8 +69,8 @@ class FakeBinding:
     """Stands in for the Go extension in CPU tests of the torch layer: records
     every call. Prepare gives each distinct layout a handle, Workspace answers
     1000 bytes for the whole cache and 8 per key of an int length (made-up
-    sizes that tell the calls apart, so PlanKeyQuantum is 1: lengths do not
-    share a size), Run launches nothing."""
+    sizes that tell the calls apart: lengths do not share a size), Run
+    launches nothing."""
 
     def __init__(self):
         self.calls = []
@@ -79,9 +79,6 @@ class FakeBinding:
     def Prepare(self, *args):
         self.calls.append(("Prepare", args))
         return self.handles.setdefault(args, len(self.handles))
-
-    def PlanKeyQuantum(self):
-        return 1  # every length its own workspace size, so that tests see each one asked for
 
     def Workspace(self, handle, seqlen):
         self.calls.append(("Workspace", (handle, seqlen)))

@@ -294,8 +294,7 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if k_cache.shape[3] != head_dim or (rows != batch and block_table is None and cache_batch_idx is None):
         raise ValueError(f"k_cache must have shape (batch={batch}, seqlen_cache, nheads_kv, headdim={head_dim}) to "
                          f"match q (other rows with cache_batch_idx or block_table), got {tuple(k_cache.shape)}")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    _same_shape("v_cache", v_cache, "k_cache", k_cache)
     if isinstance(cache_seqlens, torch.Tensor):
         _index("cache_seqlens", cache_seqlens, batch)
     elif cache_seqlens is not None and type(cache_seqlens) is not int:
@@ -303,10 +302,9 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if out is not None:
         _tensor("out", out, q.dim(), "(total_q, nheads_q, headdim)" if ragged else "(batch, seqlen_q, nheads_q, headdim)",
                 q.dtype)
-        if out.shape != q.shape:
-            raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+        _same_shape("out", out, "q", q)
     _check_bool("causal", causal)
-    scale = 0.0 if softmax_scale is None else _float("softmax_scale", softmax_scale)
+    scale = 0.0 if softmax_scale is None else _float("softmax_scale", softmax_scale, "a float or None")
     if scale == 0 and softmax_scale is not None:  # 0 is None to the core
         raise ValueError(f"softmax_scale={softmax_scale} must be positive (None: 1/sqrt(headdim))")
     left, right = _window(window_size)
@@ -353,30 +351,21 @@ def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
         if (given[a] is None) != (given[b] is None):
             missing, other = (b, a) if given[b] is None else (a, b)
             raise ValueError(f"{missing} is None but {other} is not: {what} together")
-    if k is not None and ragged:  # flattened as q is: each sequence appends its own rows
-        dims = f"(total_q={q.shape[0]}, nheads_kv={heads_kv}, headdim={head_dim})"
-        _tensor("k", k, 3, dims, q.dtype)
-        _tensor("v", v, 3, dims, q.dtype)
-        if tuple(k.shape) != (q.shape[0], heads_kv, head_dim):
-            raise ValueError(f"k must have shape {dims} with cu_seqlens_q, got {tuple(k.shape)}")
-        if v.shape != k.shape:
-            raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-        fields.update(seqlen_new=seqlen_q, k_new=rows_of(k), v_new=rows_of(v))
-    elif k is not None:
-        dims = f"(batch={batch}, seqlen_new, nheads_kv={heads_kv}, headdim={head_dim})"
-        _tensor("k", k, 4, dims, q.dtype)
-        _tensor("v", v, 4, dims, q.dtype)
-        if (k.shape[0], k.shape[2], k.shape[3]) != (batch, heads_kv, head_dim) or k.shape[1] < 1:
-            raise ValueError(f"k must have shape {dims} with seqlen_new >= 1, got {tuple(k.shape)}")
-        if v.shape != k.shape:
-            raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-        fields.update(seqlen_new=k.shape[1], k_new=k.stride(), v_new=v.stride())
+    if k is not None:  # ragged: flattened as q is, each sequence appending its own rows
+        dims = f"(total_q={q.shape[0]}, nheads_kv={heads_kv}, headdim={head_dim})" if ragged else \
+            f"(batch={batch}, seqlen_new, nheads_kv={heads_kv}, headdim={head_dim})"
+        _tensor("k", k, q.dim(), dims, q.dtype)
+        _tensor("v", v, q.dim(), dims, q.dtype)
+        got = tuple(k.shape) if ragged else (k.shape[0], *k.shape[2:])
+        if got != (q.shape[0] if ragged else batch, heads_kv, head_dim) or not ragged and k.shape[1] < 1:
+            raise ValueError(f"k must have shape {dims} with {'cu_seqlens_q' if ragged else 'seqlen_new >= 1'}, "
+                             f"got {tuple(k.shape)}")
+        _same_shape("v", v, "k", k)
+        fields.update(seqlen_new=seqlen_q if ragged else k.shape[1], k_new=rows_of(k), v_new=rows_of(v))
     if rotary_cos is not None:
         _tensor("rotary_cos", rotary_cos, 2, "(seqlen_ro, rotary_dim / 2)", q.dtype)
         _tensor("rotary_sin", rotary_sin, 2, "(seqlen_ro, rotary_dim / 2)", q.dtype)
-        if rotary_sin.shape != rotary_cos.shape:
-            raise ValueError(f"rotary_sin must have rotary_cos's shape {tuple(rotary_cos.shape)}, "
-                             f"got {tuple(rotary_sin.shape)}")
+        _same_shape("rotary_sin", rotary_sin, "rotary_cos", rotary_cos)
         _check_bool("rotary_interleaved", rotary_interleaved)
         fields.update(rotary_dim=2 * rotary_cos.shape[1], rotary_rows=rotary_cos.shape[0],
                       rotary_cos=rotary_cos.stride(), rotary_sin=rotary_sin.stride(),
@@ -555,12 +544,14 @@ def _ragged(cu_seqlens_q, max_seqlen_q, batched):
 
 
 def _check_lengths(cache_seqlens, max_seqlen_k):
-    """Refuse lengths the core cannot be told: -1 (its whole cache), a max_seqlen_k without a cache_seqlens tensor."""
+    """Refuse lengths the core cannot be told: -1 (its whole cache), past int64, a max_seqlen_k without a
+    cache_seqlens tensor."""
     if type(cache_seqlens) is int and cache_seqlens == -1:
         raise ValueError("cache_seqlens=-1 must not be negative (None: the whole cache)")
     if max_seqlen_k is not None:
         if type(max_seqlen_k) is not int:
             raise TypeError(f"max_seqlen_k must be an int, got {type(max_seqlen_k).__name__}")
+        _check_int("max_seqlen_k", max_seqlen_k)  # past the core's int64
         if not isinstance(cache_seqlens, torch.Tensor):
             raise ValueError("max_seqlen_k is for a cache_seqlens tensor: an int cache_seqlens is planned by itself"
                              if cache_seqlens is not None else "max_seqlen_k needs cache_seqlens as a tensor: "
@@ -585,6 +576,12 @@ def _tensor(name, t, ndim, dims, dtype):
     elif dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name} must have q's dtype {dtype}, got {t.dtype}" if dtype in _DTYPES else
                         f"{name} must be a {dtype} tensor, got {t.dtype}")
+
+
+def _same_shape(name, t, other, ref):
+    """Refuse t unless it has the shape of ref (named other)."""
+    if t.shape != ref.shape:
+        raise ValueError(f"{name} must have {other}'s shape {tuple(ref.shape)}, got {tuple(t.shape)}")
 
 
 def _index(name, t, batch, table=False):
@@ -626,9 +623,7 @@ def _descales(k_descale, v_descale, batch, heads_kv):
                                  f"got {tuple(x.shape)}")
             fields[name] = (0, 0) if x.numel() == 1 else x.stride()
             continue
-        if not isinstance(x, (int, float)) or isinstance(x, bool):
-            raise TypeError(f"{name} must be a float or a float32 tensor, got {type(x).__name__}")
-        if (value := _float(name, x)) == 0:  # 0 is 1 to the core
+        if (value := _float(name, x, "a float or a float32 tensor")) == 0:  # 0 is 1 to the core
             raise ValueError(f"{name}={x} must be positive (None: 1)")
         fields[name + "_value"] = value
     return fields
@@ -650,11 +645,10 @@ def _check_int(name, value):
     return value
 
 
-def _float(name, value):
-    """value as a float (an int past float64 as infinity, which the core refuses)."""
+def _float(name, value, what="a float"):
+    """value as a float (an int past float64 as infinity, which the core refuses); what: the types taken."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a float{' or None' if name == 'softmax_scale' else ''}, "
-                        f"got {type(value).__name__}")
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
     try:
         return float(value)
     except OverflowError:

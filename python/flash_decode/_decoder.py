@@ -60,8 +60,6 @@ class Decoder:
                             f"(flash_decode takes one), got {type(cache_seqlens).__name__}")
         _api._check_bool("return_softmax_lse", return_softmax_lse)
         _api._check_lengths(cache_seqlens, max_seqlen_k)
-        if max_seqlen_k is not None:
-            _api._check_int("max_seqlen_k", max_seqlen_k)  # past the core's int64: refused by name
         if lse is not None and not return_softmax_lse:
             raise ValueError("lse is given but return_softmax_lse is False")
         run, handle, _, device, lse_shape, _, _, native = _api._prepare(

@@ -20,14 +20,7 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Optional[
            sinks: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
            max_seqlen_q: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """flash_decode without new tokens; returns (out, lse). A descale is a tensor or a value (*_value)."""
-    return _api.flash_decode(
-        q, k_cache, v_cache, cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens,
-        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-        softmax_scale=softmax_scale, causal=causal, window_size=(window_left, window_right), softcap=softcap,
-        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True, max_seqlen_k=max_seqlen_k,
-        batch_invariant=batch_invariant, k_descale=k_descale_value if k_descale is None else k_descale,
-        v_descale=v_descale_value if v_descale is None else v_descale, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=max_seqlen_q)
+    return _eager(**locals())
 
 
 @torch.library.custom_op("flash_decode::decode_append", mutates_args=("k_cache", "v_cache"), device_types="cuda")
@@ -38,20 +31,22 @@ def decode_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
                   window_right: int, softcap: float, rotary_interleaved: bool, alibi_slopes: Optional[Tensor],
                   num_splits: int, max_seqlen_k: Optional[int] = None, batch_invariant: bool = False,
                   k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
-                  k_descale_value: Optional[float] = None,
-                  v_descale_value: Optional[float] = None,
+                  k_descale_value: Optional[float] = None, v_descale_value: Optional[float] = None,
                   sinks: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
                   max_seqlen_q: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """flash_decode appending k and v into the caches; returns (out, lse). Descales as in decode."""
+    return _eager(**locals())
+
+
+def _eager(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True, *,
+           cache_seqlens, seqlen, window_left, window_right, k_descale, v_descale, k_descale_value, v_descale_value,
+           **options):
+    """Both ops' eager call (given their parameters): flash_decode, the schemas' split arguments joined."""
     return _api.flash_decode(
-        q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-        cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens, cache_batch_idx=cache_batch_idx,
-        cache_leftpad=cache_leftpad, block_table=block_table, softmax_scale=softmax_scale, causal=causal,
-        window_size=(window_left, window_right), softcap=softcap, rotary_interleaved=rotary_interleaved,
-        alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True, max_seqlen_k=max_seqlen_k,
-        batch_invariant=batch_invariant, k_descale=k_descale_value if k_descale is None else k_descale,
-        v_descale=v_descale_value if v_descale is None else v_descale, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=max_seqlen_q)
+        q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+        cache_seqlens=seqlen if cache_seqlens is None else cache_seqlens, window_size=(window_left, window_right),
+        k_descale=k_descale_value if k_descale is None else k_descale, return_softmax_lse=True,
+        v_descale=v_descale_value if v_descale is None else v_descale, **options)
 
 
 @torch.library.custom_op("flash_decode::merge_states", mutates_args=(), device_types="cuda")
