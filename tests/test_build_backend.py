@@ -155,3 +155,15 @@ def test_ptxas_spills_are_read_per_kernel(monkeypatch):
            "ptxas info    : Function properties for fd_b\n"
            "    16 bytes stack frame, 16 bytes spill stores, 8 bytes spill loads\n")
     assert fd_cuda12.spills(log) == {"fd_b": (16, 8)}
+
+
+def test_the_cuda12_build_finds_every_listed_kernel_in_a_cubin(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "python" / "build_backend"))
+    import fd_cuda12
+    (tmp_path / "_instances.inc").write_text(
+        "// generated\nFD_SPLIT_KV(fd_split_kv_f16_d64_r16, half, half, 64, 16)\n"
+        "static_assert(true, \"\");\nFD_COMBINE(fd_combine_f16, half, 4, (128, 1))\n")
+    names = fd_cuda12.listed_kernels(str(tmp_path))
+    assert names == ["fd_split_kv_f16_d64_r16", "fd_combine_f16", "fd_combine_f16_bal"]
+    cubin = b"\0.text.fd_split_kv_f16_d64_r16\0.text.fd_combine_f16_bal\0"
+    assert fd_cuda12.missing_kernels(cubin, names) == ["fd_combine_f16"]

@@ -168,6 +168,20 @@ def spills(ptxas_log):
     return out
 
 
+def listed_kernels(include_dir):
+    """The kernel names of the kernel list (_instances.inc: a FD_<FORM>(name, ...) line each;
+    the combines' balanced twins, name_bal, come from the same line)."""
+    with open(os.path.join(include_dir, "_instances.inc")) as f:
+        lines = re.findall(r"^(FD_\w+)\((\w+),", f.read(), re.M)
+    names = [name for _, name in lines]
+    return names + [name + "_bal" for form, name in lines if form.startswith("FD_COMBINE")]
+
+
+def missing_kernels(cubin, names):
+    """The names of names whose code (an ELF section .text.<name>) the cubin lacks."""
+    return [n for n in names if b".text." + n.encode() + b"\0" not in cubin]
+
+
 def compile_arch(nvrtc, tools, arch, include_dir, scratch):
     """Return (arch, PTX, cubin) of the kernels for sm_<arch>, logging spills."""
     t0 = time.monotonic()
@@ -186,6 +200,9 @@ def compile_arch(nvrtc, tools, arch, include_dir, scratch):
         raise RuntimeError(f"ptxas sm_{arch} failed:\n{res.stdout}{res.stderr}")
     with open(cubin_file, "rb") as f:
         cubin = f.read()
+    missing = missing_kernels(cubin, listed_kernels(include_dir))
+    if missing:
+        raise RuntimeError(f"sm_{arch}: no code for {', '.join(missing)}")
     spilled = spills(res.stdout + res.stderr)
     kernels = len(re.findall(r"Compiling entry function", res.stdout + res.stderr))
     log(f"sm_{arch}: {kernels} kernels in {time.monotonic() - t0:.0f} s, "
