@@ -18,8 +18,9 @@ Two differences from nvcc's front end, both about NVRTC only: -default-device (N
 an unannotated lambda in device code as host code) and a stdint.h given in memory (NVRTC
 ships none; LP64 types, as glibc's).
 
-Tools come from --tools (a `pip install --target` folder, see dev/cuda12-tools.txt) or
-sys.path (fd_backend installs CU12_WHEELS into the isolated build environment). Each is
+Tools come from --tools or FD_CUDA12_TOOLS (a `pip install --target` folder, see
+dev/cuda12-tools.txt), else sys.path (fd_backend installs CU12_WHEELS into the isolated build
+environment). Each is
 checked to be the pinned release. --jobs compiles that many architectures at once (default:
 one per CPU; the fatbin is the same).
 """
@@ -43,7 +44,7 @@ CU12_WHEELS = ["nvidia-cuda-nvrtc-cu12==12.8.93", "nvidia-cuda-nvcc-cu12==12.8.9
 # SASS for each, PTX for the last (newer GPUs JIT it): the architectures of gen.go's nvcc line.
 ARCHS = ["80", "86", "89", "90"]
 # Where each tool lies inside the wheels' nvidia/ folder.
-NVRTC = ("cuda_nvrtc", "lib", "libnvrtc.so.12")
+NVRTC_LIB = ("cuda_nvrtc", "lib", "libnvrtc.so.12")
 PTXAS = ("cuda_nvcc", "bin", "ptxas")
 HEADERS = ("cuda_runtime", "include")
 NVFATBIN = ("nvfatbin", "lib", "libnvfatbin.so.12")
@@ -64,9 +65,10 @@ def log(msg):
 def find_tools(tools_dir=None):
     """Return {name: path} of NVRTC, ptxas, the headers and nvFatbin: under tools_dir/nvidia,
     else the first nvidia/ folder on sys.path that holds each; raise naming what is missing."""
+    tools_dir = tools_dir or os.environ.get("FD_CUDA12_TOOLS")
     roots = [tools_dir] if tools_dir else [p for p in sys.path if p and os.path.isdir(p)]
     found, missing = {}, []
-    for name, parts in (("nvrtc", NVRTC), ("ptxas", PTXAS), ("headers", HEADERS), ("nvfatbin", NVFATBIN)):
+    for name, parts in (("nvrtc", NVRTC_LIB), ("ptxas", PTXAS), ("headers", HEADERS), ("nvfatbin", NVFATBIN)):
         path = next((os.path.join(r, "nvidia", *parts) for r in roots
                      if os.path.exists(os.path.join(r, "nvidia", *parts))), None)
         if path:
@@ -75,7 +77,7 @@ def find_tools(tools_dir=None):
             missing.append(os.path.join("nvidia", *parts))
     if missing:
         raise RuntimeError(f"no {', '.join(missing)} in {tools_dir or 'sys.path'}: `pip install "
-                           f"--target DIR " + " ".join(CU12_WHEELS) + "` and pass --tools DIR")
+                           f"--target DIR " + " ".join(CU12_WHEELS) + "` and set FD_CUDA12_TOOLS=DIR")
     return found
 
 
@@ -225,7 +227,7 @@ def build(out, include_dir=FATBIN_DIR, tools_dir=None, jobs=None, scratch=None):
                            "`go generate -run gen_instances ./core/cuda` first")
     scratch = scratch or os.path.join(ROOT, "_build", "cuda12")
     os.makedirs(scratch, exist_ok=True)
-    log(f"NVRTC, ptxas {have['ptxas']} from {os.path.dirname(os.path.dirname(tools['nvrtc']))}; "
+    log(f"NVRTC, ptxas {have['ptxas']} from {tools['nvrtc'].rsplit(os.sep + 'nvidia' + os.sep, 1)[0]}; "
         f"sm_{', sm_'.join(ARCHS)}, {jobs or os.cpu_count()} at once")
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
         results = list(pool.map(lambda a: compile_arch(nvrtc, tools, a, include_dir, scratch), ARCHS))

@@ -37,7 +37,8 @@ gopy's gopyh): go.mod and go.sum are restored afterwards.
 Environment knobs: CUDA_HOME (or CUDA_PATH) picks the toolkit; GO picks the go binary (any
 version >= go.mod's go line; not the pinned one: a warning); FD_LIBCUDA_DIR names a folder
 holding a libcuda.so to link against instead of the stand-in; FD_CUDA=12 builds the kernels
-with the CUDA 12 wheels of fd_cuda12.CU12_WHEELS (13, or unset: nvcc 13, as go generate does); CGO_CFLAGS / CGO_LDFLAGS /
+with the CUDA 12 wheels of fd_cuda12.CU12_WHEELS (13, or unset: nvcc 13, as go generate does),
+found on sys.path or in the folder FD_CUDA12_TOOLS names; CGO_CFLAGS / CGO_LDFLAGS /
 GOFLAGS are extended, not replaced.
 """
 import contextlib
