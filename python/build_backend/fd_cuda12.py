@@ -21,8 +21,8 @@ ships none; LP64 types, as glibc's).
 Tools come from --tools or FD_CUDA12_TOOLS (a `pip install --target` folder, see
 dev/cuda12-tools.txt), else sys.path (fd_backend installs CU12_WHEELS into the isolated build
 environment). Each is
-checked to be the pinned release. --jobs compiles that many architectures at once (default:
-one per CPU; the fatbin is the same).
+checked to be the pinned release. --jobs (or FD_CUDA12_JOBS) compiles that many architectures
+at once (default: one per CPU; the fatbin is the same).
 """
 import argparse
 import concurrent.futures
@@ -225,11 +225,12 @@ def build(out, include_dir=FATBIN_DIR, tools_dir=None, jobs=None, scratch=None):
     if not os.path.isfile(os.path.join(include_dir, "_instances.inc")):
         raise RuntimeError(f"no _instances.inc in {include_dir}: run "
                            "`go generate -run gen_instances ./core/cuda` first")
+    jobs = jobs or int(os.environ.get("FD_CUDA12_JOBS") or 0) or os.cpu_count()
     scratch = scratch or os.path.join(ROOT, "_build", "cuda12")
     os.makedirs(scratch, exist_ok=True)
     log(f"NVRTC, ptxas {have['ptxas']} from {tools['nvrtc'].rsplit(os.sep + 'nvidia' + os.sep, 1)[0]}; "
-        f"sm_{', sm_'.join(ARCHS)}, {jobs or os.cpu_count()} at once")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count()) as pool:
+        f"sm_{', sm_'.join(ARCHS)}, {jobs} at once")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(lambda a: compile_arch(nvrtc, tools, a, include_dir, scratch), ARCHS))
     cubins = {arch: cubin for arch, _, cubin in results}
     fatbin = pack(tools["nvfatbin"], cubins, (results[-1][0], results[-1][1]))
