@@ -20,9 +20,8 @@ ships none; LP64 types, as glibc's).
 
 Tools come from --tools or FD_CUDA12_TOOLS (a `pip install --target` folder, see
 dev/cuda12-tools.txt), else sys.path (fd_backend installs CU12_WHEELS into the isolated build
-environment). Each is
-checked to be the pinned release. --jobs (or FD_CUDA12_JOBS) compiles that many architectures
-at once (default: one per CPU; the fatbin is the same).
+environment). Each is checked to be the pinned release. --jobs (or FD_CUDA12_JOBS) compiles
+that many architectures at once, a process each (default: one per CPU; the fatbin is the same).
 """
 import argparse
 import concurrent.futures
@@ -184,9 +183,10 @@ def missing_kernels(cubin, names):
     return [n for n in names if b".text." + n.encode() + b"\0" not in cubin]
 
 
-def compile_arch(nvrtc, tools, arch, include_dir, scratch):
+def compile_arch(tools, arch, include_dir, scratch):
     """Return (arch, PTX, cubin) of the kernels for sm_<arch>, logging spills."""
     t0 = time.monotonic()
+    nvrtc = NVRTC(tools["nvrtc"])
     with open(SOURCE, "rb") as f:
         source = f.read()
     options = [f"--gpu-architecture=compute_{arch}", "-std=c++17", "-default-device",
@@ -230,8 +230,12 @@ def build(out, include_dir=FATBIN_DIR, tools_dir=None, jobs=None, scratch=None):
     os.makedirs(scratch, exist_ok=True)
     log(f"NVRTC, ptxas {have['ptxas']} from {tools['nvrtc'].rsplit(os.sep + 'nvidia' + os.sep, 1)[0]}; "
         f"sm_{', sm_'.join(ARCHS)}, {jobs} at once")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda a: compile_arch(nvrtc, tools, a, include_dir, scratch), ARCHS))
+    args = [(tools, arch, include_dir, scratch) for arch in ARCHS]
+    if jobs == 1:
+        results = [compile_arch(*a) for a in args]
+    else:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(compile_arch, *zip(*args)))
     cubins = {arch: cubin for arch, _, cubin in results}
     fatbin = pack(tools["nvfatbin"], cubins, (results[-1][0], results[-1][1]))
     with open(out, "wb") as f:
