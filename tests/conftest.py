@@ -7,6 +7,7 @@ or from python/ in a source tree that was not installed (no native extension:
 tests that need it skip).
 """
 
+import contextlib
 import importlib.util
 import os
 import pathlib
@@ -250,3 +251,29 @@ def capture(call):
     with torch.cuda.graph(graph):
         result = call()
     return graph, result
+
+
+def load_example(name):
+    """examples/<name>.py imported as a module (the examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def cpu_kernels(kernels):
+    """flash_decode's custom ops given CPU kernels (op name -> function) for a block, with
+    torch.compile's caches reset around it; disabled after it, so that a CPU call reaches the CUDA
+    kernel's device check again."""
+    from flash_decode import _ops
+    for name, fn in kernels.items():
+        torch.library.register_kernel(f"flash_decode::{name}", "cpu", fn)
+        getattr(_ops, name).set_kernel_enabled("cpu", True)
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        for name in kernels:
+            getattr(_ops, name).set_kernel_enabled("cpu", False)
+        torch._dynamo.reset()

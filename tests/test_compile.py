@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import flash_decode
+from conftest import cpu_kernels
 from fakes import layout_binding  # noqa: F401  (a fixture)
 from flash_decode import _ops
 
@@ -88,16 +89,9 @@ CALLS = {"decode": 0, "decode_append": 0}
 def cpu_ops():
     """The ops with the CPU kernels above, for one test (disabled after it:
     a CPU call then reaches the CUDA kernel's device check again)."""
-    torch.library.register_kernel("flash_decode::decode", "cpu", _decode_cpu)
-    torch.library.register_kernel("flash_decode::decode_append", "cpu", _decode_append_cpu)
-    for op in (_ops.decode, _ops.decode_append):
-        op.set_kernel_enabled("cpu", True)
-    torch._dynamo.reset()
-    CALLS.update(decode=0, decode_append=0)
-    yield CALLS
-    for op in (_ops.decode, _ops.decode_append):
-        op.set_kernel_enabled("cpu", False)
-    torch._dynamo.reset()
+    with cpu_kernels({"decode": _decode_cpu, "decode_append": _decode_append_cpu}):
+        CALLS.update(decode=0, decode_append=0)
+        yield CALLS
 
 
 def inputs(device="cpu", dtype=torch.float16, seed=0, seqlen_new=1):
@@ -295,13 +289,9 @@ def _merge_states_cpu(outs, lses):
 
 @pytest.fixture
 def cpu_merge():
-    torch.library.register_kernel("flash_decode::merge_states", "cpu", _merge_states_cpu)
-    _ops.merge_states.set_kernel_enabled("cpu", True)
-    torch._dynamo.reset()
-    MERGES.clear()
-    yield MERGES
-    _ops.merge_states.set_kernel_enabled("cpu", False)
-    torch._dynamo.reset()
+    with cpu_kernels({"merge_states": _merge_states_cpu}):
+        MERGES.clear()
+        yield MERGES
 
 
 def test_merge_states_compiles_to_its_op(cpu_merge):

@@ -3,21 +3,16 @@ itself (block allocator, sequences joining and leaving, the block table, the app
 plain-torch paged attention standing in for flash_decode, checked by the loop's own SDPA
 reference; a wrong stand-in is caught."""
 
-import importlib.util
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT
+from conftest import load_example
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("engine_loop", ROOT / "examples" / "engine_loop.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("engine_loop")
 
 
 def paged_attention(k_pages, v_pages, drop_last=False):

@@ -7,15 +7,12 @@ import importlib.util
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import load_example
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("llama_decode", ROOT / "examples" / "llama_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("llama_decode")
 
 
 def small(example, **changes):

@@ -20,9 +20,8 @@ import pytest
 import torch
 
 import flash_decode
-from conftest import FAKECUDA, ROOT, assert_names, bound_errors, has_extension, run_python
+from conftest import FAKECUDA, ROOT, assert_names, bound_errors, cpu_kernels, has_extension, run_python
 from fakes import layout_binding  # noqa: F401  (a fixture)
-from flash_decode import _ops
 from serving_ref import apply_rotary, make_paged, reference_kvcache, rotary_tables
 from test_serving import check_refused
 
@@ -340,13 +339,9 @@ def _recording_decode(q, k_cache, v_cache, cache_seqlens, seqlen, cache_batch_id
 
 @pytest.fixture
 def recording_ops():
-    torch.library.register_kernel("flash_decode::decode", "cpu", _recording_decode)
-    _ops.decode.set_kernel_enabled("cpu", True)
-    torch._dynamo.reset()
-    RECORDED.clear()
-    yield RECORDED
-    _ops.decode.set_kernel_enabled("cpu", False)
-    torch._dynamo.reset()
+    with cpu_kernels({"decode": _recording_decode}):
+        RECORDED.clear()
+        yield RECORDED
 
 
 def test_op_schemas_take_descales():

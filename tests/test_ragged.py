@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flash_decode
-from conftest import FAKEDEVICE, assert_names, bound_errors, has_extension
+from conftest import FAKEDEVICE, assert_names, bound_errors, cpu_kernels, has_extension
 from fakes import layout_binding  # noqa: F401  (a fixture)
 from serving_ref import make_paged, reference_kvcache, rotary_tables
 from test_native import launch_on_fake_device
@@ -386,11 +386,7 @@ def _recording_decode(q, *args, **kwargs):
 
 
 def test_compiled_ragged_call_passes_its_offsets():
-    from flash_decode import _ops
-    torch.library.register_kernel("flash_decode::decode", "cpu", _recording_decode)
-    _ops.decode.set_kernel_enabled("cpu", True)
-    torch._dynamo.reset()
-    try:
+    with cpu_kernels({"decode": _recording_decode}):
         args = cpu_args()
         q, k_cache, v_cache, lens, cu = (args[n] for n in ("q", "k_cache", "v_cache", "cache_seqlens",
                                                            "cu_seqlens_q"))
@@ -409,9 +405,6 @@ def test_compiled_ragged_call_passes_its_offsets():
                           fullgraph=True, backend="aot_eager")(q)  # checked at trace time, as eagerly
         # fullgraph wraps the error in dynamo's own, which shows it as raised.
         assert isinstance(raised.value, ValueError) or "ValueError(" in str(raised.value), raised.value
-    finally:
-        _ops.decode.set_kernel_enabled("cpu", False)
-        torch._dynamo.reset()
 
 
 def test_decoder_of_a_ragged_layout(layout_binding):
