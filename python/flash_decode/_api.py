@@ -5,6 +5,7 @@ checks the tensors and every value, names the argument at fault and plans."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 import operator
@@ -314,19 +315,23 @@ def _options(cache_seqlens, softmax_scale, causal, window_size, softcap, rotary_
     return fields
 
 
-_formats = {}  # native -> (field names, struct) of its Tensors record
+@functools.lru_cache(maxsize=None)
+def _format(native):
+    """The binding's core.Tensors record: its fields' places by name, and its struct."""
+    fields = [f.split(":") for f in native.TensorsFields().split(",")]
+    return {name: i for i, (name, _) in enumerate(fields)}, struct.Struct("=" + "".join(k for _, k in fields))
 
 
 def _record(native, *fields):
     """The core.Tensors record of fields (dicts by the binding's field names; 0 where not given)."""
-    if (form := _formats.get(native)) is None:
-        names = [f.split(":") for f in native.TensorsFields().split(",")]
-        form = _formats[native] = ([n for n, _ in names], struct.Struct("=" + "".join(k for _, k in names)))
-    flat = {name: value for f in fields for name, value in f.items()}
-    values = [flat.pop(name, 0) for name in form[0]]
-    if flat:
-        raise RuntimeError(f"flash_decode's native extension has no call fields {sorted(flat)}: reinstall it")
-    return ctypes.create_string_buffer(form[1].pack(*values), form[1].size)
+    places, record = _format(native)
+    values = [0] * len(places)
+    for f in fields:
+        for name, value in f.items():
+            if name not in places:
+                raise RuntimeError(f"flash_decode's native extension has no call field {name}: reinstall it")
+            values[places[name]] = value
+    return ctypes.create_string_buffer(record.pack(*values), record.size)
 
 
 def _layout(native, record):
@@ -455,7 +460,7 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
     if rotary:  # tables for a rotary_dim of a multiple of 16, as the kernels take
         table = (dtype, (seqlen_cache + seqlen_new, max(16, head_dim // 16 * 16) // 2))
         shapes.update(rotary_cos=table, rotary_sin=table)
-    if serving and not (seqlen_new or page_size or rotary or tuple(window_size) != (-1, -1)):
+    if serving and not (seqlen_new or page_size or rotary or _window(window_size) != [-1, -1]):
         shapes.update(cache_batch_idx=(torch.int32, (batch,)))  # a serving argument that leaves the plan alone
     tensors = _descriptors(dict(cu_seqlens_q=cu_seqlens_q, **{
         name: x for name, x in (("k_descale", k_descale), ("v_descale", v_descale)) if isinstance(x, torch.Tensor)}),
