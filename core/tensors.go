@@ -218,21 +218,27 @@ func rowsOf(d *TensorDesc) [4]int64 { return [4]int64{0, d.Strides[0], d.Strides
 // Errors name the argument, as flash_attn_with_kvcache calls it; an error
 // of a tensor's type wraps ErrType.
 func (t *Tensors) Layout() (Layout, error) {
-	var c argCheck
-	l := t.layout(&c)
-	c.devices(t)
-	if c.err != nil {
-		return Layout{}, c.err
-	}
-	return l, nil
+	l, _, err := t.check(false)
+	return l, err
 }
 
-// Device returns the CUDA device a call of t runs on: q's.
-func (t *Tensors) Device() (int, error) {
-	if t.Q.Device < 0 {
-		return 0, invalid(tensorsOp, "q", fmt.Sprintf("must be a CUDA tensor, got device %d (not a CUDA device)", t.Q.Device))
+// DeviceLayout is Layout for a call that runs: q must be on a CUDA device
+// (checked before the others are checked against it), which it returns.
+func (t *Tensors) DeviceLayout() (Layout, int, error) {
+	return t.check(true)
+}
+
+func (t *Tensors) check(onDevice bool) (Layout, int, error) {
+	var c argCheck
+	l := t.layout(&c)
+	if onDevice && c.err == nil && t.Q.Device < 0 {
+		c.invalidf("q", "must be a CUDA tensor, got device %d (not a CUDA device)", t.Q.Device)
 	}
-	return int(min(t.Q.Device, 1<<31-1)), nil
+	c.devices(t)
+	if c.err != nil {
+		return Layout{}, 0, c.err
+	}
+	return l, int(min(t.Q.Device, 1<<31-1)), nil
 }
 
 func (t *Tensors) layout(c *argCheck) Layout {

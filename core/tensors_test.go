@@ -191,14 +191,18 @@ func TestTensorsErrors(t *testing.T) {
 	}
 }
 
-func TestTensorsDevice(t *testing.T) {
+func TestTensorsDeviceLayout(t *testing.T) {
 	ts := denseTensors()
-	if d, err := ts.Device(); d != 0 || err != nil {
-		t.Errorf("Device() = %d, %v", d, err)
+	if _, d, err := ts.DeviceLayout(); d != 0 || err != nil {
+		t.Errorf("DeviceLayout() = %d, %v", d, err)
 	}
+	// q off CUDA is named before the others are found on another device than q's.
 	ts.Q.Device = -1
-	if _, err := ts.Device(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), ": q: ") {
-		t.Errorf("q off CUDA: %v", err)
+	if _, err := ts.Layout(); err == nil || !strings.Contains(err.Error(), ": k_cache: ") {
+		t.Errorf("Layout of q off CUDA: %v", err)
+	}
+	if _, _, err := ts.DeviceLayout(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), ": q: invalid argument: must be a CUDA tensor") {
+		t.Errorf("DeviceLayout of q off CUDA: %v", err)
 	}
 }
 

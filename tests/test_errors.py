@@ -232,7 +232,7 @@ def test_bad_input_cuda(case_id, mutate, exc, name, python):
 def test_other_gpu(name):
     args = valid_args("cuda:0")
     args[name] = args[name].to("cuda:1")
-    with pytest.raises(ValueError, match=rf"^{name} must be on q's device"):
+    with pytest.raises(ValueError, match=rf"^flashdecode: prepare: {name}: invalid argument: must be on q's device"):
         call(args)
 
 

@@ -102,11 +102,7 @@ func (t *Handles) Prepare(l *core.Layout, device int) (int64, error) {
 // PrepareTensors checks a call's tensors (core.Tensors.Layout) and
 // returns the handle of its layout on q's device, as Prepare does.
 func (t *Handles) PrepareTensors(ts *core.Tensors) (int64, error) {
-	l, err := ts.Layout()
-	if err != nil {
-		return 0, err
-	}
-	device, err := ts.Device()
+	l, device, err := ts.DeviceLayout()
 	if err != nil {
 		return 0, err
 	}
