@@ -42,6 +42,16 @@ int fd_prepare(const fd_layout *layout, size_t layout_size, int device, fd_handl
     return fdgo_prepare((fd_layout *)layout, layout_size, device, out);
 }
 
+int fd_prepare_tensors(const fd_tensors *tensors, size_t tensors_size, fd_handle *out) {
+    FD_GUARD();
+    return fdgo_prepare_tensors((fd_tensors *)tensors, tensors_size, out);
+}
+
+int fd_tensors_layout(const fd_tensors *tensors, size_t tensors_size, fd_layout *layout, size_t layout_size) {
+    FD_GUARD();
+    return fdgo_tensors_layout((fd_tensors *)tensors, tensors_size, layout, layout_size);
+}
+
 int fd_workspace_size(fd_handle h, int64_t seqlen, size_t *bytes) {
     FD_GUARD();
     return fdgo_workspace_size(h.id, seqlen, bytes);
@@ -83,6 +93,11 @@ static const char *fd_static_string(const char *volatile *cache, char *(*get)(vo
 const char *fd_layout_fields(void) {
     static const char *volatile fields;
     return fd_static_string(&fields, fdgo_layout_fields);
+}
+
+const char *fd_tensors_fields(void) {
+    static const char *volatile fields;
+    return fd_static_string(&fields, fdgo_tensors_fields);
 }
 
 const char *fd_version(void) {

@@ -69,6 +69,7 @@ typedef enum fd_status {
     FD_ERR_FORKED = 7,      /* called in a child forked (without exec) from the process that
                                loaded the library: its Go runtime does not survive fork; start
                                workers with spawn, or exec */
+    FD_ERR_TYPE = 8,        /* an argument of the wrong type: a tensor's dtype (fd_tensors) */
 } fd_status;
 
 /* A 4-D (batch, seq, heads, head_dim) tensor in device memory. Strides count
@@ -288,6 +289,70 @@ int fd_release(fd_handle h);
 /* fd_layout's fields in order, "name:q,name:d,..." (q int64_t, d double; an array's
  * elements are name[0], name[1], ...): for callers that build the record by name. */
 const char *fd_layout_fields(void);
+
+/* ---- A call's tensors: fd_tensors -----------------------------------------------------
+ *
+ * A call as flash_attn_with_kvcache takes it (PyTorch's names): each tensor argument as
+ * a framework holds it, and the options, one 8-byte field after another (fd_tensors_fields()
+ * lists them). fd_prepare_tensors checks that the tensors agree (ranks, dtypes, shapes
+ * against q's and the caches', the pairs given together, index tensors contiguous, one
+ * device) and prepares the layout they describe, which fd_run then runs on their
+ * addresses; errors name the argument (q, k_cache, cache_seqlens, ...). An int length
+ * (cache_seqlens as an int) is fd_run's seqlen. Zero-initialize, then set. */
+
+/* fd_tensor_desc.dtype codes beyond fd_dtype's and FD_FLOAT32: the index tensors' int32,
+ * and two types named in errors. 0: any other type. */
+enum { FD_INT32 = 6, FD_INT64 = 7, FD_FLOAT64 = 8 };
+
+/* One tensor argument. */
+typedef struct fd_tensor_desc {
+    int64_t given;      /* 1: the argument is a tensor; 0: not given */
+    int64_t dtype;      /* fd_dtype, FD_FLOAT32, FD_INT32, ... (0: another type) */
+    int64_t device;     /* its CUDA device ordinal; -1: not on a CUDA device */
+    int64_t rank;       /* its dimensions (at most 4 are described) */
+    int64_t shape[4];   /* its sizes */
+    int64_t strides[4]; /* its strides, in elements */
+} fd_tensor_desc;
+
+typedef struct fd_tensors {
+    fd_tensor_desc q;       /* (batch, seqlen_q, heads_q, head_dim); with cu_seqlens_q (total_q, heads_q, head_dim) */
+    fd_tensor_desc k_cache; /* (batch, seqlen_cache, heads_kv, head_dim), paged (num_pages, page_size, ...) */
+    fd_tensor_desc v_cache;
+    fd_tensor_desc k, v;    /* new tokens (batch, seqlen_new, heads_kv, head_dim), both or neither */
+    fd_tensor_desc rotary_cos, rotary_sin; /* (rotary_rows, rotary_dim / 2), with k and v */
+    fd_tensor_desc cache_seqlens;          /* int32 (batch,): device lengths */
+    fd_tensor_desc cache_batch_idx, cache_leftpad; /* int32 (batch,) */
+    fd_tensor_desc block_table;            /* int32 (batch, max_pages): k_cache is paged */
+    fd_tensor_desc alibi_slopes;           /* float32 (heads_q,) or (batch, heads_q) */
+    fd_tensor_desc sinks;                  /* float32 (heads_q,) */
+    fd_tensor_desc out;                    /* q's shape and dtype; not given: contiguous */
+    fd_tensor_desc k_descale, v_descale;   /* float32, 1 element or (batch, heads_kv), both or neither */
+    fd_tensor_desc cu_seqlens_q;           /* int32 (batch + 1,): ragged query lengths */
+    double softmax_scale;       /* 0: 1/sqrt(head_dim) */
+    int64_t causal;             /* 0 or 1 */
+    int64_t window_left;        /* -1: unbounded */
+    int64_t window_right;
+    double softcap;             /* 0: off */
+    int64_t rotary_interleaved; /* 0 or 1 */
+    int64_t num_splits;         /* 0: the planner chooses */
+    int64_t batch_invariant;    /* 0 or 1 */
+    int64_t max_seqlen_q;       /* with cu_seqlens_q: the most rows a sequence has, 1..16; 0 otherwise */
+    double k_descale_value;     /* fp8 without descale tensors: k_cache's scale; 0: 1 */
+    double v_descale_value;
+} fd_tensors;
+
+/* Checks *tensors (tensors_size: sizeof(fd_tensors) of the caller's header) and sets *out
+ * to the handle of the layout they describe on q's device, as fd_prepare does. */
+int fd_prepare_tensors(const fd_tensors *tensors, size_t tensors_size, fd_handle *out);
+
+/* Checks *tensors as fd_prepare_tensors does, but for q's device, and writes the layout
+ * they describe into *layout (layout_size: sizeof(fd_layout)), for fd_prepare on any
+ * device (-1: planning without a GPU). Prepares nothing. */
+int fd_tensors_layout(const fd_tensors *tensors, size_t tensors_size, fd_layout *layout, size_t layout_size);
+
+/* fd_tensors' fields in order, as fd_layout_fields() lists fd_layout's: a descriptor's
+ * are q.given, q.dtype, q.device, q.rank, q.shape[0], ..., q.strides[3]. */
+const char *fd_tensors_fields(void);
 
 /* ---- One-shot calls: fd_args ----------------------------------------------------------
  *

@@ -34,8 +34,9 @@ import (
 
 // Static strings, allocated once and never freed.
 var (
-	version      = C.CString(core.Version)
-	layoutFields = C.CString(core.LayoutFieldsText())
+	version       = C.CString(core.Version)
+	layoutFields  = C.CString(core.LayoutFieldsText())
+	tensorsFields = C.CString(core.TensorsFieldsText())
 )
 
 // handles are the layouts fd_prepare holds.
@@ -132,6 +133,57 @@ func fdgo_prepare(layout *C.fd_layout, layoutSize C.size_t, device C.int, out *C
 		return finish(renamed(err, layoutNames, true))
 	}
 	out.id = C.int64_t(h)
+	return finish(nil)
+}
+
+// readTensors reads the caller's fd_tensors of size bytes.
+func readTensors(t *C.fd_tensors, size C.size_t) (core.Tensors, error) {
+	switch {
+	case t == nil:
+		return core.Tensors{}, errNull("prepare", "tensors")
+	case size > 1<<20:
+		return core.Tensors{}, &core.Error{Op: "prepare", Arg: "tensors_size", Err: core.ErrInvalid, Msg: fmt.Sprintf("%d bytes", uint64(size))}
+	}
+	return core.ReadTensors(unsafe.Slice((*byte)(unsafe.Pointer(t)), int(size)))
+}
+
+//export fdgo_prepare_tensors
+func fdgo_prepare_tensors(t *C.fd_tensors, size C.size_t, out *C.fd_handle) (ret C.int) {
+	defer guard(&ret)
+	if out == nil {
+		return finish(errNull("prepare", "out"))
+	}
+	ts, err := readTensors(t, size)
+	if err != nil {
+		return finish(err)
+	}
+	h, err := handles.PrepareTensors(&ts)
+	if err != nil {
+		return finish(err)
+	}
+	out.id = C.int64_t(h)
+	return finish(nil)
+}
+
+//export fdgo_tensors_layout
+func fdgo_tensors_layout(t *C.fd_tensors, size C.size_t, layout *C.fd_layout, layoutSize C.size_t) (ret C.int) {
+	defer guard(&ret)
+	if layout == nil {
+		return finish(errNull("prepare", "layout"))
+	}
+	if int(layoutSize) != core.LayoutBytes {
+		return finish(&core.Error{Op: "prepare", Arg: "layout_size", Err: core.ErrInvalid,
+			Msg: fmt.Sprintf("%d bytes; fd_layout is %d in this build", uint64(layoutSize), core.LayoutBytes)})
+	}
+	ts, err := readTensors(t, size)
+	if err != nil {
+		return finish(err)
+	}
+	l, err := ts.Layout()
+	if err != nil {
+		return finish(err)
+	}
+	*(*core.Layout)(unsafe.Pointer(layout)) = l
 	return finish(nil)
 }
 
@@ -303,5 +355,8 @@ func fdgo_version() *C.char { return version }
 
 //export fdgo_layout_fields
 func fdgo_layout_fields() *C.char { return layoutFields }
+
+//export fdgo_tensors_fields
+func fdgo_tensors_fields() *C.char { return tensorsFields }
 
 func main() {}

@@ -12,6 +12,11 @@ const (
 	Float32    DType = 3 // IEEE single precision (torch.float32)
 	Float8E4M3 DType = 4 // fp8 with 4 exponent bits, no infinities (torch.float8_e4m3fn)
 	Float8E5M2 DType = 5 // fp8 with 5 exponent bits (torch.float8_e5m2)
+	// The index tensors' type, and two a caller passes by mistake (a
+	// Tensors record names them in its errors).
+	Int32   DType = 6
+	Int64   DType = 7
+	Float64 DType = 8
 )
 
 // String returns the torch-style name of the dtype.
@@ -27,6 +32,12 @@ func (d DType) String() string {
 		return "float8_e4m3fn"
 	case Float8E5M2:
 		return "float8_e5m2"
+	case Int32:
+		return "int32"
+	case Int64:
+		return "int64"
+	case Float64:
+		return "float64"
 	}
 	return "invalid dtype"
 }

@@ -3,8 +3,8 @@ package core
 import "errors"
 
 // The sentinel errors every flash-decode error wraps. Callers test them with
-// errors.Is; the Python layer maps ErrInvalid to ValueError and
-// ErrUnsupported to NotImplementedError.
+// errors.Is; the Python layer maps ErrInvalid to ValueError,
+// ErrUnsupported to NotImplementedError and ErrType to TypeError.
 var (
 	// ErrInvalid reports an argument that can never be right, such as a
 	// negative batch or nheads_q that is not a multiple of nheads_kv.
@@ -12,6 +12,9 @@ var (
 	// ErrUnsupported reports a well-formed argument this build has no kernel
 	// for, such as headdim 100; the message names what is supported.
 	ErrUnsupported = errors.New("not supported")
+	// ErrType reports an argument of the wrong type, such as a float32 q
+	// or an int64 cache_seqlens (Python's TypeError).
+	ErrType = errors.New("wrong type")
 )
 
 // Error is the error every core function returns. It names the operation,
@@ -52,6 +55,11 @@ func (e *Error) Unwrap() error { return e.Err }
 // invalid returns an *Error wrapping ErrInvalid.
 func invalid(op, arg, msg string) error {
 	return &Error{Op: op, Arg: arg, Msg: msg, Err: ErrInvalid}
+}
+
+// wrongType returns an *Error wrapping ErrType.
+func wrongType(op, arg, msg string) error {
+	return &Error{Op: op, Arg: arg, Msg: msg, Err: ErrType}
 }
 
 // unsupported returns an *Error wrapping ErrUnsupported.

@@ -129,3 +129,29 @@ func ExampleReferenceDecode() {
 	// Output:
 	// out[0] = 2.000 (mean of 0..4), lse = 1.6094 (log 5)
 }
+
+// A framework's binding describes a call by its tensors, as it holds them:
+// q (2, 1, 32, 128) and the caches (2, 4096, 8, 128) on CUDA device 0, and
+// an int64 cache_seqlens, which the core refuses by name before anything is
+// planned. With an int32 one the call's Layout follows.
+func ExampleTensors_Layout() {
+	desc := func(dtype core.DType, shape ...int64) core.TensorDesc {
+		d := core.TensorDesc{Given: 1, DType: int64(dtype), Rank: int64(len(shape))}
+		stride := int64(1)
+		for i := len(shape) - 1; i >= 0; i-- {
+			d.Shape[i], d.Strides[i] = shape[i], stride
+			stride *= shape[i]
+		}
+		return d
+	}
+	t := core.Tensors{Q: desc(core.Float16, 2, 1, 32, 128), KCache: desc(core.Float16, 2, 4096, 8, 128),
+		VCache: desc(core.Float16, 2, 4096, 8, 128), CacheSeqlens: desc(core.Int64, 2), WindowLeft: -1, WindowRight: -1}
+	_, err := t.Layout()
+	fmt.Println(err, errors.Is(err, core.ErrType))
+	t.CacheSeqlens.DType = int64(core.Int32)
+	l, err := t.Layout()
+	fmt.Println(l.Batch, l.HeadsQ, l.SeqlenCache, l.DeviceLengths, l.KCache, err)
+	// Output:
+	// flashdecode: prepare: cache_seqlens: wrong type: must be a torch.int32 tensor, got torch.int64 true
+	// 2 32 4096 1 [4194304 1024 128 1] <nil>
+}

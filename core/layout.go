@@ -75,42 +75,41 @@ type Layout struct {
 // LayoutBytes is the size of a Layout in bytes.
 const LayoutBytes = int(unsafe.Sizeof(Layout{}))
 
-// LayoutField is one 8-byte field of a Layout: an array's elements are
-// fields of their own, named name[i].
+// LayoutField is one 8-byte field of a flat record (a Layout, Tensors):
+// an array's elements are fields of their own, named name[i], and a nested
+// struct's name.field.
 type LayoutField struct {
 	Name   string
 	Float  bool // float64; else int64
-	Offset int  // bytes from the start of the Layout
+	Offset int  // bytes from the start of the record
 }
 
-// layoutFields lists Layout's fields in order (read once from its tags).
-var layoutFields = func() []LayoutField {
-	t := reflect.TypeOf(Layout{})
+// recordFields lists the 8-byte fields of the flat record type t in order,
+// named by their layout tags, prefix before each name.
+func recordFields(t reflect.Type, prefix string, base int) []LayoutField {
 	var fs []LayoutField
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		name := f.Tag.Get("layout")
-		if f.Type.Kind() != reflect.Array {
-			fs = append(fs, LayoutField{Name: name, Float: f.Type.Kind() == reflect.Float64, Offset: int(f.Offset)})
-			continue
-		}
-		for j := 0; j < f.Type.Len(); j++ {
-			fs = append(fs, LayoutField{Name: fmt.Sprintf("%s[%d]", name, j), Offset: int(f.Offset) + 8*j})
+		name, off := prefix+f.Tag.Get("layout"), base+int(f.Offset)
+		switch f.Type.Kind() {
+		case reflect.Struct:
+			fs = append(fs, recordFields(f.Type, name+".", off)...)
+		case reflect.Array:
+			for j := 0; j < f.Type.Len(); j++ {
+				fs = append(fs, LayoutField{Name: fmt.Sprintf("%s[%d]", name, j), Offset: off + 8*j})
+			}
+		default:
+			fs = append(fs, LayoutField{Name: name, Float: f.Type.Kind() == reflect.Float64, Offset: off})
 		}
 	}
 	return fs
-}()
+}
 
-// LayoutFields returns the Layout's fields in order, for the doors that
-// pack or mirror it (Python packs its record from them; the C test checks
-// fd_layout's offsets against them).
-func LayoutFields() []LayoutField { return append([]LayoutField(nil), layoutFields...) }
-
-// LayoutFieldsText is LayoutFields as "name:q,name:d,...": q for an
-// int64, d for a float64 (Python struct's codes), in order.
-func LayoutFieldsText() string {
+// fieldsText is fs as "name:q,name:d,...": q for an int64, d for a
+// float64 (Python struct's codes), in order.
+func fieldsText(fs []LayoutField) string {
 	var b strings.Builder
-	for i, f := range layoutFields {
+	for i, f := range fs {
 		if i > 0 {
 			b.WriteByte(',')
 		}
@@ -123,24 +122,44 @@ func LayoutFieldsText() string {
 	return b.String()
 }
 
-// ReadLayout reads a Layout from its bytes in memory (the host's byte
-// order). A shorter record, of whole fields, is one from a caller built
-// against an older, smaller Layout: the fields it lacks are 0. A longer
-// one is from a newer caller: the fields this build lacks must be 0.
-func ReadLayout(b []byte) (Layout, error) {
-	var l Layout
+// readRecord copies the record b (the host's byte order) into dst, the
+// bytes of a record named name of this build. A shorter record, of whole
+// fields, is one from a caller built against an older, smaller record:
+// the fields it lacks stay 0. A longer one is from a newer caller: the
+// fields this build lacks must be 0.
+func readRecord(name string, dst, b []byte) error {
 	switch {
 	case len(b) == 0 || len(b)%8 != 0:
-		return l, invalid("prepare", "layout_size", fmt.Sprintf("%d bytes; a layout is whole 8-byte fields, %d bytes in this build", len(b), LayoutBytes))
-	case len(b) > LayoutBytes:
-		for i, x := range b[LayoutBytes:] {
+		return invalid("prepare", name+"_size", fmt.Sprintf("%d bytes; a %s is whole 8-byte fields, %d bytes in this build", len(b), name, len(dst)))
+	case len(b) > len(dst):
+		for i, x := range b[len(dst):] {
 			if x != 0 {
-				return l, unsupported("prepare", "layout_size", fmt.Sprintf("%d bytes, with byte %d set; this build knows the first %d", len(b), LayoutBytes+i, LayoutBytes))
+				return unsupported("prepare", name+"_size", fmt.Sprintf("%d bytes, with byte %d set; this build knows the first %d", len(b), len(dst)+i, len(dst)))
 			}
 		}
 	}
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&l)), LayoutBytes), b)
-	return l, nil
+	copy(dst, b)
+	return nil
+}
+
+// layoutFields lists Layout's fields in order (read once from its tags).
+var layoutFields = recordFields(reflect.TypeOf(Layout{}), "", 0)
+
+// LayoutFields returns the Layout's fields in order, for the doors that
+// pack or mirror it (Python packs its record from them; the C test checks
+// fd_layout's offsets against them).
+func LayoutFields() []LayoutField { return append([]LayoutField(nil), layoutFields...) }
+
+// LayoutFieldsText is LayoutFields as "name:q,name:d,...": q for an
+// int64, d for a float64 (Python struct's codes), in order.
+func LayoutFieldsText() string { return fieldsText(layoutFields) }
+
+// ReadLayout reads a Layout from its bytes in memory (the host's byte
+// order), as readRecord says.
+func ReadLayout(b []byte) (Layout, error) {
+	var l Layout
+	err := readRecord("layout", unsafe.Slice((*byte)(unsafe.Pointer(&l)), LayoutBytes), b)
+	return l, err
 }
 
 // LayoutOf returns p's layout (its device addresses and Seqlen are not

@@ -30,16 +30,22 @@ func servingLayout() Layout {
 	return l
 }
 
-func TestLayoutFieldsFollowTheStruct(t *testing.T) {
-	fs := LayoutFields()
-	if got := len(fs) * 8; got != LayoutBytes {
-		t.Fatalf("%d fields make %d bytes; Layout has %d", len(fs), got, LayoutBytes)
+// checkFields checks that fs, 8-byte fields one after another, make a
+// record of size bytes.
+func checkFields(t *testing.T, fs []LayoutField, size int) {
+	t.Helper()
+	if got := len(fs) * 8; got != size {
+		t.Fatalf("%d fields make %d bytes; the record has %d", len(fs), got, size)
 	}
 	for i, f := range fs {
 		if f.Offset != 8*i {
 			t.Errorf("field %d %s at offset %d", i, f.Name, f.Offset)
 		}
 	}
+}
+
+func TestLayoutFieldsFollowTheStruct(t *testing.T) {
+	checkFields(t, LayoutFields(), LayoutBytes)
 	text := LayoutFieldsText()
 	for _, want := range []string{"dtype:q,batch:q,", ",scale:d,q[0]:q,", ",softcap:d,", ",rotary_interleaved:q,", ",k_descale_value:d,v_descale_value:d,"} {
 		if !strings.Contains(text, want) {

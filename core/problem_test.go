@@ -271,7 +271,7 @@ func TestDType(t *testing.T) {
 		name  string
 		valid bool
 	}{{Float16, "float16", true}, {BFloat16, "bfloat16", true}, {Float32, "float32", false}, {0, "invalid dtype", false},
-		{Float8E4M3, "float8_e4m3fn", false}, {Float8E5M2, "float8_e5m2", false}, {6, "invalid dtype", false}} {
+		{Float8E4M3, "float8_e4m3fn", false}, {Float8E5M2, "float8_e5m2", false}, {9, "invalid dtype", false}} {
 		if tt.d.String() != tt.name || tt.d.Valid() != tt.valid {
 			t.Errorf("DType(%d): %q %v, want %q %v", int(tt.d), tt.d.String(), tt.d.Valid(), tt.name, tt.valid)
 		}

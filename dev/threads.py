@@ -25,7 +25,7 @@ import time
 import torch
 
 import flash_decode
-from flash_decode import _api, _native
+from flash_decode import _api
 
 B, HQ, HKV, D, N = 2, 32, 8, 128, 4096
 
@@ -45,11 +45,10 @@ def flash_case(n):
 
 
 def go_case():
-    native = _native.binding()
-    q_strides, kv_strides = (HQ * D, HQ * D, D, 1), (N * HKV * D, HKV * D, D, 1)
-    layout = dict(dtype=1, batch=B, seqlen_q=1, heads_q=HQ, heads_kv=HKV, head_dim=D, seqlen_cache=N, q=q_strides,
-                  k_cache=kv_strides, v_cache=kv_strides, out=q_strides, window_left=-1, window_right=-1)
-    handle = _api._handle(native, layout, torch.cuda.current_device())
+    q = torch.empty(B, 1, HQ, D, dtype=torch.float16, device="meta")  # shapes and strides only
+    kv = torch.empty(B, N, HKV, D, dtype=torch.float16, device="meta")
+    native, record = _api._call(q, kv, kv)
+    handle = _api._prepare_on(native, record, torch.cuda.current_device())
     workspace = native.Workspace
 
     def call():

@@ -100,11 +100,20 @@ def fake_binding(monkeypatch):
     tensors: they pass the device check as CUDA device 0."""
     from flash_decode import _api, _native
     fake = FakeBinding()
-    monkeypatch.setattr(_native, "binding", lambda: fake)
+    monkeypatch.setattr(_native, "binding", lambda planner_only=False: fake)
     monkeypatch.setattr(_api, "_prepared", {})
-    monkeypatch.setattr(_api, "_check_devices", lambda q, **others: 0)
+    monkeypatch.setattr(_api, "_device", lambda t: 0)
     monkeypatch.setattr(_api, "_current_stream", lambda device: 0)
     return fake
+
+
+@pytest.fixture
+def real_binding():
+    """The built extension, for planning (skips where it is not built)."""
+    from flash_decode import _native
+    if not has_extension():
+        pytest.skip("needs the built extension")
+    return _native.binding(planner_only=True)
 
 
 def run_python(code, **env):
@@ -112,8 +121,8 @@ def run_python(code, **env):
     (or, with value None, removes) environment variables. Returns the
     CompletedProcess; the child's crash or os.Exit shows in returncode."""
     child_env = dict(os.environ)
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        [PACKAGE_PARENT] + ([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else []))
+    child_env["PYTHONPATH"] = os.pathsep.join(  # tests/ too: records.py
+        [PACKAGE_PARENT, str(ROOT / "tests")] + ([child_env["PYTHONPATH"]] if child_env.get("PYTHONPATH") else []))
     for key, value in env.items():
         if value is None:
             child_env.pop(key, None)

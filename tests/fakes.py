@@ -1,6 +1,7 @@
 """A stand-in for the Go binding's layout door, for CPU tests of the torch layer:
-it reads back the layout records the torch layer packs and records every call.
-test_native checks its field list against the real binding's."""
+the real binding checks each call's tensors record and makes its layout, which the
+stand-in reads back; it records every call. test_native checks its field list
+against the real binding's."""
 
 import ctypes
 import struct
@@ -20,17 +21,36 @@ FIELDS = [(f"{name}[{i}]" if n.isdigit() else name, "d" if n == "d" else "q")
 
 
 class LayoutBinding(FakeBinding):
-    """FakeBinding for the layout door: Prepare records the layout it reads (an array
-    field as a tuple) and the device; Run refuses a call whose workspace is short of
+    """FakeBinding for the layout door: PrepareTensors has the real binding check the
+    call and make its layout, then Prepare records the layout it reads (an array field
+    as a tuple) and the device; Run refuses a call whose workspace is short of
     Workspace's answer (need), as the core does, and records the calls it takes;
     handles start at 1."""
 
-    def __init__(self):
+    def __init__(self, real):
         super().__init__()
         self.errors = []
+        self.real = real
 
     def LayoutFields(self):
         return ",".join(f"{name}:{kind}" for name, kind in FIELDS)
+
+    def TensorsFields(self):
+        return self.real.TensorsFields()
+
+    def TensorsLayout(self, *args):
+        status = self.real.TensorsLayout(*args)
+        return status if status >= 0 else self.fail(self.real.ErrorKind(status), self.real.ErrorMessage(status))
+
+    def PrepareTensors(self, address, size):
+        layout = ctypes.create_string_buffer(8 * len(FIELDS))
+        if (status := self.TensorsLayout(address, size, ctypes.addressof(layout), ctypes.sizeof(layout))) < 0:
+            return status
+        names = [f.split(":")[0] for f in self.TensorsFields().split(",")]
+        (device,) = struct.unpack_from("=q", ctypes.string_at(address, size), 8 * names.index("q.device"))
+        if device < 0:
+            return self.fail(1, "flashdecode: prepare: q: invalid argument: must be a CUDA tensor")
+        return self.Prepare(ctypes.addressof(layout), ctypes.sizeof(layout), device)
 
     def Prepare(self, address, size, device):
         record = ctypes.string_at(address, size)
@@ -69,10 +89,10 @@ class LayoutBinding(FakeBinding):
 
 
 @pytest.fixture
-def layout_binding(fake_binding, monkeypatch):
+def layout_binding(real_binding, fake_binding, monkeypatch):
     """conftest's fake_binding (CPU tensors taken as device 0's, an empty layout cache)
     over a LayoutBinding."""
     from flash_decode import _native
-    fake = LayoutBinding()
+    fake = LayoutBinding(real_binding)
     monkeypatch.setattr(_native, "binding", lambda planner_only=False: fake)
     return fake

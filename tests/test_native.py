@@ -116,7 +116,8 @@ def launch_on_fake_device(script, tmp_path):
 _PLAIN_LAYOUT = """
 import json
 import flash_decode
-from flash_decode import _api, _native
+from flash_decode import _native
+from records import prepare
 b, G = _native.binding(), 1 << 30
 q, kv = (4096, 4096, 128, 1), (32768 * 1024, 1024, 128, 1)
 layout = dict(dtype=1, batch=1, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128, seqlen_cache=32768, q=q,
@@ -124,7 +125,7 @@ layout = dict(dtype=1, batch=1, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128
 """
 
 _LAUNCH_THROUGH_THE_BINDING = _PLAIN_LAYOUT + """
-h = _api._handle(b, dict(layout, num_splits=32), 0)
+h = prepare(b, dict(layout, num_splits=32), 0)
 ws = b.Workspace(h, -1)
 splits = b.Run(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 3 * G, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10 * G, ws, 0)
 print(json.dumps(dict(flash_decode.plan(1, 1, 32, 8, 128, 32768, num_splits=32, device=0), ran=splits, ws=ws)))
@@ -147,7 +148,8 @@ def test_binding_launches_the_plan_on_a_fake_device(tmp_path):
 
 _SERVING_LAUNCH_THROUGH_THE_BINDING = """
 import json, torch
-from flash_decode import _api, _native
+from flash_decode import _native
+from records import layout_of, prepare
 # The layout the torch layer sends for a paged append with rotary (CPU tensors: only their
 # shapes and strides are read), then a call with made-up device addresses.
 q = torch.empty(2, 1, 32, 128, dtype=torch.float16)
@@ -155,10 +157,9 @@ pages = torch.empty(512, 16, 8, 128, dtype=torch.float16)
 new = torch.empty(2, 1, 8, 128, dtype=torch.float16)
 cos = torch.empty(8192, 64, dtype=torch.float16)
 lens, table = torch.empty(2, dtype=torch.int32), torch.empty(2, 256, dtype=torch.int32)
-layout = _api._layout(q, pages, pages, new, new, cos, cos, lens, None, None, table, None, True, (-1, -1), 0.0,
-                      False, None, 0, None)
 b, G = _native.binding(), 1 << 30
-h = _api._handle(b, layout, 0)
+h = prepare(b, layout_of(q=q, k_cache=pages, v_cache=pages, k=new, v=new, rotary_cos=cos, rotary_sin=cos,
+                         cache_seqlens=lens, block_table=table, causal=True, rotary_interleaved=False), 0)
 ws = b.Workspace(h, -1)
 splits = b.Run(h, -1, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 5 * G, 0, 0, 0, 6 * G, 7 * G, 8 * G, 9 * G,
                0, 0, 0, 0, 10 * G, ws, 0)
@@ -183,7 +184,7 @@ def test_serving_binding_launches_append_then_stage_1(tmp_path):
 
 
 _HINTED_LAUNCH = _PLAIN_LAYOUT + """
-h = _api._handle(b, dict(layout, device_lengths=1), 0)
+h = prepare(b, dict(layout, device_lengths=1), 0)
 for seqlen in (-1, 1000):  # the capacity's plan, then the plan for a bound of 1000 keys (planned as 1024)
     ws = b.Workspace(h, seqlen)
     b.Run(h, seqlen, 1 * G, 64 * G, 128 * G, 2 * G, 0, 4 * G, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10 * G, ws, 0)
@@ -209,7 +210,7 @@ import flash_decode
 from flash_decode import _api
 # CPU tensors pass as device 0's (the fake device launches nothing): flash_decode's own path from
 # max_seqlen_k to the launch, next to plan() told the same bound.
-_api._check_devices = lambda q, **others: 0
+_api._device = lambda t: 0
 _api._current_stream = lambda device: 0
 cache = torch.zeros(1, 32768, 8, 128, dtype=torch.float16)
 q, new = torch.zeros(1, 1, 32, 128, dtype=torch.float16), torch.zeros(1, 1, 8, 128, dtype=torch.float16)
@@ -313,6 +314,7 @@ def test_fake_driver_cuinit_failure_is_not_fatal():
 _BINDING_PROBE = """
 import gc, importlib, json, time
 import flash_decode
+import records
 from flash_decode import _native
 
 report = {}
@@ -370,7 +372,7 @@ report["fields"] = native.LayoutFields()
 q, kv = (32 * 128, 32 * 128, 128, 1), (1024 * 8 * 128, 8 * 128, 128, 1)
 layout = dict(dtype=1, batch=1, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128, seqlen_cache=1024, q=q,
               k_cache=kv, v_cache=kv, out=q, window_left=-1, window_right=-1)
-handle = lambda **changes: flash_decode._api._handle(native, dict(layout, **changes), 0)
+handle = lambda **changes: records.prepare(native, dict(layout, **changes), 0)
 report["handle"], report["handle_again"] = handle(), handle()
 run = lambda h, q, k, v, out: native.Run(h, -1, q, k, v, out, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 for name, call in [("prepare_scale", lambda: handle(scale=1e-50)),
@@ -637,7 +639,7 @@ import torch
 import flash_decode
 from flash_decode import _api
 
-_api._check_devices = lambda q, **others: 0  # CPU tensors as the fake device's
+_api._device = lambda t: 0  # CPU tensors as the fake device's
 _api._current_stream = lambda device: 0
 q, k = torch.zeros(1, 1, 32, 128, dtype=torch.float16), torch.zeros(1, 64, 8, 128, dtype=torch.float16)
 

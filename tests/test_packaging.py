@@ -43,7 +43,7 @@ try:
     _native.binding()
 except RuntimeError as err:
     report["binding"] = str(err)
-_api._check_devices = lambda *args, **kwargs: None  # let CPU tensors reach the native call
+_api._device = lambda t: 0  # CPU tensors as CUDA device 0's: the call reaches the native door
 q = torch.zeros(1, 1, 32, 128, dtype=torch.float16)
 k = torch.zeros(1, 64, 8, 128, dtype=torch.float16)
 try:

@@ -342,13 +342,14 @@ _RAGGED_ON_THE_FAKE_DEVICE = """
 import json
 import torch
 import flash_decode
-from flash_decode import _api, _native
+from flash_decode import _native
+from records import prepare
 b, G = _native.binding(), 1 << 30
 rows = (0, 8 * 64, 64, 1)
 layout = dict(dtype=1, batch=3, seqlen_q=4, heads_q=8, heads_kv=2, head_dim=64, seqlen_cache=128, q=rows,
               k_cache=(128 * 128, 128, 64, 1), v_cache=(128 * 128, 128, 64, 1), out=rows, window_left=-1,
               window_right=-1, ragged=1, total_q=5, device_lengths=1)
-h = _api._handle(b, layout, 0)
+h = prepare(b, layout, 0)
 ws = b.Workspace(h, -1)
 errors = {}
 for name, ptrs in dict(missing=(4 * G, 0), misaligned=(4 * G, 11 * G + 2), fine=(4 * G, 11 * G)).items():
@@ -357,7 +358,7 @@ for name, ptrs in dict(missing=(4 * G, 0), misaligned=(4 * G, 11 * G + 2), fine=
     errors[name] = b.ErrorMessage(status) if status < 0 else status
 for name, change in dict(max_seqlen_q=dict(seqlen_q=17), total_q=dict(total_q=0)).items():
     try:
-        _api._handle(b, dict(layout, **change), 0)
+        prepare(b, dict(layout, **change), 0)
     except (ValueError, NotImplementedError) as err:
         errors[name] = str(err)
 print(json.dumps(errors))
@@ -400,7 +401,7 @@ def test_compiled_ragged_call_passes_its_offsets():
         assert out.shape == q.shape and lse.shape == (8, 5)
         got_cu, got_max = _COMPILED[-1]
         assert torch.equal(got_cu, cu) and got_max == 4
-        with pytest.raises(Exception, match="max_seqlen_q must be given with cu_seqlens_q") as raised:
+        with pytest.raises(Exception, match="max_seqlen_q: invalid argument: must be given with cu_seqlens_q") as raised:
             torch.compile(lambda q: flash_decode.flash_decode(q, k_cache, v_cache, cu_seqlens_q=cu),
                           fullgraph=True, backend="aot_eager")(q)  # checked at trace time, as eagerly
         # fullgraph wraps the error in dynamo's own, which shows it as raised.

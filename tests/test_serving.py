@@ -214,7 +214,8 @@ _BINDING_PROBE = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import torch
-from flash_decode import _api, _native
+from flash_decode import _native
+from records import layout_of, prepare
 import test_serving as t
 
 native = _native.binding()
@@ -232,13 +233,13 @@ for name, args in [("paged", t.valid_args("cpu")), ("batch_idx", t.valid_args("c
     for key in ("cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table", "k", "v", "rotary_cos",
                 "rotary_sin", "alibi_slopes"):
         args.setdefault(key, None)
-    layout = _api._layout(**args)
     try:
-        report[name] = _api._handle(native, layout, 0)
+        layout = layout_of(**args)
+        report[name] = prepare(native, layout, 0)
     except Exception as err:
         report[name] = [type(err).__name__, str(err)]
     try:
-        _api._handle(native, dict(layout, q=(1, 1, 1, 2)), 0)
+        prepare(native, dict(layout, q=(1, 1, 1, 2)), 0)
     except Exception as err:
         report[name + "_error"] = [type(err).__name__, str(err)]
 print(json.dumps(report))

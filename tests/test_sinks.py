@@ -34,14 +34,15 @@ def test_sinks_set_the_layout_and_pass_their_address(layout_binding):
     assert [r[RUN_SINKS] for r in runs] == [sinks.data_ptr(), sinks.data_ptr(), 0]
 
 
+CORE = r"^flashdecode: prepare: sinks: "  # the core's message of the argument
 BAD = [
     ("a list", [0.0] * 8, TypeError, r"^sinks must be a torch\.Tensor"),
-    ("float16", torch.zeros(8, dtype=torch.float16), TypeError, r"^sinks must be a torch\.float32 tensor"),
-    ("float64", torch.zeros(8, dtype=torch.float64), TypeError, r"^sinks must be a torch\.float32 tensor"),
-    ("nheads_kv logits", torch.zeros(2), ValueError, r"^sinks must have shape \(nheads_q,\) = \(8,\)"),
-    ("2-D", torch.zeros(1, 8), ValueError, r"^sinks must have 1 dimension"),
-    ("0-D", torch.tensor(0.0), ValueError, r"^sinks must have 1 dimension"),
-    ("strided", torch.zeros(16)[::2], ValueError, r"^sinks must be contiguous"),
+    ("float16", torch.zeros(8, dtype=torch.float16), TypeError, CORE + r"wrong type: must be a torch\.float32 tensor"),
+    ("float64", torch.zeros(8, dtype=torch.float64), TypeError, CORE + r"wrong type: must be a torch\.float32 tensor"),
+    ("nheads_kv logits", torch.zeros(2), ValueError, CORE + r"invalid argument: must have shape \(nheads_q,\) = \(8,\)"),
+    ("2-D", torch.zeros(1, 8), ValueError, CORE + r"invalid argument: must have 1 dimension"),
+    ("0-D", torch.tensor(0.0), ValueError, CORE + r"invalid argument: must have 1 dimension"),
+    ("strided", torch.zeros(16)[::2], ValueError, CORE + r"invalid argument: must be contiguous"),
 ]
 
 
@@ -157,7 +158,7 @@ def test_append():
           causal=True)
     # Refused (sinks on another device): the caches are left as they were.
     before = k_cache.clone(), v_cache.clone()
-    with pytest.raises(ValueError, match=r"^sinks must be on q's device"):
+    with pytest.raises(ValueError, match=CORE + r"invalid argument: must be on q's device"):
         flash_decode.flash_decode(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, sinks=sink_logits(hq, "cpu"))
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
 

@@ -48,15 +48,49 @@ static void expect_error(const char *what, int rc, int want, const char *arg) {
           fd_last_error(), needle);
 }
 
+// A field of a record, as the test knows it from the header.
+typedef struct field {
+    const char *name;
+    size_t offset, size;
+} field;
+
 #define FIELD(name) {#name, offsetof(fd_layout, name), sizeof(((fd_layout *)0)->name)}
 
-// Every field fd_layout_fields() names is where fd_layout has it, of its kind, and
-// together they are the whole struct.
+// check_fields checks that every field text (fd_layout_fields() & co) names is where
+// fields has it, of its kind (doubles: the float64 ones), and that together they are
+// the whole record of size bytes.
+static void check_fields(const char *what, const char *text, const field *fields, size_t nfields, size_t size,
+                         const char *const *doubles) {
+    char buf[8192];
+    CHECK(strlen(text) < sizeof buf, "%s is %zu bytes", what, strlen(text));
+    snprintf(buf, sizeof buf, "%s", text);
+    size_t i = 0, n = 0;
+    for (char *save = NULL, *f = strtok_r(buf, ",", &save); f; f = strtok_r(NULL, ",", &save), i++) {
+        char *kind = strrchr(f, ':');
+        CHECK(kind && (!strcmp(kind, ":q") || !strcmp(kind, ":d")), "%s field %zu: %s", what, i, f);
+        if (!kind) continue;
+        *kind++ = '\0';
+        char *bracket = strchr(f, '[');
+        size_t element = bracket ? (size_t)atoi(bracket + 1) : 0;
+        if (bracket) *bracket = '\0';
+        size_t j = 0;
+        while (j < nfields && strcmp(fields[j].name, f)) j++;
+        CHECK(j < nfields, "%s: no field %s", what, f);
+        if (j == nfields) continue;
+        CHECK(fields[j].offset + 8 * element == 8 * i && 8 * (element + 1) <= fields[j].size,
+              "%s[%zu]: offset %zu, field %zu of %s", f, element, fields[j].offset + 8 * element, i, what);
+        int is_double = 0;
+        for (const char *const *d = doubles; *d; d++) is_double |= !strcmp(f, *d);
+        CHECK(is_double == !strcmp(kind, "d"), "%s: kind %s", f, kind);
+        n++;
+    }
+    CHECK(8 * i == size && n == i, "%s: %zu fields (%zu known) make %zu bytes; the struct has %zu", what, i, n, 8 * i,
+          size);
+}
+
+// fd_layout's fields are fd_layout_fields()'s.
 static void test_layout_fields(void) {
-    static const struct {
-        const char *name;
-        size_t offset, size;
-    } fields[] = {
+    static const field fields[] = {
         FIELD(dtype), FIELD(batch), FIELD(seqlen_q), FIELD(heads_q), FIELD(heads_kv), FIELD(head_dim),
         FIELD(seqlen_cache), FIELD(num_splits), FIELD(device_lengths), FIELD(causal), FIELD(scale), FIELD(q),
         FIELD(k_cache), FIELD(v_cache), FIELD(out), FIELD(page_size), FIELD(num_pages), FIELD(max_pages),
@@ -66,33 +100,57 @@ static void test_layout_fields(void) {
         FIELD(kv_dtype), FIELD(descale), FIELD(k_descale), FIELD(v_descale), FIELD(k_descale_value),
         FIELD(v_descale_value), FIELD(sinks), FIELD(batch_invariant), FIELD(ragged), FIELD(total_q),
     };
-    const size_t nfields = sizeof fields / sizeof fields[0];
-    const char *text = fd_layout_fields();
-    char buf[4096];
-    CHECK(strlen(text) < sizeof buf, "fd_layout_fields() is %zu bytes", strlen(text));
-    snprintf(buf, sizeof buf, "%s", text);
-    size_t i = 0, n = 0;
-    for (char *save = NULL, *f = strtok_r(buf, ",", &save); f; f = strtok_r(NULL, ",", &save), i++) {
-        char *kind = strrchr(f, ':');
-        CHECK(kind && (!strcmp(kind, ":q") || !strcmp(kind, ":d")), "field %zu: %s", i, f);
-        if (!kind) continue;
-        *kind++ = '\0';
-        char *bracket = strchr(f, '[');
-        size_t element = bracket ? (size_t)atoi(bracket + 1) : 0;
-        if (bracket) *bracket = '\0';
-        size_t j = 0;
-        while (j < nfields && strcmp(fields[j].name, f)) j++;
-        CHECK(j < nfields, "fd_layout has no field %s", f);
-        if (j == nfields) continue;
-        CHECK(fields[j].offset + 8 * element == 8 * i && 8 * (element + 1) <= fields[j].size,
-              "%s[%zu]: offset %zu, field %zu of fd_layout_fields", f, element, fields[j].offset + 8 * element, i);
-        int is_double = !strcmp(f, "scale") || !strcmp(f, "softcap") || !strcmp(f, "k_descale_value") ||
-                        !strcmp(f, "v_descale_value");
-        CHECK(is_double == !strcmp(kind, "d"), "%s: kind %s", f, kind);
-        n++;
-    }
-    CHECK(8 * i == sizeof(fd_layout) && n == i, "%zu fields (%zu known) make %zu bytes; fd_layout has %zu", i, n, 8 * i,
-          sizeof(fd_layout));
+    static const char *const doubles[] = {"scale", "softcap", "k_descale_value", "v_descale_value", NULL};
+    check_fields("fd_layout_fields()", fd_layout_fields(), fields, sizeof fields / sizeof fields[0], sizeof(fd_layout),
+                 doubles);
+}
+
+#define TFIELD(name) {#name, offsetof(fd_tensors, name), sizeof(((fd_tensors *)0)->name)}
+#define DESC(t) TFIELD(t.given), TFIELD(t.dtype), TFIELD(t.device), TFIELD(t.rank), TFIELD(t.shape), TFIELD(t.strides)
+
+// fd_tensors' fields are fd_tensors_fields()'s.
+static void test_tensors_fields(void) {
+    static const field fields[] = {
+        DESC(q), DESC(k_cache), DESC(v_cache), DESC(k), DESC(v), DESC(rotary_cos), DESC(rotary_sin),
+        DESC(cache_seqlens), DESC(cache_batch_idx), DESC(cache_leftpad), DESC(block_table), DESC(alibi_slopes),
+        DESC(sinks), DESC(out), DESC(k_descale), DESC(v_descale), DESC(cu_seqlens_q),
+        TFIELD(softmax_scale), TFIELD(causal), TFIELD(window_left), TFIELD(window_right), TFIELD(softcap),
+        TFIELD(rotary_interleaved), TFIELD(num_splits), TFIELD(batch_invariant), TFIELD(max_seqlen_q),
+        TFIELD(k_descale_value), TFIELD(v_descale_value),
+    };
+    static const char *const doubles[] = {"softmax_scale", "softcap", "k_descale_value", "v_descale_value", NULL};
+    check_fields("fd_tensors_fields()", fd_tensors_fields(), fields, sizeof fields / sizeof fields[0],
+                 sizeof(fd_tensors), doubles);
+}
+
+// desc4 describes a contiguous 4-D tensor of dtype on device.
+static fd_tensor_desc desc4(int64_t dtype, int64_t device, int64_t a, int64_t b, int64_t c, int64_t d) {
+    fd_tensor_desc t = {1, dtype, device, 4, {a, b, c, d}, {b * c * d, c * d, d, 1}};
+    return t;
+}
+
+// fd_tensors_layout derives dense_layout's layout from tensors; fd_prepare_tensors
+// prepares it on q's device and refuses by name what the tensors get wrong.
+static void test_tensors(void) {
+    fd_tensors t;
+    memset(&t, 0, sizeof t);
+    t.q = desc4(FD_FLOAT16, -1, 2, 1, 32, 128);
+    t.k_cache = t.v_cache = desc4(FD_FLOAT16, -1, 2, 4096, 8, 128);
+    t.window_left = t.window_right = -1;
+    fd_layout got, want = dense_layout(4096);
+    int rc = fd_tensors_layout(&t, sizeof t, &got, sizeof got);
+    CHECK(rc == FD_OK && memcmp(&got, &want, sizeof got) == 0, "fd_tensors_layout: %d \"%s\"", rc, fd_last_error());
+    fd_handle h = {0};
+    expect_error("q off CUDA", fd_prepare_tensors(&t, sizeof t, &h), FD_ERR_INVALID, "q");
+    fd_tensors bad = t;
+    bad.k_cache.dtype = FD_BFLOAT16;
+    expect_error("k_cache's dtype", fd_tensors_layout(&bad, sizeof bad, &got, sizeof got), FD_ERR_TYPE, "k_cache");
+    bad = t, bad.v_cache.shape[1] = 4000;
+    expect_error("v_cache's shape", fd_tensors_layout(&bad, sizeof bad, &got, sizeof got), FD_ERR_INVALID, "v_cache");
+    bad = t, bad.cache_seqlens = (fd_tensor_desc){1, FD_INT64, -1, 1, {2}, {1}};
+    expect_error("int64 lengths", fd_tensors_layout(&bad, sizeof bad, &got, sizeof got), FD_ERR_TYPE, "cache_seqlens");
+    expect_error("NULL tensors", fd_prepare_tensors(NULL, sizeof t, &h), FD_ERR_INVALID, "tensors");
+    expect_error("layout_size", fd_tensors_layout(&t, sizeof t, &got, 8), FD_ERR_INVALID, "layout_size");
 }
 
 // Without a GPU, device -1 plans for an H200: fd_plan, fd_plan_json and
@@ -384,6 +442,8 @@ int main(void) {
     const char *v = fd_version();
     CHECK(v && v[0] >= '0' && v[0] <= '9', "fd_version() = \"%s\"", v ? v : "(null)");
     test_layout_fields();
+    test_tensors_fields();
+    test_tensors();
     test_plan_without_gpu();
     test_bound();
     test_handles();

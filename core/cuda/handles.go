@@ -99,6 +99,16 @@ func (t *Handles) Prepare(l *core.Layout, device int) (int64, error) {
 	return h, nil
 }
 
+// PrepareTensors checks a call's tensors (core.Tensors.Layout) and
+// returns the handle of its layout on q's device, as Prepare does.
+func (t *Handles) PrepareTensors(ts *core.Tensors) (int64, error) {
+	l, device, err := ts.DeviceLayout()
+	if err != nil {
+		return 0, err
+	}
+	return t.Prepare(&l, device)
+}
+
 // Get returns the layout of a held handle.
 func (t *Handles) Get(h int64) (*Prepared, error) {
 	slot := h & (maxHandles - 1)

@@ -9,7 +9,7 @@ import (
 // Kind is what sort of error a door reports, numbered as capi's fd_status
 // (the Python binding's ErrorKind returns it too, and Python picks its
 // exception by it: Invalid is ValueError, Unsupported NotImplementedError,
-// the others RuntimeError).
+// Type TypeError, the others RuntimeError).
 type Kind int
 
 // The kinds, fd_status's FD_OK, FD_ERR_INVALID, ...
@@ -22,6 +22,7 @@ const (
 	KindInternal    Kind = 5 // a bug in flash-decode (ErrInternal)
 	KindLimit       Kind = 6 // a limit of the library, such as the layouts held (ErrLimit)
 	KindForked      Kind = 7 // called in a child forked from the process that loaded the library
+	KindType        Kind = 8 // an argument of the wrong type (core.ErrType)
 )
 
 // ErrInternal is wrapped by the error a door makes of a panic.
@@ -37,6 +38,8 @@ func KindOf(err error) Kind {
 		return KindInvalid
 	case errors.Is(err, core.ErrUnsupported):
 		return KindUnsupported
+	case errors.Is(err, core.ErrType):
+		return KindType
 	case errors.Is(err, ErrInternal):
 		return KindInternal
 	case errors.Is(err, ErrLimit):

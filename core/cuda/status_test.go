@@ -18,6 +18,7 @@ func TestKindOf(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", &core.Error{Arg: "headdim", Err: core.ErrUnsupported}), KindUnsupported},
 		{fmt.Errorf("flashdecode: %w: panic", ErrInternal), KindInternal},
 		{&core.Error{Op: "prepare", Err: ErrLimit}, KindLimit},
+		{&core.Error{Arg: "q", Err: core.ErrType}, KindType},
 		{errors.New("cuLaunchKernelEx: out of resources"), KindCUDA},
 	} {
 		if got := KindOf(tt.err); got != tt.want {

@@ -1,6 +1,7 @@
 // Package binding is the flat-function surface that gopy wraps into the
 // Python extension flash_decode._binding: a mirror of the native API
-// (core/cuda's Prepare, Workspace, Run, Plan over a core.Layout) whose
+// (core/cuda's Prepare, Workspace, Run, Plan over a core.Layout, or a
+// call's tensors, core.Tensors, checked into one) whose
 // arguments are plain ints and addresses, so that a call from Python costs
 // well under a microsecond. The core validates every value and names the
 // argument at fault; the torch layer turns tensors into numbers and raises
@@ -35,8 +36,8 @@ func Version() (version string) {
 }
 
 // ErrorKind returns the kind of error id (cuda.Kind: 1 invalid, 2
-// unsupported, others a runtime failure); an id no longer kept is
-// KindInternal.
+// unsupported, 8 a wrong type, others a runtime failure); an id no longer
+// kept is KindInternal.
 func ErrorKind(id int) (kind int) {
 	defer recoverError(&kind)
 	k, _ := recent.get(id)

@@ -19,15 +19,10 @@ var prepared cuda.Handles
 // Prepare holds it once more, each Release once less.
 func Prepare(layout uintptr, size int, device int) (handle int) {
 	defer recoverError(&handle)
-	if layout == 0 {
-		return fail(&core.Error{Op: "prepare", Arg: "layout", Msg: "null address", Err: core.ErrInvalid})
+	b, err := record("layout", layout, size, core.LayoutBytes)
+	if err != nil {
+		return fail(err)
 	}
-	if size != core.LayoutBytes {
-		return fail(&core.Error{Op: "prepare", Arg: "layout", Err: core.ErrInvalid,
-			Msg: fmt.Sprintf("the record is %d bytes; this build's is %d (pack it from LayoutFields)", size, core.LayoutBytes)})
-	}
-	// The record is host memory the caller keeps alive for the call.
-	b := unsafe.Slice(*(**byte)(unsafe.Pointer(&layout)), size)
 	l, err := core.ReadLayout(b)
 	if err != nil {
 		return fail(err)
@@ -37,6 +32,75 @@ func Prepare(layout uintptr, size int, device int) (handle int) {
 		return fail(err)
 	}
 	return int(h)
+}
+
+// TensorsFields returns the fields of a call's tensors record
+// (core.Tensors) as LayoutFields does.
+func TensorsFields() (fields string) {
+	defer recoverText(&fields)
+	return core.TensorsFieldsText()
+}
+
+// PrepareTensors reads the tensors record of size bytes at host address
+// tensors (packed in TensorsFields' order), checks it, and returns the
+// handle of its layout on q's device as Prepare does, or a negative error
+// id.
+func PrepareTensors(tensors uintptr, size int) (handle int) {
+	defer recoverError(&handle)
+	ts, err := readTensors(tensors, size)
+	if err != nil {
+		return fail(err)
+	}
+	h, err := prepared.PrepareTensors(&ts)
+	if err != nil {
+		return fail(err)
+	}
+	return int(h)
+}
+
+// TensorsLayout checks the tensors record as PrepareTensors does, but
+// for q's device, and writes its layout record (LayoutFields' order)
+// into the layoutSize bytes at host address layout: 0, or a negative
+// error id. It prepares nothing: for a caller that checks without a GPU
+// (a trace) or prepares for another device (a plan).
+func TensorsLayout(tensors uintptr, size int, layout uintptr, layoutSize int) (ret int) {
+	defer recoverError(&ret)
+	ts, err := readTensors(tensors, size)
+	if err != nil {
+		return fail(err)
+	}
+	dst, err := record("layout", layout, layoutSize, core.LayoutBytes)
+	if err != nil {
+		return fail(err)
+	}
+	l, err := ts.Layout()
+	if err != nil {
+		return fail(err)
+	}
+	copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(&l)), core.LayoutBytes))
+	return 0
+}
+
+func readTensors(tensors uintptr, size int) (core.Tensors, error) {
+	b, err := record("tensors", tensors, size, core.TensorsBytes)
+	if err != nil {
+		return core.Tensors{}, err
+	}
+	return core.ReadTensors(b)
+}
+
+// record returns the size bytes at host address addr, a record named
+// name that this build's are want bytes of; the caller keeps them alive
+// for the call.
+func record(name string, addr uintptr, size, want int) ([]byte, error) {
+	if addr == 0 {
+		return nil, &core.Error{Op: "prepare", Arg: name, Msg: "null address", Err: core.ErrInvalid}
+	}
+	if size != want {
+		return nil, &core.Error{Op: "prepare", Arg: name, Err: core.ErrInvalid,
+			Msg: fmt.Sprintf("the record is %d bytes; this build's is %d (pack it from its fields)", size, want)}
+	}
+	return unsafe.Slice(*(**byte)(unsafe.Pointer(&addr)), size), nil
 }
 
 // Release holds handle once less (see Prepare); 0 or a negative error id.

@@ -17,9 +17,15 @@ import (
 // field name, every other field 0.
 func pack(t testing.TB, values map[string]float64) []byte {
 	t.Helper()
+	return packFields(t, LayoutFields(), values)
+}
+
+// packFields packs a record of fields (LayoutFields' form) from values.
+func packFields(t testing.TB, fields string, values map[string]float64) []byte {
+	t.Helper()
 	var b []byte
 	used := 0
-	for _, f := range strings.Split(LayoutFields(), ",") {
+	for _, f := range strings.Split(fields, ",") {
 		name, kind, _ := strings.Cut(f, ":")
 		v, ok := values[name]
 		if ok {
@@ -217,5 +223,49 @@ func TestPanicIsAnError(t *testing.T) {
 	}
 	if k, msg := ErrorKind(-1<<40), ErrorMessage(-1<<40); cuda.Kind(k) != cuda.KindInternal || !strings.Contains(msg, "not one of the last") {
 		t.Errorf("an unknown id: %d %q", k, msg)
+	}
+}
+
+// heldBuffers keeps the buffers tests pass by address on the heap.
+var heldBuffers [][]byte
+
+// A call's tensors, packed by name from TensorsFields: TensorsLayout writes the
+// layout PrepareTensors prepares on q's device; errors come by kind.
+func TestTensorsDoor(t *testing.T) {
+	v := map[string]float64{"window_left": -1, "window_right": -1}
+	for name, shape := range map[string][4]float64{"q": {1, 1, 32, 128}, "k_cache": {1, 64, 8, 128}, "v_cache": {1, 64, 8, 128}} {
+		v[name+".given"], v[name+".dtype"], v[name+".device"], v[name+".rank"] = 1, 1, -1, 4
+		stride := 1.0
+		for i := 3; i >= 0; i-- {
+			v[name+".shape["+string(rune('0'+i))+"]"], v[name+".strides["+string(rune('0'+i))+"]"] = shape[i], stride
+			stride *= shape[i]
+		}
+	}
+	rec := packFields(t, TensorsFields(), v)
+	heldBuffers = append(heldBuffers, rec)
+	addr := uintptr(unsafe.Pointer(&rec[0]))
+	buf := make([]byte, core.LayoutBytes)
+	heldBuffers = append(heldBuffers, buf) // on the heap: a stack the call grows would move it
+	if ret := TensorsLayout(addr, len(rec), uintptr(unsafe.Pointer(&buf[0])), len(buf)); ret != 0 {
+		t.Fatalf("TensorsLayout: %s", ErrorMessage(ret))
+	}
+	l, err := core.ReadLayout(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Batch != 1 || l.HeadsQ != 32 || l.SeqlenCache != 64 || l.KCache != [4]int64{64 * 8 * 128, 8 * 128, 128, 1} {
+		t.Errorf("layout %+v", l)
+	}
+	if id := PrepareTensors(addr, len(rec)); id >= 0 || ErrorKind(id) != int(cuda.KindInvalid) || !strings.Contains(ErrorMessage(id), ": q: ") {
+		t.Errorf("q off CUDA: %d %q", id, ErrorMessage(id))
+	}
+	v["k_cache.dtype"] = 2
+	rec = packFields(t, TensorsFields(), v)
+	heldBuffers = append(heldBuffers, rec)
+	if id := PrepareTensors(uintptr(unsafe.Pointer(&rec[0])), len(rec)); ErrorKind(id) != int(cuda.KindType) || !strings.Contains(ErrorMessage(id), ": k_cache: ") {
+		t.Errorf("k_cache bfloat16: %d %q", id, ErrorMessage(id))
+	}
+	if id := PrepareTensors(addr, 8); ErrorKind(id) != int(cuda.KindInvalid) || !strings.Contains(ErrorMessage(id), ": tensors: ") {
+		t.Errorf("8 bytes: %q", ErrorMessage(id))
 	}
 }

@@ -1,10 +1,11 @@
-"""flash_decode and plan: tensors turned into the Go core's layout record and call arguments.
-Python checks what the layout cannot say (types, ranks, agreeing shapes, devices); the core
-checks every value, names the argument at fault and plans."""
+"""flash_decode and plan: tensors turned into the Go core's call record (core.Tensors) and run
+arguments. Python checks only what the record cannot say (Python types, None from 0); the core
+checks the tensors and every value, names the argument at fault and plans."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 import operator
@@ -18,8 +19,10 @@ from . import _native
 
 _is_compiling = torch.compiler.is_compiling  # bound once: the hot path asks every call
 _current_stream = _native.current_stream
-_DTYPES = {torch.float16: 1, torch.bfloat16: 2}  # core.DType
-_FP8 = {torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}  # core.DType of the fp8 caches
+_DTYPES = (torch.float16, torch.bfloat16)  # q's
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # the caches' other dtypes
+_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float8_e4m3fn: 4, torch.float8_e5m2: 5,
+          torch.int32: 6, torch.int64: 7, torch.float64: 8}  # core.DType (0: another)
 _INT64 = 1 << 63
 
 # The one cache: call signature -> [Run, handle, workspace bytes (the largest needed so far), device,
@@ -217,23 +220,17 @@ def _scale_sig(x):
     return _sig(x) if isinstance(x, torch.Tensor) else (type(x), x)
 
 
-def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-             out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None, cu_seqlens_q=None,
-             max_seqlen_q=None):
-    """Check a call, have the core prepare its layout and keep what later calls need under sig."""
-    fields = _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                     block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-                     num_splits, out, batch_invariant, k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q)
-    arrays = fields.get("descale")  # descale tensors: their device is checked, and goes with each call
-    device = _check_devices(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos,
-                            rotary_sin=rotary_sin, cache_seqlens=cache_seqlens if fields["device_lengths"] else None,
-                            cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-                            alibi_slopes=alibi_slopes, sinks=sinks, out=out, k_descale=k_descale if arrays else None,
-                            v_descale=v_descale if arrays else None, cu_seqlens_q=cu_seqlens_q)
-    native = _native.binding()
-    entry = [_native.function(native, "Run"), _handle(native, fields, device), 0, device, _lse_shape(fields),
-             q.is_contiguous(), type(cache_seqlens) is int, native]
+def _prepare(sig, *call):
+    """Have the core check a call and prepare its layout, and keep what later calls need under sig."""
+    native, record = _call(*call)
+    if _device(call[0]) >= 0:  # a CUDA q's call runs: RuntimeError where the driver serves no GPU
+        native = _native.binding()
+    if (handle := native.PrepareTensors(ctypes.addressof(record), ctypes.sizeof(record))) < 0:
+        raise _native.error(native, handle)
+    q, cache_seqlens = call[0], call[7]
+    lse_shape = (q.shape[1], q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
+    entry = [_native.function(native, "Run"), handle, 0, _device(q), lse_shape, q.is_contiguous(),
+             type(cache_seqlens) is int, native]
     if sig is not None:
         if len(_prepared) >= _PREPARED_LIMIT:
             _prepared.clear()  # the core keeps the handles: preparing again is a lookup
@@ -241,151 +238,141 @@ def _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     return entry
 
 
-def _lse_shape(fields):
-    """The LSE's shape: (batch, nheads_q, seqlen_q), or (nheads_q, total_q) with ragged lengths."""
-    if fields.get("ragged"):
-        return fields["heads_q"], fields["total_q"]
-    return fields["batch"], fields["heads_q"], fields["seqlen_q"]
+def _call(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+          cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+          window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0, out=None,
+          batch_invariant=False, k_descale=None, v_descale=None, sinks=None, cu_seqlens_q=None, max_seqlen_q=None,
+          stage="eager", **_):
+    """(binding, core.Tensors record) of a flash_decode call (the planning binding: a CPU q is refused by
+    name, without a GPU). stage "trace" (torch.compile tracing flash_decode): Python's checks only, None;
+    "fake" (an op's fake kernel): None where a size or an option is symbolic (checked when the op runs)."""
+    arrays = {name: x if isinstance(x, torch.Tensor) else None for name, x in (
+        ("cache_seqlens", cache_seqlens), ("k_descale", k_descale), ("v_descale", v_descale))}
+    tensors = _descriptors(dict(
+        q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+        alibi_slopes=alibi_slopes, sinks=sinks, out=out, cu_seqlens_q=cu_seqlens_q, **arrays))
+    if stage == "fake" and not all(isinstance(x, (int, float, type(None), torch.Tensor)) for x in (
+            *tensors.values(), softmax_scale, softcap, *window_size, num_splits, max_seqlen_q, k_descale, v_descale,
+            cache_seqlens)):
+        return None
+    options = _options(cache_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+                       batch_invariant, k_descale, v_descale, max_seqlen_q, rotary_cos is not None)
+    if stage == "trace":
+        return None
+    native = _native.binding(planner_only=True)
+    return native, _record(native, tensors, options)
 
 
-def _handle(native, fields, device):
-    """Prepare's handle of fields (core.Layout's by name, arrays as tuples, 0 where not given) on device."""
-    names = [f.split(":") for f in native.LayoutFields().split(",")]
-    record = struct.Struct("=" + "".join(kind for _, kind in names))
-    flat = {}
-    for name, value in fields.items():
-        flat.update({f"{name}[{i}]": x for i, x in enumerate(value)} if isinstance(value, tuple) else {name: value})
-    values = [flat.pop(name, 0) for name, _ in names]
-    if flat:
-        raise RuntimeError(f"flash_decode's native extension has no layout fields {sorted(flat)}: reinstall it")
-    buffer = ctypes.create_string_buffer(record.pack(*values), record.size)
-    if (handle := native.Prepare(ctypes.addressof(buffer), record.size, device)) < 0:
-        raise _native.error(native, handle)
-    return handle
+def _descriptors(tensors, device=None):
+    """The record's fields of the tensors given (by argument name; None: not given) on their devices (or
+    device): Python refuses what is not a tensor, the core checks the rest."""
+    fields = {}
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        fields.update(_desc(name, t.dtype, t.shape, t.stride(), _device(t) if device is None else device))
+    return fields
 
 
-def _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            out, batch_invariant=False, k_descale=None, v_descale=None, sinks=None, cu_seqlens_q=None,
-            max_seqlen_q=None):
-    """Check what only Python sees in a call (but the devices) and return its layout fields."""
-    ragged = cu_seqlens_q is not None or max_seqlen_q is not None
-    if ragged:
-        _tensor("q", q, 3, "(total_q, nheads_q, headdim) with cu_seqlens_q", None)
-    else:
-        _tensor("q", q, 4, "(batch, seqlen_q, nheads_q, headdim)", None)
-    dims = "(num_blocks, page_size, nheads_kv, headdim)" if block_table is not None else \
-        "(batch, seqlen_cache, nheads_kv, headdim)"
-    _tensor("k_cache", k_cache, 4, dims, (q.dtype, *_FP8))
-    _tensor("v_cache", v_cache, 4, dims, (q.dtype, *_FP8))
-    if v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype} (the caches are q's dtype or both one "
-                        f"fp8 format), got {v_cache.dtype}")
-    rows, seqlen_cache, heads_kv, _ = k_cache.shape
-    if ragged:  # one batch of total_q flattened rows: a (total_q, ...) tensor's strides, batch stride 0
-        batch, seqlen_q = _ragged(cu_seqlens_q, max_seqlen_q, dict(
-            cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
-            block_table=block_table, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-            k_cache=k_cache if block_table is None and cache_batch_idx is None else None))
-        (heads_q, head_dim), rows_of = q.shape[1:], lambda t: (0, *t.stride())
-    else:
-        batch, seqlen_q, heads_q, head_dim = q.shape
-        rows_of = torch.Tensor.stride
-    if k_cache.shape[3] != head_dim or (rows != batch and block_table is None and cache_batch_idx is None):
-        raise ValueError(f"k_cache must have shape (batch={batch}, seqlen_cache, nheads_kv, headdim={head_dim}) to "
-                         f"match q (other rows with cache_batch_idx or block_table), got {tuple(k_cache.shape)}")
-    _same_shape("v_cache", v_cache, "k_cache", k_cache)
-    if isinstance(cache_seqlens, torch.Tensor):
-        _index("cache_seqlens", cache_seqlens, batch)
-    elif cache_seqlens is not None and type(cache_seqlens) is not int:
+def _device(t):
+    """t's CUDA device index; -1 off CUDA."""
+    return t.device.index if t.device.type == "cuda" else -1
+
+
+def _desc(name, dtype, shape, strides, device):
+    """The record's fields of tensor argument name."""
+    fields = {f"{name}.given": 1, f"{name}.dtype": _CODES.get(dtype, 0), f"{name}.device": device,
+              f"{name}.rank": len(shape)}
+    for i, (size, stride) in enumerate(zip(shape[:4], strides[:4])):
+        fields[f"{name}.shape[{i}]"], fields[f"{name}.strides[{i}]"] = size, stride
+    return fields
+
+
+def _options(cache_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+             batch_invariant, k_descale, v_descale, max_seqlen_q, rotary):
+    """The record's options, after the checks only Python can make: types (True is not 1), None from 0."""
+    if cache_seqlens is not None and type(cache_seqlens) is not int and not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens must be None, an int or an int32 tensor, got {type(cache_seqlens).__name__}")
-    if out is not None:
-        _tensor("out", out, q.dim(), "(total_q, nheads_q, headdim)" if ragged else "(batch, seqlen_q, nheads_q, headdim)",
-                q.dtype)
-        _same_shape("out", out, "q", q)
-    _check_bool("causal", causal)
+    for name, flag in (("causal", causal), ("batch_invariant", batch_invariant)) + (
+            (("rotary_interleaved", rotary_interleaved),) if rotary else ()):
+        _check_bool(name, flag)
     scale = 0.0 if softmax_scale is None else _float("softmax_scale", softmax_scale, "a float or None")
     if scale == 0 and softmax_scale is not None:  # 0 is None to the core
         raise ValueError(f"softmax_scale={softmax_scale} must be positive (None: 1/sqrt(headdim))")
     left, right = _window(window_size)
-    fields = dict(dtype=_DTYPES[q.dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
-                  head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=_check_int("num_splits", num_splits),
-                  device_lengths=int(isinstance(cache_seqlens, torch.Tensor)), causal=int(causal), scale=scale,
-                  q=rows_of(q), k_cache=k_cache.stride(), v_cache=v_cache.stride(),
-                  out=((0,) * ragged + _contiguous(q.shape)) if out is None else rows_of(out),
-                  window_left=left, window_right=right, softcap=_float("softcap", softcap),
-                  kv_dtype=_FP8.get(k_cache.dtype, 0), **_descales(k_descale, v_descale, batch, heads_kv))
-    _check_bool("batch_invariant", batch_invariant)
-    if batch_invariant:
-        fields.update(batch_invariant=1)
-    if ragged:
-        fields.update(ragged=1, total_q=q.shape[0])
-    if block_table is not None:
-        _index("block_table", block_table, batch, table=True)
-        pages = block_table.shape[1]
-        fields.update(page_size=seqlen_cache, num_pages=rows, max_pages=pages, seqlen_cache=pages * seqlen_cache,
-                      block_table=block_table.stride())
-    if cache_batch_idx is not None:
-        _index("cache_batch_idx", cache_batch_idx, batch)
-        fields.update(cache_batch=rows)
-    if cache_leftpad is not None:
-        _index("cache_leftpad", cache_leftpad, batch)
-        fields.update(leftpad=1)
-    if alibi_slopes is not None:
-        _tensor("alibi_slopes", alibi_slopes, None, "", torch.float32)
-        if alibi_slopes.shape not in ((heads_q,), (batch, heads_q)):
-            raise ValueError(f"alibi_slopes must have shape (nheads_q,) = ({heads_q},) or (batch, nheads_q) = "
-                             f"({batch}, {heads_q}), got {tuple(alibi_slopes.shape)}")
-        fields.update(alibi=1, alibi_slopes=((0,) + alibi_slopes.stride())[-2:])  # batch stride 0: per head
-    if sinks is not None:
-        dims = f"(nheads_q,) = ({heads_q},)"
-        _tensor("sinks", sinks, 1, dims, torch.float32)
-        if sinks.shape[0] != heads_q:
-            raise ValueError(f"sinks must have shape {dims}, got {tuple(sinks.shape)}")
-        if heads_q > 1 and sinks.stride(0) != 1:  # no stride in the layout
-            raise ValueError(f"sinks must be contiguous, got stride {sinks.stride()}")
-        fields.update(sinks=1)
-    given = dict(k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
-    for a, b, what in (("k", "v", "the new keys and values are appended"),
-                       ("rotary_cos", "rotary_sin", "the rotary tables come")):
-        if (given[a] is None) != (given[b] is None):
-            missing, other = (b, a) if given[b] is None else (a, b)
-            raise ValueError(f"{missing} is None but {other} is not: {what} together")
-    if k is not None:  # ragged: flattened as q is, each sequence appending its own rows
-        dims = f"(total_q={q.shape[0]}, nheads_kv={heads_kv}, headdim={head_dim})" if ragged else \
-            f"(batch={batch}, seqlen_new, nheads_kv={heads_kv}, headdim={head_dim})"
-        _tensor("k", k, q.dim(), dims, q.dtype)
-        _tensor("v", v, q.dim(), dims, q.dtype)
-        got = tuple(k.shape) if ragged else (k.shape[0], *k.shape[2:])
-        if got != (q.shape[0] if ragged else batch, heads_kv, head_dim) or not ragged and k.shape[1] < 1:
-            raise ValueError(f"k must have shape {dims} with {'cu_seqlens_q' if ragged else 'seqlen_new >= 1'}, "
-                             f"got {tuple(k.shape)}")
-        _same_shape("v", v, "k", k)
-        fields.update(seqlen_new=seqlen_q if ragged else k.shape[1], k_new=rows_of(k), v_new=rows_of(v))
-    if rotary_cos is not None:
-        _tensor("rotary_cos", rotary_cos, 2, "(seqlen_ro, rotary_dim / 2)", q.dtype)
-        _tensor("rotary_sin", rotary_sin, 2, "(seqlen_ro, rotary_dim / 2)", q.dtype)
-        _same_shape("rotary_sin", rotary_sin, "rotary_cos", rotary_cos)
-        _check_bool("rotary_interleaved", rotary_interleaved)
-        fields.update(rotary_dim=2 * rotary_cos.shape[1], rotary_rows=rotary_cos.shape[0],
-                      rotary_cos=rotary_cos.stride(), rotary_sin=rotary_sin.stride(),
-                      rotary_interleaved=int(rotary_interleaved))
+    fields = dict(softmax_scale=scale, causal=int(causal), window_left=left, window_right=right,
+                  softcap=_float("softcap", softcap), rotary_interleaved=int(rotary and rotary_interleaved),
+                  num_splits=_check_int("num_splits", num_splits), batch_invariant=int(batch_invariant),
+                  max_seqlen_q=0 if max_seqlen_q is None else _check_int("max_seqlen_q", max_seqlen_q))
+    for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is not None and not isinstance(x, torch.Tensor):  # a tensor is a descriptor
+            fields[name + "_value"] = _float(name, x, "a float or a float32 tensor")
+            if fields[name + "_value"] == 0:  # 0 is 1 to the core
+                raise ValueError(f"{name}={x} must be positive (None: 1)")
     return fields
+
+
+@functools.lru_cache(maxsize=None)
+def _format(native):
+    """The binding's core.Tensors record: its fields' places by name, and its struct."""
+    fields = [f.split(":") for f in native.TensorsFields().split(",")]
+    return {name: i for i, (name, _) in enumerate(fields)}, struct.Struct("=" + "".join(k for _, k in fields))
+
+
+def _record(native, *fields):
+    """The core.Tensors record of fields (dicts by the binding's field names; 0 where not given)."""
+    places, record = _format(native)
+    values = [0] * len(places)
+    for f in fields:
+        for name, value in f.items():
+            if name not in places:
+                raise RuntimeError(f"flash_decode's native extension has no call field {name}: reinstall it")
+            values[places[name]] = value
+    return ctypes.create_string_buffer(record.pack(*values), record.size)
+
+
+def _layout(native, record):
+    """The core.Layout record of a core.Tensors record, which the core checks (but q's device)."""
+    layout = ctypes.create_string_buffer(len(native.LayoutFields().split(",")) * 8)
+    if (status := native.TensorsLayout(ctypes.addressof(record), ctypes.sizeof(record), ctypes.addressof(layout),
+                                       ctypes.sizeof(layout))) < 0:
+        raise _native.error(native, status)
+    return layout
+
+
+def _prepare_on(native, record, device):
+    """The handle of a core.Tensors record's layout prepared on device (-1: planning, without a GPU)."""
+    layout = _layout(native, record)
+    if (handle := native.Prepare(ctypes.addressof(layout), ctypes.sizeof(layout), device)) < 0:
+        raise _native.error(native, handle)
+    return handle
+
+
+def _checked(*args, **kwargs):
+    """flash_decode's checks of a traced call (the ops' fake kernels), through the core but for q's device."""
+    if (call := _call(*args, **kwargs, stage="fake")) is not None:
+        _layout(*call)
 
 
 def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
             block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
             return_softmax_lse, out, max_seqlen_k, batch_invariant=False, k_descale=None, v_descale=None,
             sinks=None, cu_seqlens_q=None, max_seqlen_q=None):
-    """flash_decode while torch.compile traces: the eager call's first checks (the ops' schemas would
-    turn True into 1, and out= is a copy that would cast or broadcast), then an op. A descale goes
-    in as a tensor or as a value (the schemas have no union)."""
-    _layout(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
-            batch_invariant, k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q)
+    """flash_decode while torch.compile traces: the checks only Python makes (the ops' schemas would turn
+    True into 1; the fake kernels have the core check the tensors), out= (a copy here, which would cast
+    or broadcast) against q, then an op. A descale goes in as a tensor or as a value (the schemas have
+    no union)."""
+    _call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+          block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
+          batch_invariant, k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q, stage="trace")
     _check_lengths(cache_seqlens, max_seqlen_k)
-    if out is not None and out.device != q.device:
-        raise ValueError(f"out must be on q's device {q.device}, got {out.device}")
+    for what, want, got in () if out is None else (("dtype", q.dtype, out.dtype), ("shape", q.shape, out.shape),
+                                                    ("device", q.device, out.device)):
+        if got != want:
+            raise (TypeError if what == "dtype" else ValueError)(f"out must have q's {what} {want}, got {got}")
     seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     left, right = window_size
     scales = [(x, None) if isinstance(x, torch.Tensor) else (None, x) for x in (k_descale, v_descale)]
@@ -454,44 +441,40 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
             ("batch", batch), ("seqlen_q", seqlen_q), ("nheads_q", nheads_q), ("nheads_kv", nheads_kv),
             ("headdim", headdim), ("seqlen_cache", seqlen_cache), ("num_splits", num_splits),
             ("seqlen_new", seqlen_new), ("page_size", page_size)))
-    left, right = _window(window_size)
     if seqlen is not None and _check_int("seqlen", seqlen) < 0:  # to the core, -1 is the whole cache
         raise ValueError(f"seqlen={seqlen} must not be negative (None: the whole cache)")
-    for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths),
-                       ("batch_invariant", batch_invariant)):
+    for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
         _check_bool(name, flag)
-    q, cache = _contiguous((batch, seqlen_q, heads_q, head_dim)), _contiguous((batch, seqlen_cache, heads_kv, head_dim))
-    fields = dict(dtype=_DTYPES[dtype], batch=batch, seqlen_q=seqlen_q, heads_q=heads_q, heads_kv=heads_kv,
-                  head_dim=head_dim, seqlen_cache=seqlen_cache, num_splits=num_splits, device_lengths=int(lengths),
-                  q=q, k_cache=cache, v_cache=cache, out=q, window_left=left, window_right=right, page_size=page_size,
-                  batch_invariant=int(batch_invariant), kv_dtype=_FP8.get(kv_dtype, 0),
-                  **_descales(k_descale, v_descale, batch, heads_kv))
-    if page_size > 0:
-        pages, paged = -(-seqlen_cache // page_size), (page_size * cache[1], *cache[1:])
-        fields.update(seqlen_cache=pages * page_size, num_pages=batch * pages, max_pages=pages, block_table=(pages, 1),
-                      k_cache=paged, v_cache=paged)
+    # The call of these shapes, of contiguous tensors (of a tensor argument, its shape and strides).
+    ragged, pages = cu_seqlens_q is not None, -(-seqlen_cache // page_size) if page_size > 0 else 0
+    rows = (batch * seqlen_q,) if ragged else (batch, seqlen_q)
+    cache = (kv_dtype or dtype, ((batch * pages, page_size) if pages else (batch, seqlen_cache)) + (heads_kv, head_dim))
+    shapes = dict(q=(dtype, (*rows, heads_q, head_dim)), k_cache=cache, v_cache=cache)
+    if lengths:
+        shapes.update(cache_seqlens=(torch.int32, (batch,)))
+    if pages:
+        shapes.update(block_table=(torch.int32, (batch, pages)))
     if seqlen_new:
-        new = _contiguous((batch, seqlen_new, heads_kv, head_dim))
-        fields.update(seqlen_new=seqlen_new, k_new=new, v_new=new)
-    if cu_seqlens_q is not None:  # flattened rows, batch * seqlen_q of them at most
-        if _ragged(cu_seqlens_q, seqlen_q, {})[0] != batch:
-            raise ValueError(f"cu_seqlens_q must have batch + 1 = {batch + 1} elements, got {cu_seqlens_q.shape[0]}")
-        rows = (0, heads_q * head_dim, head_dim, 1)
-        fields.update(ragged=1, total_q=batch * seqlen_q, q=rows, out=rows)
-        if seqlen_new:
-            new = (0, heads_kv * head_dim, head_dim, 1)
-            fields.update(k_new=new, v_new=new)
+        new = (dtype, (*rows, heads_kv, head_dim) if ragged else (batch, seqlen_new, heads_kv, head_dim))
+        shapes.update(k=new, v=new)
     if rotary:  # tables for a rotary_dim of a multiple of 16, as the kernels take
-        dim = max(16, head_dim // 16 * 16)
-        fields.update(rotary_dim=dim, rotary_rows=seqlen_cache + seqlen_new, rotary_cos=(dim // 2, 1),
-                      rotary_sin=(dim // 2, 1))
-    if serving and not (seqlen_new or page_size or rotary or (left, right) != (-1, -1)):
-        fields.update(cache_batch=batch)  # cache_batch_idx: a serving argument that leaves the plan alone
-    if seqlen is None:  # the whole cache: with an int length and new tokens, the cache they fill
-        seqlen = -1 if lengths or not seqlen_new else max(0, fields["seqlen_cache"] - seqlen_new)
+        table = (dtype, (seqlen_cache + seqlen_new, max(16, head_dim // 16 * 16) // 2))
+        shapes.update(rotary_cos=table, rotary_sin=table)
+    if serving and not (seqlen_new or page_size or rotary or _window(window_size) != [-1, -1]):
+        shapes.update(cache_batch_idx=(torch.int32, (batch,)))  # a serving argument that leaves the plan alone
+    tensors = _descriptors(dict(cu_seqlens_q=cu_seqlens_q, **{
+        name: x for name, x in (("k_descale", k_descale), ("v_descale", v_descale)) if isinstance(x, torch.Tensor)}),
+        device=-1)
+    for name, (dt, shape) in shapes.items():
+        tensors.update(_desc(name, dt, shape, [math.prod(shape[i + 1:]) for i in range(len(shape))], -1))
     device = _device_index(device)
     native = _native.binding(planner_only=device < 0)  # device -1 plans without a GPU or driver
-    handle = _handle(native, fields, device)
+    record = _record(native, tensors, _options(
+        None, None, False, window_size, 0.0, True, num_splits, batch_invariant, k_descale, v_descale,
+        seqlen_q if ragged else None, rotary))
+    handle = _prepare_on(native, record, device)
+    if seqlen is None:  # the whole cache: with an int length and new tokens, the cache they fill
+        seqlen = -1 if lengths or not seqlen_new else max(0, (pages * page_size or seqlen_cache) - seqlen_new)
     try:
         if (status := native.Workspace(handle, seqlen)) < 0:
             raise _native.error(native, status)
@@ -517,31 +500,7 @@ def _device_index(device):
     return torch.cuda.current_device() if index is None else index
 
 
-# ---- checks of what the Go core cannot see ----
-
-def _ragged(cu_seqlens_q, max_seqlen_q, batched):
-    """(batch, max_seqlen_q) of ragged query lengths: cu_seqlens_q an int32 (batch + 1,) tensor, contiguous,
-    batch agreeing with the (batch, ...) tensors in batched (None: not given), max_seqlen_q an int; the
-    core checks its range and the device checks nothing of the values."""
-    if cu_seqlens_q is None:
-        raise ValueError("max_seqlen_q is given without cu_seqlens_q: it is the most rows a sequence of "
-                         "ragged query lengths has")
-    _tensor("cu_seqlens_q", cu_seqlens_q, 1, "(batch + 1,)", torch.int32)
-    if max_seqlen_q is None:
-        raise ValueError("max_seqlen_q must be given with cu_seqlens_q: the most rows a sequence has (1 to 16), "
-                         "which the call is planned for (no host sync reads it from cu_seqlens_q)")
-    seqlen_q = _check_int("max_seqlen_q", max_seqlen_q)
-    n = cu_seqlens_q.shape[0]
-    if n < 2:
-        raise ValueError(f"cu_seqlens_q must have batch + 1 >= 2 elements, got shape {tuple(cu_seqlens_q.shape)}")
-    if cu_seqlens_q.stride(0) != 1:
-        raise ValueError(f"cu_seqlens_q must be contiguous, got stride {cu_seqlens_q.stride()}")
-    for name, t in batched.items():
-        if t is not None and t.dim() >= 1 and t.shape[0] != n - 1:
-            raise ValueError(f"cu_seqlens_q must have batch + 1 = {t.shape[0] + 1} elements ({name} has batch "
-                             f"{t.shape[0]}), got {n}")
-    return n - 1, seqlen_q
-
+# ---- checks only Python can make ----
 
 def _check_lengths(cache_seqlens, max_seqlen_k):
     """Refuse lengths the core cannot be told: -1 (its whole cache), past int64, a max_seqlen_k without a
@@ -560,73 +519,12 @@ def _check_lengths(cache_seqlens, max_seqlen_k):
             raise ValueError("max_seqlen_k=-1 must not be negative")
 
 
-def _tensor(name, t, ndim, dims, dtype):
-    """Refuse t unless a tensor of ndim dimensions (None: any) dims, of dtype (None: float16 or bfloat16;
-    a tuple: q's dtype, its first, or one of the others)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension{'s' * (ndim > 1)} {dims}, got shape {tuple(t.shape)}")
-    if dtype is None and t.dtype not in _DTYPES:
-        raise TypeError(f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype}")
-    if isinstance(dtype, tuple):
-        if t.dtype not in dtype:
-            raise TypeError(f"{name} must have q's dtype {dtype[0]} or be {' or '.join(map(str, dtype[1:]))}, "
-                            f"got {t.dtype}")
-    elif dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name} must have q's dtype {dtype}, got {t.dtype}" if dtype in _DTYPES else
-                        f"{name} must be a {dtype} tensor, got {t.dtype}")
-
-
-def _same_shape(name, t, other, ref):
-    """Refuse t unless it has the shape of ref (named other)."""
-    if t.shape != ref.shape:
-        raise ValueError(f"{name} must have {other}'s shape {tuple(ref.shape)}, got {tuple(t.shape)}")
-
-
-def _index(name, t, batch, table=False):
-    """Refuse t unless an int32 (batch,) tensor, contiguous (no stride in the layout), or table (batch, max_blocks)."""
-    dims = f"(batch={batch}, max_blocks)" if table else f"(batch,) = ({batch},)"
-    _tensor(name, t, 1 + table, dims, torch.int32)
-    if t.shape[0] != batch:
-        raise ValueError(f"{name} must have shape {dims}, got {tuple(t.shape)}")
-    if not table and batch > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous, got stride {t.stride()}")
-
-
 def _window(window_size):
     """window_size as two ints (left, right)."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         error = ValueError if isinstance(window_size, (tuple, list)) else TypeError
         raise error(f"window_size must be a tuple of two ints (left, right), got {window_size!r}")
     return [_check_int("window_size", w) for w in window_size]
-
-
-def _descales(k_descale, v_descale, batch, heads_kv):
-    """The layout fields of k_descale and v_descale: a number's value, or float32 tensors' strides (both
-    tensors or neither: a layout's calls pass both arrays or none). The core checks the values, and that
-    the caches are fp8."""
-    given = {"k_descale": k_descale, "v_descale": v_descale}
-    tensors = [name for name, x in given.items() if isinstance(x, torch.Tensor)]
-    if len(tensors) == 1:
-        other = "v_descale" if tensors[0] == "k_descale" else "k_descale"
-        raise ValueError(f"{other} must be a tensor too: {tensors[0]} is one, and descale tensors come together "
-                         f"(got {type(given[other]).__name__})")
-    fields = dict(descale=1) if tensors else {}
-    for name, x in given.items():
-        if x is None:
-            continue
-        if tensors:
-            _tensor(name, x, None, "", torch.float32)
-            if x.numel() != 1 and tuple(x.shape) != (batch, heads_kv):
-                raise ValueError(f"{name} must have 1 element or shape (batch, nheads_kv) = ({batch}, {heads_kv}), "
-                                 f"got {tuple(x.shape)}")
-            fields[name] = (0, 0) if x.numel() == 1 else x.stride()
-            continue
-        if (value := _float(name, x, "a float or a float32 tensor")) == 0:  # 0 is 1 to the core
-            raise ValueError(f"{name}={x} must be positive (None: 1)")
-        fields[name + "_value"] = value
-    return fields
 
 
 def _check_bool(name, value):
@@ -653,18 +551,3 @@ def _float(name, value, what="a float"):
         return float(value)
     except OverflowError:
         return math.inf
-
-
-def _check_devices(q, **others):
-    """The device index of q, a CUDA tensor, which the others (tensors or None) share."""
-    if q.device.type != "cuda":
-        raise ValueError(f"q must be a CUDA tensor, got device {q.device}")
-    for name, t in others.items():
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
-    return q.device.index
-
-
-def _contiguous(shape):
-    """The strides of a contiguous tensor of shape."""
-    return tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))

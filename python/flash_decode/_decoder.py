@@ -1,5 +1,5 @@
 """Decoder: flash_decode planned once for a layout, run with caller-owned memory (for serving
-engines and CUDA graphs). The layout is read from example tensors by _api's own checks; a call
+engines and CUDA graphs). The layout is read from example tensors, checked by the core; a call
 only compares its tensors' shapes, strides, dtypes and devices with the layout's, then runs."""
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ def _check_lse(lse, shape, device):
     """Refuse an lse unless a contiguous float32 tensor of shape (batch, nheads_q, seqlen_q) (ragged:
     (nheads_q, total_q)) on q's device."""
     dims = "(nheads_q, total_q)" if len(shape) == 2 else "(batch, nheads_q, seqlen_q)"
-    _api._tensor("lse", lse, len(shape), f"{dims} = {tuple(shape)}", torch.float32)
+    if not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32:
+        raise TypeError(f"lse must be a torch.float32 tensor, got {getattr(lse, 'dtype', type(lse).__name__)}")
     if tuple(lse.shape) != tuple(shape) or not lse.is_contiguous():
         raise ValueError(f"lse must be contiguous of shape {dims} = {tuple(shape)}, "
                          f"got shape {tuple(lse.shape)} and stride {lse.stride()}")

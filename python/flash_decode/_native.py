@@ -21,7 +21,7 @@ _FORKED = ("flash_decode was loaded in the parent of this forked process, and it
            "fork without exec: start worker processes with the spawn start method "
            "(multiprocessing.get_context('spawn'), or torch.multiprocessing.set_start_method('spawn'))")
 _NO_DEVICE = 100  # cuInit's CUDA_ERROR_NO_DEVICE: every GPU hidden (CUDA_VISIBLE_DEVICES="")
-_INVALID, _UNSUPPORTED = 1, 2  # the binding's error kinds (capi's fd_status)
+_ERRORS = {1: ValueError, 2: NotImplementedError, 8: TypeError}  # the binding's error kinds (capi's fd_status)
 
 _lock = threading.Lock()
 _module = None
@@ -53,9 +53,7 @@ def function(native, name):
 
 def error(native, status):
     """The exception of a negative result of the binding, by its kind, with the core's message."""
-    kind = native.ErrorKind(status)
-    return (ValueError if kind == _INVALID else NotImplementedError if kind == _UNSUPPORTED else
-            RuntimeError)(native.ErrorMessage(status))
+    return _ERRORS.get(native.ErrorKind(status), RuntimeError)(native.ErrorMessage(status))
 
 
 def _load(planner_only):
