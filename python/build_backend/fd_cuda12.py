@@ -12,8 +12,8 @@ this runs nvcc's device pipeline from its parts, pinned in CU12_WHEELS:
      (fatbin/_instances.inc, which must exist: fd_gobuild runs gen_instances first);
   2. ptxas turns each PTX into SASS (-warn-spills; -v, whose register and spill counts are
      logged);
-  3. nvFatbin packs the cubins and the newest architecture's PTX into one fatbin, as nvcc
-     12 does (PTX compressed with the default mode that every CUDA 12 driver reads).
+  3. nvFatbin packs the cubins and PTX_ARCH's PTX into one fatbin, as nvcc 12 does (PTX
+     compressed with the default mode that every CUDA 12 driver reads).
 Two differences from nvcc's front end, both about NVRTC only: -default-device (NVRTC treats
 an unannotated lambda in device code as host code) and a stdint.h given in memory (NVRTC
 ships none; LP64 types, as glibc's).
@@ -40,8 +40,11 @@ SOURCE = os.path.join(ROOT, "kernels", "flashdecode.cu")
 CU12_RELEASE = "12.8"
 CU12_WHEELS = ["nvidia-cuda-nvrtc-cu12==12.8.93", "nvidia-cuda-nvcc-cu12==12.8.93",
                "nvidia-cuda-runtime-cu12==12.8.90", "nvidia-nvfatbin-cu12==12.8.90"]
-# SASS for each, PTX for the last (newer GPUs JIT it): the architectures of gen.go's nvcc line.
-ARCHS = ["80", "86", "89", "90"]
+# SASS for each, PTX for PTX_ARCH (GPUs without SASS here JIT it): gen.go's nvcc line.
+# compute_90, not the newest: the kernels use nothing newer, and its PTX JITs on every GPU
+# from sm_90 up, where compute_120's would not on sm_110 (which has no SASS here).
+ARCHS = ["80", "86", "89", "90", "100", "120"]
+PTX_ARCH = "90"
 # Where each tool lies inside the wheels' nvidia/ folder.
 NVRTC_LIB = ("cuda_nvrtc", "lib", "libnvrtc.so.12")
 PTXAS = ("cuda_nvcc", "bin", "ptxas")
@@ -237,7 +240,7 @@ def build(out, include_dir=FATBIN_DIR, tools_dir=None, jobs=None, scratch=None):
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(compile_arch, *zip(*args)))
     cubins = {arch: cubin for arch, _, cubin in results}
-    fatbin = pack(tools["nvfatbin"], cubins, (results[-1][0], results[-1][1]))
+    fatbin = pack(tools["nvfatbin"], cubins, next((a, p) for a, p, _ in results if a == PTX_ARCH))
     with open(out, "wb") as f:
         f.write(fatbin)
     log(f"wrote {out} ({len(fatbin) / 1e6:.1f} MB)")
