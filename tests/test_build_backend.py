@@ -174,6 +174,13 @@ def test_both_kernel_builds_compile_the_same_architectures(monkeypatch):
     import fd_cuda12
     nvcc = next(line for line in (ROOT / "core" / "cuda" / "gen.go").read_text().splitlines()
                 if line.startswith("//go:generate nvcc"))
-    codes = [c for g in re.findall(r"code=\[?([\w,]+)\]?", nvcc) for c in g.split(",")]
-    assert [c[3:] for c in codes if c.startswith("sm_")] == fd_cuda12.ARCHS
-    assert [c[8:] for c in codes if c.startswith("compute_")] == [fd_cuda12.PTX_ARCH]
+    sass, ptx = {}, []
+    for virtual, codes in re.findall(r"arch=compute_(\d+),code=\[?([\w,]+)\]?", nvcc):
+        for code in codes.split(","):
+            if code.startswith("sm_"):
+                sass[code[3:]] = virtual
+            else:
+                ptx.append(code[8:])
+    assert list(sass) == fd_cuda12.ARCHS
+    assert sass == {a: fd_cuda12.sass_source(a) for a in fd_cuda12.ARCHS}
+    assert ptx == [fd_cuda12.PTX_ARCH]

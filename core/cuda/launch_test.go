@@ -80,8 +80,9 @@ func fatbinImages(t *testing.T, img string) []fatbinImage {
 // launch is in each of its plain SASS images, by the name the launch looks up
 // (a NUL-terminated symbol name in each image's string table), so a table
 // entry the kernels do not instantiate fails here rather than on a GPU's
-// first call. nvcc 13 stores the sm_100 and sm_120 images compressed (zstd);
-// they come from the same source and kernel list as the plain ones.
+// first call. Both builds store the sm_100 and sm_120 images compressed
+// (nvcc 13: zstd, nvFatbin 12.8: LZ4); they come from the same source, kernel
+// list and PTX as the sm_90 one.
 func TestFatbinHoldsEveryKernel(t *testing.T) {
 	img, err := kernelImage()
 	if err != nil {
