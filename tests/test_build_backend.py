@@ -167,3 +167,20 @@ def test_the_cuda12_build_finds_every_listed_kernel_in_a_cubin(monkeypatch, tmp_
     assert names == ["fd_split_kv_f16_d64_r16", "fd_combine_f16", "fd_combine_f16_bal"]
     cubin = b"\0.text.fd_split_kv_f16_d64_r16\0.text.fd_combine_f16_bal\0"
     assert fd_cuda12.missing_kernels(cubin, names) == ["fd_combine_f16"]
+
+
+def test_both_kernel_builds_compile_the_same_architectures(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "python" / "build_backend"))
+    import fd_cuda12
+    nvcc = next(line for line in (ROOT / "core" / "cuda" / "gen.go").read_text().splitlines()
+                if line.startswith("//go:generate nvcc"))
+    sass, ptx = {}, []
+    for virtual, codes in re.findall(r"arch=compute_(\d+),code=\[?([\w,]+)\]?", nvcc):
+        for code in codes.split(","):
+            if code.startswith("sm_"):
+                sass[code[3:]] = virtual
+            else:
+                ptx.append(code[8:])
+    assert list(sass) == fd_cuda12.ARCHS
+    assert sass == {a: fd_cuda12.sass_source(a) for a in fd_cuda12.ARCHS}
+    assert ptx == [fd_cuda12.PTX_ARCH]

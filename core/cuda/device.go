@@ -170,13 +170,20 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 			}
 		}
 		// A cluster launch asks for more shared memory than a plain one, and
-		// only a GPU with clusters makes one.
-		shared := v.SharedBytes
-		if d.maxCluster > 1 {
+		// only a GPU with clusters makes one. A GPU with clusters but too
+		// little shared memory a block for them (sm_120: 99 KB) runs the
+		// variant without.
+		shared, clusters := v.SharedBytes, d.maxCluster > 1
+		if clusters {
 			shared = max(shared, v.ClusterSharedBytes, v.ClusterDenseSharedBytes)
 		}
 		if shared > 48<<10 {
-			if err := setMaxDynamicShared(k.split, shared); err != nil {
+			err := setMaxDynamicShared(k.split, shared)
+			if err != nil && shared > v.SharedBytes {
+				shared, clusters = v.SharedBytes, false
+				err = setMaxDynamicShared(k.split, shared)
+			}
+			if err != nil {
 				d.unusable[v.Kernel] = fmt.Errorf("%d B of dynamic shared memory a block: %w", shared, err)
 				continue
 			}
@@ -189,7 +196,7 @@ func openDevice(op string, ordinal int) (_ *device, err error) {
 			d.unusable[v.Kernel] = fmt.Errorf("no block of %d threads and %d B of shared memory fits an SM", v.Threads, v.SharedBytes)
 			continue
 		}
-		if d.maxCluster > 1 {
+		if clusters {
 			if err := k.measureClusters(v); err != nil {
 				return nil, fmt.Errorf("flashdecode: clusters of %s: %w", v.Kernel, err)
 			}

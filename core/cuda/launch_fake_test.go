@@ -470,6 +470,34 @@ func TestOpenKeepsTheKernelsThatFit(t *testing.T) {
 	}
 }
 
+// TestOpenRunsWithoutClustersWhereTheyDoNotFit: on the fake device posing as
+// an sm_120 (clusters, but 99 KB of shared memory a block, less than a
+// cluster launch asks), the device opens and plans, and no plan merges in a
+// cluster: a shape that merges in clusters of 8 on sm_90 uses the combine.
+func TestOpenRunsWithoutClustersWhereTheyDoNotFit(t *testing.T) {
+	if !fakeDevice() {
+		t.Skip("needs the fake-device driver: FLASH_DECODE_FAKE_DEVICE=1")
+	}
+	t.Setenv("FAKECUDA_CC_MAJOR", "12")
+	t.Setenv("FAKECUDA_SHARED_OPTIN", "101376")
+	d, err := openDevice("decode", 0)
+	if err != nil {
+		t.Fatalf("opening an sm_120 device: %v", err)
+	}
+	if len(d.unusable) != 0 || d.maxCluster < 2 {
+		t.Fatalf("sm_120: unusable %v, maxCluster %d; want every kernel and clusters allowed", d.unusable, d.maxCluster)
+	}
+	s := core.Shape{DType: core.Float16, Batch: 1, SeqlenQ: 1, HeadsQ: 32, HeadsKV: 8, HeadDim: 128, SeqlenCache: 1024, Seqlen: -1}
+	p, err := d.plan(s)
+	if err != nil {
+		t.Fatalf("planning on an sm_120 device: %v", err)
+	}
+	if p.plan.Merge == core.MergeCluster || p.plan.Cluster > 1 || p.plan.SharedBytes > 101376 {
+		t.Errorf("sm_120 plan: merge %v, cluster %d, %d B shared; want no cluster within 99 KB",
+			p.plan.Merge, p.plan.Cluster, p.plan.SharedBytes)
+	}
+}
+
 // TestRunRefusesAGridPastCUDAsLimits: on the fake device, a call whose plan
 // would pass CUDA's grid limits (a tail split of batch 32774 x 65524 heads)
 // is refused by name before anything launches, its append kernel included.

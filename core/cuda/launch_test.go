@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"encoding/binary"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,19 +37,70 @@ func TestPageDivider(t *testing.T) {
 	}
 }
 
-// sassArchitectures is how many SASS images gen.go's nvcc line puts in the
-// fatbin (sm_80, sm_86, sm_89, sm_90).
-const sassArchitectures = 4
+// sassArchitectures are the SASS images gen.go's nvcc line (and fd_cuda12.py's
+// ARCHS) put in the fatbin.
+var sassArchitectures = []int{80, 86, 89, 90, 100, 120}
 
-// TestFatbinHoldsEveryKernel: every kernel the variant table and the merge
-// API launch is in each SASS image of the embedded fatbin, by the name the
-// launch looks up (a NUL-terminated symbol name in each image's string
-// table), so a table entry the kernels do not instantiate fails here rather
-// than on a GPU's first call.
+// fatbinImage is one entry of a fatbin: SASS (an ELF image) or PTX, for arch,
+// its payload compressed or not.
+type fatbinImage struct {
+	sass       bool
+	arch       int
+	compressed bool
+	payload    string
+}
+
+// fatbinImages walks the fatbin's containers (a 16-byte header: magic,
+// version, header size, payload size) and their entries (kind, header size,
+// payload size, ..., arch at 28, flags at 40: 0x2000 LZ4, 0x8000 zstd).
+func fatbinImages(t *testing.T, img string) []fatbinImage {
+	var out []fatbinImage
+	b := []byte(img)
+	for off := 0; off+16 <= len(b) && binary.LittleEndian.Uint32(b[off:]) == 0xBA55ED50; {
+		end := off + int(binary.LittleEndian.Uint16(b[off+6:])) + int(binary.LittleEndian.Uint64(b[off+8:]))
+		for p := off + int(binary.LittleEndian.Uint16(b[off+6:])); p+64 <= end; {
+			hdr := int(binary.LittleEndian.Uint32(b[p+4:]))
+			size := int(binary.LittleEndian.Uint64(b[p+8:]))
+			if p+hdr+size > end {
+				t.Fatalf("fatbin entry at %d runs past its container", p)
+			}
+			out = append(out, fatbinImage{sass: binary.LittleEndian.Uint16(b[p:]) == 2,
+				arch:       int(binary.LittleEndian.Uint32(b[p+28:])),
+				compressed: binary.LittleEndian.Uint64(b[p+40:])&(0x2000|0x8000) != 0,
+				payload:    img[p+hdr : p+hdr+size]})
+			p += hdr + size
+		}
+		off = end
+	}
+	return out
+}
+
+// TestFatbinHoldsEveryKernel: the embedded fatbin holds SASS for each of
+// sassArchitectures, and every kernel the variant table and the merge API
+// launch is in each of its plain SASS images, by the name the launch looks up
+// (a NUL-terminated symbol name in each image's string table), so a table
+// entry the kernels do not instantiate fails here rather than on a GPU's
+// first call. Both builds store the sm_100 and sm_120 images compressed
+// (nvcc 13: zstd, nvFatbin 12.8: LZ4); they come from the same source, kernel
+// list and PTX as the sm_90 one.
 func TestFatbinHoldsEveryKernel(t *testing.T) {
 	img, err := kernelImage()
 	if err != nil {
 		t.Skip(err)
+	}
+	var archs []int
+	var plain []fatbinImage
+	for _, f := range fatbinImages(t, img) {
+		if f.sass {
+			archs = append(archs, f.arch)
+			if !f.compressed {
+				plain = append(plain, f)
+			}
+		}
+	}
+	slices.Sort(archs)
+	if !slices.Equal(archs, sassArchitectures) || len(plain) == 0 {
+		t.Fatalf("the fatbin's SASS is for %v (%d plain), want %v", archs, len(plain), sassArchitectures)
 	}
 	names := map[string]bool{}
 	for _, v := range core.Variants() {
@@ -66,8 +119,10 @@ func TestFatbinHoldsEveryKernel(t *testing.T) {
 		names[core.MergeKernel(dt)] = true
 	}
 	for n := range names {
-		if c := strings.Count(img, "\x00"+n+"\x00"); c < sassArchitectures {
-			t.Errorf("%s: in %d of the fatbin's %d SASS images", n, c, sassArchitectures)
+		for _, f := range plain {
+			if !strings.Contains(f.payload, "\x00"+n+"\x00") {
+				t.Errorf("%s: not in the fatbin's sm_%d SASS", n, f.arch)
+			}
 		}
 	}
 }

@@ -7,21 +7,23 @@ driver and what it costs).
 
 PyPI has no CUDA 12 nvcc (nvidia-cuda-nvcc-cu12 holds ptxas and libnvvm, not nvcc or cicc), so
 this runs nvcc's device pipeline from its parts, pinned in CU12_WHEELS:
-  1. NVRTC compiles kernels/flashdecode.cu to PTX for each architecture of ARCHS, with the
-     CUDA 12 headers of nvidia-cuda-runtime-cu12 and the kernel list `go generate` writes
-     (fatbin/_instances.inc, which must exist: fd_gobuild runs gen_instances first);
-  2. ptxas turns each PTX into SASS (-warn-spills; -v, whose register and spill counts are
-     logged);
-  3. nvFatbin packs the cubins and the newest architecture's PTX into one fatbin, as nvcc
-     12 does (PTX compressed with the default mode that every CUDA 12 driver reads).
+  1. NVRTC compiles kernels/flashdecode.cu to PTX for each virtual architecture that ARCHS'
+     SASS comes from (sass_source) and PTX_ARCH, with the CUDA 12 headers of
+     nvidia-cuda-runtime-cu12 and the kernel list `go generate` writes (fatbin/_instances.inc,
+     which must exist: fd_gobuild runs gen_instances first);
+  2. ptxas turns the PTX into SASS for each of ARCHS (-warn-spills; -v, whose register and
+     spill counts are logged);
+  3. nvFatbin packs the cubins and PTX_ARCH's PTX into one fatbin, as nvcc 12 does (PTX
+     compressed with the default mode that every CUDA 12 driver reads).
 Two differences from nvcc's front end, both about NVRTC only: -default-device (NVRTC treats
 an unannotated lambda in device code as host code) and a stdint.h given in memory (NVRTC
 ships none; LP64 types, as glibc's).
 
 Tools come from --tools or FD_CUDA12_TOOLS (a `pip install --target` folder, see
 dev/cuda12-tools.txt), else sys.path (fd_backend installs CU12_WHEELS into the isolated build
-environment). Each is checked to be the pinned release. --jobs (or FD_CUDA12_JOBS) compiles
-that many architectures at once, a process each (default: one per CPU; the fatbin is the same).
+environment). Each is checked to be the pinned release. --jobs (or FD_CUDA12_JOBS) runs that
+many compiles (NVRTC, then ptxas) at once, a process each (default: one per CPU; the fatbin is
+the same).
 """
 import argparse
 import concurrent.futures
@@ -40,8 +42,14 @@ SOURCE = os.path.join(ROOT, "kernels", "flashdecode.cu")
 CU12_RELEASE = "12.8"
 CU12_WHEELS = ["nvidia-cuda-nvrtc-cu12==12.8.93", "nvidia-cuda-nvcc-cu12==12.8.93",
                "nvidia-cuda-runtime-cu12==12.8.90", "nvidia-nvfatbin-cu12==12.8.90"]
-# SASS for each, PTX for the last (newer GPUs JIT it): the architectures of gen.go's nvcc line.
-ARCHS = ["80", "86", "89", "90"]
+# SASS for each of ARCHS, compiled from the PTX of its own architecture or of SASS_FROM's
+# (sm_100 and sm_120: compute_90's, which spills less there than NVRTC's compute_100/120 PTX,
+# docs/tuning.md), and PTX for PTX_ARCH, which GPUs without SASS here JIT: gen.go's nvcc line.
+# compute_90, not the newest: the kernels use nothing newer, and its PTX JITs on every GPU
+# from sm_90 up, where compute_120's would not on sm_110 (which has no SASS here).
+ARCHS = ["80", "86", "89", "90", "100", "120"]
+SASS_FROM = {"100": "90", "120": "90"}
+PTX_ARCH = "90"
 # Where each tool lies inside the wheels' nvidia/ folder.
 NVRTC_LIB = ("cuda_nvrtc", "lib", "libnvrtc.so.12")
 PTXAS = ("cuda_nvcc", "bin", "ptxas")
@@ -183,19 +191,30 @@ def missing_kernels(cubin, names):
     return [n for n in names if b".text." + n.encode() + b"\0" not in cubin]
 
 
-def compile_arch(tools, arch, include_dir, scratch):
-    """Return (arch, PTX, cubin) of the kernels for sm_<arch>, logging spills."""
-    t0 = time.monotonic()
+def sass_source(arch):
+    """The virtual architecture whose PTX sm_<arch>'s SASS is compiled from."""
+    return SASS_FROM.get(arch, arch)
+
+
+def compile_ptx(tools, arch, include_dir, scratch):
+    """Return (arch, PTX) of the kernels for compute_<arch>, also written into scratch."""
     nvrtc = NVRTC(tools["nvrtc"])
     with open(SOURCE, "rb") as f:
         source = f.read()
     options = [f"--gpu-architecture=compute_{arch}", "-std=c++17", "-default-device",
                f"-I{os.path.dirname(SOURCE)}", f"-I{include_dir}", f"-I{tools['headers']}"]
     ptx, _ = nvrtc.ptx(source, os.path.basename(SOURCE), options, {"stdint.h": STDINT_H})
-    ptx_file = os.path.join(scratch, f"flashdecode.compute_{arch}.ptx")
-    cubin_file = os.path.join(scratch, f"flashdecode.sm_{arch}.cubin")
-    with open(ptx_file, "wb") as f:
+    with open(os.path.join(scratch, f"flashdecode.compute_{arch}.ptx"), "wb") as f:
         f.write(ptx.rstrip(b"\0"))
+    return arch, ptx
+
+
+def compile_sass(tools, arch, include_dir, scratch):
+    """Return (arch, cubin) of the kernels for sm_<arch>, from the PTX of sass_source(arch)
+    that compile_ptx wrote, logging spills."""
+    t0 = time.monotonic()
+    ptx_file = os.path.join(scratch, f"flashdecode.compute_{sass_source(arch)}.ptx")
+    cubin_file = os.path.join(scratch, f"flashdecode.sm_{arch}.cubin")
     res = subprocess.run([tools["ptxas"], f"-arch=sm_{arch}", "-m64", "-O3", "-warn-spills", "-v",
                           ptx_file, "-o", cubin_file], capture_output=True, text=True)
     if res.returncode:
@@ -207,11 +226,19 @@ def compile_arch(tools, arch, include_dir, scratch):
         raise RuntimeError(f"sm_{arch}: no code for {', '.join(missing)}")
     spilled = spills(res.stdout + res.stderr)
     kernels = len(re.findall(r"Compiling entry function", res.stdout + res.stderr))
-    log(f"sm_{arch}: {kernels} kernels in {time.monotonic() - t0:.0f} s, "
+    log(f"sm_{arch} (from compute_{sass_source(arch)}): {kernels} kernels in {time.monotonic() - t0:.0f} s, "
         + (f"{len(spilled)} spill: " + ", ".join(f"{k} ({s}/{l} bytes stored/loaded)"
                                                   for k, (s, l) in sorted(spilled.items()))
            if spilled else "no spills"))
-    return arch, ptx, cubin
+    return arch, cubin
+
+
+def run_all(fn, args, jobs):
+    """fn over args, jobs processes at once (1: in this process)."""
+    if jobs == 1:
+        return [fn(*a) for a in args]
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(fn, *zip(*args)))
 
 
 def build(out, include_dir=FATBIN_DIR, tools_dir=None, jobs=None, scratch=None):
@@ -230,14 +257,12 @@ def build(out, include_dir=FATBIN_DIR, tools_dir=None, jobs=None, scratch=None):
     os.makedirs(scratch, exist_ok=True)
     log(f"NVRTC, ptxas {have['ptxas']} from {tools['nvrtc'].rsplit(os.sep + 'nvidia' + os.sep, 1)[0]}; "
         f"sm_{', sm_'.join(ARCHS)}, {jobs} at once")
-    args = [(tools, arch, include_dir, scratch) for arch in ARCHS]
-    if jobs == 1:
-        results = [compile_arch(*a) for a in args]
-    else:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(compile_arch, *zip(*args)))
-    cubins = {arch: cubin for arch, _, cubin in results}
-    fatbin = pack(tools["nvfatbin"], cubins, (results[-1][0], results[-1][1]))
+    t0 = time.monotonic()
+    ptx_archs = sorted({sass_source(a) for a in ARCHS} | {PTX_ARCH}, key=int)
+    ptx = dict(run_all(compile_ptx, [(tools, a, include_dir, scratch) for a in ptx_archs], jobs))
+    log(f"PTX for compute_{', compute_'.join(ptx_archs)} in {time.monotonic() - t0:.0f} s")
+    cubins = dict(run_all(compile_sass, [(tools, a, include_dir, scratch) for a in ARCHS], jobs))
+    fatbin = pack(tools["nvfatbin"], cubins, (PTX_ARCH, ptx[PTX_ARCH]))
     with open(out, "wb") as f:
         f.write(fatbin)
     log(f"wrote {out} ({len(fatbin) / 1e6:.1f} MB)")

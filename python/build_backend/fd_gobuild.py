@@ -285,11 +285,13 @@ def build_binding(dest):
     steps("stand-in libcuda.so.1 (make_libcuda.py)")
     standin = build_standin(cuda_home, scratch)
     if cuda_major() == "12":
-        steps("the kernel list (go generate), then CUDA 12 compiles it for 4 GPU architectures")
+        steps("the kernel list (go generate), then CUDA 12 compiles it for "
+              f"{len(fd_cuda12.ARCHS)} GPU architectures")
         run(["go", "generate", "-run", "gen_instances", "./core/cuda"], env=env)
         fd_cuda12.build(os.path.join(fd_cuda12.FATBIN_DIR, "flashdecode.fatbin"))
     else:
-        steps("go generate ./core/cuda: the kernel list, then nvcc compiles it for 4 GPU architectures")
+        steps("go generate ./core/cuda: the kernel list, then nvcc compiles it for "
+              f"{len(fd_cuda12.ARCHS)} GPU architectures")
         run(["go", "generate", "./core/cuda"], env=env)
     out = os.path.join(BUILD, "gopy")
     shutil.rmtree(out, ignore_errors=True)
