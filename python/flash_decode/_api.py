@@ -108,10 +108,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         (torch.Size([2, 1, 32, 128]), torch.Size([2, 32, 1]))
     """
     if _is_compiling():
-        return _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                       cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant, k_descale,
-                       v_descale, sinks, cu_seqlens_q, max_seqlen_q)
+        return _traced(**locals())
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
              and window_size == (-1, -1) and k_descale is None and v_descale is None
@@ -142,10 +139,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     except (AttributeError, TypeError):  # not tensors, or unhashable: _prepare's checks say which
         sig = entry = None
     if entry is None:
-        entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant, k_descale, v_descale,
-                         sinks, cu_seqlens_q, max_seqlen_q)
+        entry = _prepare(**locals())
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -214,14 +208,14 @@ def _scale_sig(x):
     return _sig(x) if isinstance(x, torch.Tensor) else (type(x), x)
 
 
-def _prepare(sig, *call):
-    """Have the core check a call and prepare its layout, and keep what later calls need under sig."""
-    native, record = _call(*call)
-    if _device(call[0]) >= 0:  # a CUDA q's call runs: RuntimeError where the driver serves no GPU
+def _prepare(sig, q, cache_seqlens, **call):
+    """Have the core check a call (flash_decode's arguments) and prepare its layout, and keep what later calls
+    need under sig."""
+    native, record = _call(q, cache_seqlens=cache_seqlens, **call)
+    if _device(q) >= 0:  # a CUDA q's call runs: RuntimeError where the driver serves no GPU
         native = _native.binding()
     if (handle := native.PrepareTensors(ctypes.addressof(record), ctypes.sizeof(record))) < 0:
         raise _native.error(native, handle)
-    q, cache_seqlens = call[0], call[7]
     lse_shape = (q.shape[1], q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
     entry = [_native.function(native, "Run"), handle, 0, _device(q), lse_shape, q.is_contiguous(),
              type(cache_seqlens) is int, native]
@@ -323,17 +317,14 @@ def _checked(*args, **kwargs):
         _layout(*call)
 
 
-def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            return_softmax_lse, out, max_seqlen_k, batch_invariant=False, k_descale=None, v_descale=None,
-            sinks=None, cu_seqlens_q=None, max_seqlen_q=None):
+def _traced(q, k_cache, v_cache, k, v, *, rotary_cos, rotary_sin, cache_seqlens, window_size, rotary_interleaved,
+            return_softmax_lse, out, max_seqlen_k, k_descale, v_descale, **options):
     """flash_decode while torch.compile traces: the checks only Python makes (the ops' schemas would turn
     True into 1; the fake kernels have the core check the tensors), out= (a copy here, which would cast
     or broadcast) against q, then an op. A descale goes in as a tensor or as a value (the schemas have
     no union)."""
-    _call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-          block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
-          batch_invariant, k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q, stage="trace")
+    _call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, window_size=window_size, out=out,
+          rotary_interleaved=rotary_interleaved, k_descale=k_descale, v_descale=v_descale, stage="trace", **options)
     _check_lengths(cache_seqlens, max_seqlen_k)
     for what, want, got in () if out is None else (("dtype", q.dtype, out.dtype), ("shape", q.shape, out.shape),
                                                     ("device", q.device, out.device)):
@@ -341,18 +332,13 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
             raise (TypeError if what == "dtype" else ValueError)(f"out must have q's {what} {want}, got {got}")
     seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     left, right = window_size
-    scales = [(x, None) if isinstance(x, torch.Tensor) else (None, x) for x in (k_descale, v_descale)]
-    descales = (scales[0][0], scales[1][0], scales[0][1], scales[1][1])
-    if k is None and rotary_cos is None:
-        result, lse = torch.ops.flash_decode.decode(
-            q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, *descales, sinks,
-            cu_seqlens_q, max_seqlen_q)
-    else:
-        result, lse = torch.ops.flash_decode.decode_append(
-            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            max_seqlen_k, batch_invariant, *descales, sinks, cu_seqlens_q, max_seqlen_q)
+    descales = {name + ("" if isinstance(x, torch.Tensor) else "_value"): x
+                for name, x in (("k_descale", k_descale), ("v_descale", v_descale))}
+    appended = {} if k is None and rotary_cos is None else dict(
+        k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved)
+    result, lse = (torch.ops.flash_decode.decode_append if appended else torch.ops.flash_decode.decode)(
+        q, k_cache, v_cache, cache_seqlens=seqlens, seqlen=seqlen, window_left=left, window_right=right,
+        max_seqlen_k=max_seqlen_k, **descales, **appended, **options)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result
