@@ -5,6 +5,7 @@ the tensors, names the argument at fault and launches."""
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -105,9 +106,22 @@ def _tensors(name, x, names):
     return list(x)
 
 
+@functools.lru_cache(maxsize=None)
+def _record(native):
+    """The binding's core.MergeTensor record: its struct and the padding of a descriptor's dimensions,
+    checked against the order _records packs."""
+    places, record = _native._format(native, "MergeTensor")
+    dims = [f"desc.{a}[{i}]" for a in ("shape", "strides") for i in range(sum("desc.shape[" in f for f in places))]
+    if list(places) != ["desc.given", "desc.dtype", "desc.device", "desc.rank", *dims, "data"]:
+        raise RuntimeError("flash_decode's native extension has another merge record: reinstall it")
+    return record, (0,) * (len(dims) // 2)
+
+
 def _records(native, tensors, data=True):
     """The core's records (core.MergeTensor) of tensors (None: not given), one after another."""
-    packed = b"".join(_native.pack(native, "MergeTensor", {} if t is None else dict(
-        _native.desc("desc", t.dtype, t.shape, t.stride(), t.device.index if t.device.type == "cuda" else -1),
-        data=t.data_ptr() if data else 0)) for t in tensors)
+    record, pad = _record(native)
+    n = len(pad)
+    packed = b"".join(bytes(record.size) if t is None else record.pack(
+        1, _native._CODES.get(t.dtype, 0), t.get_device(), t.dim(), *(tuple(t.shape) + pad)[:n],
+        *(t.stride() + pad)[:n], t.data_ptr() if data else 0) for t in tensors)
     return ctypes.create_string_buffer(packed, len(packed))
