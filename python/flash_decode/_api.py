@@ -423,7 +423,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
 
 
 def _device_index(device):
-    """plan()'s device as an index (-1: the default H200-like device; None: the current one, which torch does not see)."""
+    """plan()'s device as an index (-1: the default H200-like device; None: the current one, which torch
+    does not see)."""
     if device is not None and (isinstance(device, bool) or not isinstance(device, (int, str, torch.device))):
         raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}")
     if isinstance(device, int) and device < -1:

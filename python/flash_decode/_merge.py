@@ -110,7 +110,7 @@ def _tensors(name, x, names):
 def _record(native):
     """The binding's core.MergeTensor record: its struct and the padding of a descriptor's dimensions,
     checked against the order _records packs."""
-    places, record = _native._format(native, "MergeTensor")
+    places, record = _native.record_format(native, "MergeTensor")
     dims = [f"desc.{a}[{i}]" for a in ("shape", "strides") for i in range(sum("desc.shape[" in f for f in places))]
     if list(places) != ["desc.given", "desc.dtype", "desc.device", "desc.rank", *dims, "data"]:
         raise RuntimeError("flash_decode's native extension has another merge record: reinstall it")
@@ -122,6 +122,6 @@ def _records(native, tensors, data=True):
     record, pad = _record(native)
     n = len(pad)
     packed = b"".join(bytes(record.size) if t is None else record.pack(
-        1, _native._CODES.get(t.dtype, 0), t.get_device(), t.dim(), *(tuple(t.shape) + pad)[:n],
+        1, _native.DTYPE_CODES.get(t.dtype, 0), t.get_device(), t.dim(), *(tuple(t.shape) + pad)[:n],
         *(t.stride() + pad)[:n], t.data_ptr() if data else 0) for t in tensors)
     return ctypes.create_string_buffer(packed, len(packed))
