@@ -58,29 +58,34 @@ func ReadMergeTensors(b []byte, numOuts, numLSEs, flags int64) (MergeTensors, er
 	return MergeTensors{Outs: ts[:numOuts], LSEs: ts[numOuts : numOuts+numLSEs], Flags: flags, Out: ts[n-2], LSE: ts[n-1]}, nil
 }
 
-// mergeInput is one input of a merge as checked: its items' names and
-// tensors, stacked or one per state.
+// mergeInput is one input of a merge as checked: its tensors, stacked or
+// one per state (pair: merge_state's, named a and b).
 type mergeInput struct {
 	name    string // outs, lses
-	names   []string
+	pair    [2]string
 	ts      []MergeTensor
 	stacked int // 1: ts[0] holds every state along its first dimension
 }
 
 func (m *MergeTensors) input(name string, ts []MergeTensor, stackedFlag int64, pair [2]string) mergeInput {
-	in := mergeInput{name: name, ts: ts, names: []string{name}}
+	in := mergeInput{name: name, ts: ts}
 	if m.Flags&stackedFlag != 0 {
 		in.stacked = 1
-		return in
-	}
-	in.names = make([]string, len(ts))
-	for i := range ts {
-		in.names[i] = fmt.Sprintf("%s[%d]", name, i)
-		if m.Flags&MergePair != 0 && i < 2 {
-			in.names[i] = pair[i]
-		}
+	} else if m.Flags&MergePair != 0 {
+		in.pair = pair
 	}
 	return in
+}
+
+// item names in's tensor i as the caller knows it (made only for an error).
+func (in *mergeInput) item(i int) string {
+	switch {
+	case in.stacked == 1:
+		return in.name
+	case i < 2 && in.pair[i] != "":
+		return in.pair[i]
+	}
+	return fmt.Sprintf("%s[%d]", in.name, i)
 }
 
 func (in *mergeInput) first() *TensorDesc { return &in.ts[0].Desc }
@@ -118,39 +123,39 @@ func (c *argCheck) mergeInput(in *mergeInput, of *mergeInput) {
 		d := &in.ts[i].Desc
 		switch {
 		case d.Given != 1:
-			c.typef(in.names[i], "must be a tensor, got given=%d", d.Given)
+			c.typef(in.item(i), "must be a tensor, got given=%d", d.Given)
 		case d.Rank < 0 || d.Rank > TensorDims || slices.ContainsFunc(d.Shape[:d.Rank], func(n int64) bool { return n < 0 }):
-			c.invalidf(in.names[i], "shape %s: at most %d dimensions, none negative", shapeText(d), TensorDims)
+			c.invalidf(in.item(i), "shape %s: at most %d dimensions, none negative", shapeText(d), TensorDims)
 		}
 	}
-	first, firstName := in.first(), in.names[0]
+	first := in.first()
 	switch {
 	case c.err != nil:
 	case in.stacked == 1 && (first.Rank < int64(minRank) || first.Shape[0] < 1):
 		c.invalidf(in.name, "must hold at least one state %s, got shape %s", layout, shapeText(first))
 	case first.Rank < int64(minRank):
-		c.invalidf(firstName, "must have at least 1 dimension (*rows, headdim), got a 0-d tensor")
+		c.invalidf(in.item(0), "must have at least 1 dimension (*rows, headdim), got a 0-d tensor")
 	case of == nil && MergeKernel(DType(first.DType)) == "":
-		c.typef(firstName, "must be torch.float16, torch.bfloat16 or torch.float32, got %s", dtypeText(first.DType))
+		c.typef(in.item(0), "must be torch.float16, torch.bfloat16 or torch.float32, got %s", dtypeText(first.DType))
 	}
 	for i := range in.ts {
-		d, name := &in.ts[i].Desc, in.names[i]
+		d := &in.ts[i].Desc
 		switch {
 		case c.err != nil:
 			return
 		case of == nil && (d.Rank != first.Rank || d.Shape != first.Shape):
-			c.invalidf(name, "must have %s's shape %s, got %s", firstName, shapeText(first), shapeText(d))
+			c.invalidf(in.item(i), "must have %s's shape %s, got %s", in.item(0), shapeText(first), shapeText(d))
 		case of == nil && d.DType != first.DType:
-			c.typef(name, "must have %s's dtype %s, got %s", firstName, dtypeText(first.DType), dtypeText(d.DType))
+			c.typef(in.item(i), "must have %s's dtype %s, got %s", in.item(0), dtypeText(first.DType), dtypeText(d.DType))
 		case of == nil && d.Shape[d.Rank-1] > 1 && d.Strides[d.Rank-1] != 1:
-			c.invalidf(name, "must be contiguous in its last dimension (headdim), got strides %s", stridesText(d))
+			c.invalidf(in.item(i), "must be contiguous in its last dimension (headdim), got strides %s", stridesText(d))
 		case of != nil && !slices.Equal(d.Shape[in.stacked:d.Rank], of.rows()):
 			want := append(d.Shape[:in.stacked:in.stacked], of.rows()...)
-			c.invalidf(name, "must have shape %s to match %s, got %s", tupleText(want), of.names[0], shapeText(d))
+			c.invalidf(in.item(i), "must have shape %s to match %s, got %s", tupleText(want), of.item(0), shapeText(d))
 		case of != nil && d.DType != int64(Float32):
-			c.typef(name, "must be torch.float32, got %s", dtypeText(d.DType))
+			c.typef(in.item(i), "must be torch.float32, got %s", dtypeText(d.DType))
 		case d.Device != first.Device:
-			c.invalidf(name, "must be on the device of %s, %s, got %s", firstName, deviceText(first.Device), deviceText(d.Device))
+			c.invalidf(in.item(i), "must be on the device of %s, %s, got %s", in.item(0), deviceText(first.Device), deviceText(d.Device))
 		}
 	}
 	if c.err == nil && of != nil && in.count() != of.count() {
@@ -189,10 +194,10 @@ func (m *MergeTensors) check(c *argCheck, onDevice bool) (outs, lses mergeInput,
 	}
 	o := outs.first()
 	if onDevice && o.Device < 0 {
-		c.invalidf(outs.names[0], "must be on a CUDA device, got %s", deviceText(o.Device))
+		c.invalidf(outs.item(0), "must be on a CUDA device, got %s", deviceText(o.Device))
 	}
 	if l := lses.first(); c.err == nil && l.Device != o.Device {
-		c.invalidf(lses.names[0], "must be on the device of %s, %s, got %s", outs.names[0], deviceText(o.Device), deviceText(l.Device))
+		c.invalidf(lses.item(0), "must be on the device of %s, %s, got %s", outs.item(0), deviceText(o.Device), deviceText(l.Device))
 	}
 	for _, r := range [...]struct {
 		name, dims string
@@ -209,7 +214,7 @@ func (m *MergeTensors) check(c *argCheck, onDevice bool) (outs, lses mergeInput,
 		case !slices.Equal(r.d.Shape[:r.d.Rank], r.shape):
 			c.invalidf(r.name, "must have shape %s, got %s", tupleText(r.shape), shapeText(r.d))
 		case r.d.Device != o.Device:
-			c.invalidf(r.name, "must be on the device of %s, %s, got %s", outs.names[0], deviceText(o.Device), deviceText(r.d.Device))
+			c.invalidf(r.name, "must be on the device of %s, %s, got %s", outs.item(0), deviceText(o.Device), deviceText(r.d.Device))
 		}
 	}
 	for _, in := range [...]struct {
@@ -256,11 +261,11 @@ func (m *MergeTensors) Problem() (MergeProblem, int, error) {
 		}
 	}
 	// Row dimensions every tensor steps through as one are joined (size-1 ones dropped).
-	sets := [][]int64{outs.rowStrides(len(rows)), lses.rowStrides(len(rows)), m.Out.Desc.Strides[:len(rows)]}
-	if m.LSE.Desc.Given != 0 {
-		sets = append(sets, m.LSE.Desc.Strides[:len(rows)])
-	}
-	sizes, strides := joinRows(rows, sets)
+	sets := [4][]int64{outs.rowStrides(len(rows)), lses.rowStrides(len(rows)), m.Out.Desc.Strides[:len(rows)],
+		m.LSE.Desc.Strides[:len(rows)]}
+	nsets := 3 + int(min(m.LSE.Desc.Given, 1))
+	joined, strides, n := joinRows(rows, sets[:nsets])
+	sizes := joined[:n]
 	if len(sizes) > MergeRowDims {
 		return MergeProblem{}, 0, unsupported(mergeOp, "outs", fmt.Sprintf("with lses: the strides of the %d row dimensions %s do not join into %d; pass contiguous tensors", len(rows), tupleText(rows), MergeRowDims))
 	}
@@ -298,34 +303,33 @@ func (m *MergeTensors) Problem() (MergeProblem, int, error) {
 // rowStrides returns the strides of the n row dimensions of in's states.
 func (in *mergeInput) rowStrides(n int) []int64 { return in.first().Strides[in.stacked : in.stacked+n] }
 
-// joinRows drops the dimensions of size 1 and joins neighbours that every
-// stride set steps through as one; it returns the sizes and, per joined
-// dimension, the stride of each set.
-func joinRows(sizes []int64, sets [][]int64) ([]int64, [][]int64) {
-	var ns []int64
-	var sts [][]int64
-	for i, n := range sizes {
-		if n == 1 {
+// joinRows drops the dimensions of size 1 (at most TensorDims) and joins
+// neighbours that every stride set (of 4 at most) steps through as one; it
+// returns the n joined sizes and, per joined dimension, each set's stride.
+func joinRows(sizes []int64, sets [][]int64) (ns [TensorDims]int64, sts [TensorDims][4]int64, n int) {
+	for i, size := range sizes {
+		if size == 1 {
 			continue
 		}
-		st := make([]int64, len(sets))
+		var st [4]int64
 		for k, s := range sets {
 			st[k] = s[i]
 		}
-		if j := len(ns) - 1; j >= 0 && joins(sts[j], st, n) {
-			ns[j], sts[j] = ns[j]*n, st
+		if n > 0 && joins(&sts[n-1], &st, size, len(sets)) {
+			ns[n-1], sts[n-1] = ns[n-1]*size, st
 			continue
 		}
-		ns, sts = append(ns, n), append(sts, st)
+		ns[n], sts[n] = size, st
+		n++
 	}
-	return ns, sts
+	return ns, sts, n
 }
 
-// joins reports whether every set steps over a whole inner dimension of
-// n elements with its outer stride.
-func joins(outer, inner []int64, n int64) bool {
-	for k := range outer {
-		if outer[k] != inner[k]*n {
+// joins reports whether each of the first k sets steps over a whole inner
+// dimension of n elements with its outer stride.
+func joins(outer, inner *[4]int64, n int64, k int) bool {
+	for i := range k {
+		if outer[i] != inner[i]*n {
 			return false
 		}
 	}

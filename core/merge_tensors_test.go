@@ -161,3 +161,11 @@ func TestReadMergeTensors(t *testing.T) {
 		t.Errorf("MergeTensorFieldsText() = %q", text)
 	}
 }
+
+// A good merge is checked without allocating.
+func TestMergeTensorsProblemAllocates(t *testing.T) {
+	m := validMergeTensors()
+	if n := testing.AllocsPerRun(100, func() { _, _, _ = m.Problem() }); n != 0 {
+		t.Errorf("Problem allocates %v times", n)
+	}
+}
