@@ -51,6 +51,8 @@ func ReadMergeTensors(b []byte, numOuts, numLSEs, flags int64) (MergeTensors, er
 		return MergeTensors{}, invalid(mergeOp, "num_outs", fmt.Sprintf("%d outs and %d lses; counts run from 0 to 2^20", numOuts, numLSEs))
 	case int64(len(b)) != n*int64(MergeTensorBytes):
 		return MergeTensors{}, invalid(mergeOp, "tensors_size", fmt.Sprintf("%d bytes; %d records of %d bytes (num_outs + num_lses + 2) make %d", len(b), n, MergeTensorBytes, n*int64(MergeTensorBytes)))
+	case flags&^(MergeOutsStacked|MergeLSEsStacked|MergePair) != 0:
+		return MergeTensors{}, invalid(mergeOp, "flags", fmt.Sprintf("%#x; known: outs stacked 1, lses stacked 2, pair 4", flags))
 	case uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 != 0:
 		return MergeTensors{}, invalid(mergeOp, "tensors", "not 8-byte aligned")
 	}

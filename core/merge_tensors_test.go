@@ -157,6 +157,9 @@ func TestReadMergeTensors(t *testing.T) {
 	if _, err := ReadMergeTensors(b, 2, 1, 0); err == nil || !strings.Contains(err.Error(), "tensors_size") {
 		t.Errorf("a record short: %v", err)
 	}
+	if _, err := ReadMergeTensors(b, 1, 1, 8); err == nil || !strings.Contains(err.Error(), "flags") {
+		t.Errorf("flag 8: %v", err)
+	}
 	if text := MergeTensorFieldsText(); !strings.HasPrefix(text, "desc.given:q,desc.dtype:q,") || !strings.HasSuffix(text, ",desc.strides[7]:q,data:q") {
 		t.Errorf("MergeTensorFieldsText() = %q", text)
 	}
