@@ -148,6 +148,12 @@ int fd_plan_json_serving(const fd_args *args, const fd_serving *serving, char *b
     return fdgo_args_plan_json((fd_args *)args, (fd_serving *)serving, buf, buf_size, needed);
 }
 
+int fd_merge_tensors(const fd_merge_tensor *tensors, size_t tensors_size, int64_t num_outs, int64_t num_lses,
+                     int64_t flags, void *stream) {
+    FD_GUARD();
+    return fdgo_merge_tensors((fd_merge_tensor *)tensors, tensors_size, num_outs, num_lses, flags, (uintptr_t)stream);
+}
+
 int fd_merge_states(const fd_merge_args *args, void *stream) {
     FD_GUARD();
     return fdgo_merge_states((fd_merge_args *)args, (uintptr_t)stream);

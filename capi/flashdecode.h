@@ -309,9 +309,9 @@ typedef struct fd_tensor_desc {
     int64_t given;      /* 1: the argument is a tensor; 0: not given */
     int64_t dtype;      /* fd_dtype, FD_FLOAT32, FD_INT32, ... (0: another type) */
     int64_t device;     /* its CUDA device ordinal; -1: not on a CUDA device */
-    int64_t rank;       /* its dimensions (at most 4 are described) */
-    int64_t shape[4];   /* its sizes */
-    int64_t strides[4]; /* its strides, in elements */
+    int64_t rank;       /* its dimensions (at most 8 are described) */
+    int64_t shape[8];   /* its sizes */
+    int64_t strides[8]; /* its strides, in elements */
 } fd_tensor_desc;
 
 typedef struct fd_tensors {
@@ -534,6 +534,27 @@ typedef struct fd_merge_args {
  * once the device is open (see fd_decode); it can then be captured in a CUDA graph. Returns FD_OK or an fd_status; fd_last_error()
  * names the argument at fault. The outputs are ready when the stream reaches this point. */
 int fd_merge_states(const fd_merge_args *args, void *stream);
+
+/* One tensor of a merge as a framework holds it (mirrors core.MergeTensor). */
+typedef struct fd_merge_tensor {
+    fd_tensor_desc desc; /* outs float16, bfloat16 or float32; lses and lse float32 */
+    uint64_t data;       /* CUdeviceptr of its first element */
+} fd_merge_tensor;
+
+/* fd_merge_tensors' flags. */
+enum { FD_MERGE_OUTS_STACKED = 1, FD_MERGE_LSES_STACKED = 2, FD_MERGE_PAIR = 4 };
+
+/* Merges states described as merge_states takes them: tensors holds num_outs outs, then
+ * num_lses lses, then out and lse (tensors_size bytes: num_outs + num_lses + 2 records).
+ * outs is one (*rows, head_dim) tensor per state (at most FD_MERGE_MAX_POINTERS, of one
+ * layout), or with FD_MERGE_OUTS_STACKED one (num_states, *rows, head_dim); lses likewise
+ * (*rows) float32 (FD_MERGE_LSES_STACKED); out (*rows, head_dim) in outs' dtype and lse
+ * (*rows) float32 (desc.given 0: not wanted) receive the merge. The row dimensions are
+ * joined into the kernel's three where every tensor steps through them as one; with
+ * FD_MERGE_PAIR errors name merge_state's out_a, lse_a, out_b, lse_b. Then as
+ * fd_merge_states; a merge of no row launches nothing. */
+int fd_merge_tensors(const fd_merge_tensor *tensors, size_t tensors_size, int64_t num_outs, int64_t num_lses,
+                     int64_t flags, void *stream);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,8 @@ package main
 import "C"
 
 import (
+	"unsafe"
+
 	"github.com/flash-decode/flash-decode/core"
 	"github.com/flash-decode/flash-decode/core/cuda"
 )
@@ -48,4 +50,17 @@ func fdgo_merge_states(args *C.fd_merge_args, stream C.uintptr_t) (ret C.int) {
 	}
 	p := mergeProblem(args)
 	return finish(cuda.MergeStates(&p, int(args.device), uintptr(stream)))
+}
+
+//export fdgo_merge_tensors
+func fdgo_merge_tensors(t *C.fd_merge_tensor, size C.size_t, numOuts, numLSEs, flags C.int64_t, stream C.uintptr_t) (ret C.int) {
+	defer guard(&ret)
+	if t == nil || size == 0 {
+		return finish(errNull("merge_states", "tensors"))
+	}
+	m, err := core.ReadMergeTensors(unsafe.Slice((*byte)(unsafe.Pointer(t)), int(size)), int64(numOuts), int64(numLSEs), int64(flags))
+	if err == nil {
+		_, err = cuda.MergeTensors(&m, uintptr(stream))
+	}
+	return finish(err)
 }

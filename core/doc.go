@@ -95,6 +95,9 @@
 //     the fp8 caches' descales, with their checks; merge.go: MergeProblem, the merge API's checks and
 //     launch shape; reference.go: the CPU reference (ReferenceDecode,
 //     ReferenceAppend, NaiveAttention).
+//   - tensors.go, shapes.go, merge_tensors.go: a call's and a merge's
+//     tensors as a framework holds them (Tensors, Shapes, MergeTensors),
+//     checked by argument name into a Layout (layout.go) or a MergeProblem.
 //   - variants.go, device.go: the compiled kernels (Variant, Form,
 //     SelectVariant) and what the planner knows of a GPU (Device, H200).
 //   - plan.go, splits.go, plan_encoding.go: the planner (Plan, Merge,

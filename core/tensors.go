@@ -7,15 +7,19 @@ import (
 	"unsafe"
 )
 
+// TensorDims is how many dimensions a TensorDesc describes: a merge's
+// stacked states (num_states, *rows, headdim) take up to 8.
+const TensorDims = 8
+
 // TensorDesc is one tensor argument of a call as a framework holds it:
 // given or not, its dtype, device, rank, shape and strides (elements).
 type TensorDesc struct {
-	Given   int64    `layout:"given"`   // 1: a tensor; 0: not given (None)
-	DType   int64    `layout:"dtype"`   // its DType code; 0: a type with no code
-	Device  int64    `layout:"device"`  // its CUDA device ordinal; -1: not on a CUDA device
-	Rank    int64    `layout:"rank"`    // dimensions; those past the fourth are not described
-	Shape   [4]int64 `layout:"shape"`   // the first Rank sizes
-	Strides [4]int64 `layout:"strides"` // the first Rank strides
+	Given   int64             `layout:"given"`   // 1: a tensor; 0: not given (None)
+	DType   int64             `layout:"dtype"`   // its DType code; 0: a type with no code
+	Device  int64             `layout:"device"`  // its CUDA device ordinal; -1: not on a CUDA device
+	Rank    int64             `layout:"rank"`    // dimensions; those past TensorDims are not described
+	Shape   [TensorDims]int64 `layout:"shape"`   // the first Rank sizes
+	Strides [TensorDims]int64 `layout:"strides"` // the first Rank strides
 }
 
 // Tensors is a call as flash_attn_with_kvcache takes it: a descriptor of
@@ -76,8 +80,12 @@ func ReadTensors(b []byte) (Tensors, error) {
 	return t, err
 }
 
-// argCheck checks one call's descriptors, the first error kept.
-type argCheck struct{ err error }
+// argCheck checks one call's descriptors, the first error kept; op names
+// the call in errors ("": prepare).
+type argCheck struct {
+	err error
+	op  string
+}
 
 const tensorsOp = "prepare"
 
@@ -87,18 +95,29 @@ func (c *argCheck) fail(err error) {
 	}
 }
 
+func (c *argCheck) opName() string {
+	if c.op == "" {
+		return tensorsOp
+	}
+	return c.op
+}
+
 func (c *argCheck) invalidf(arg, format string, a ...any) {
-	c.fail(invalid(tensorsOp, arg, fmt.Sprintf(format, a...)))
+	c.fail(invalid(c.opName(), arg, fmt.Sprintf(format, a...)))
+}
+
+func (c *argCheck) typef(arg, format string, a ...any) {
+	c.fail(wrongType(c.opName(), arg, fmt.Sprintf(format, a...)))
 }
 
 // shapeText is d's shape as Python prints it: (2, 40, 8).
 func shapeText(d *TensorDesc) string {
-	n := int(min(max(d.Rank, 0), 4))
+	n := int(min(max(d.Rank, 0), TensorDims))
 	parts := make([]string, n)
 	for i := range parts {
 		parts[i] = fmt.Sprint(d.Shape[i])
 	}
-	if d.Rank > 4 {
+	if d.Rank > TensorDims {
 		parts = append(parts, "...")
 	}
 	if n == 1 {
@@ -108,7 +127,7 @@ func shapeText(d *TensorDesc) string {
 }
 
 func stridesText(d *TensorDesc) string {
-	e := TensorDesc{Rank: min(d.Rank, 4), Shape: d.Strides}
+	e := TensorDesc{Rank: min(d.Rank, TensorDims), Shape: d.Strides}
 	return shapeText(&e)
 }
 
@@ -129,7 +148,7 @@ func (c *argCheck) tensor(name string, d *TensorDesc, rank int64, dims string, s
 	}
 	switch d.Given {
 	case 0:
-		c.fail(wrongType(tensorsOp, name, "must be a tensor, got none"))
+		c.typef(name, "must be a tensor, got none")
 		return
 	case 1:
 	default:
@@ -144,8 +163,8 @@ func (c *argCheck) tensor(name string, d *TensorDesc, rank int64, dims string, s
 		c.invalidf(name, "must have %d dimension%s %s, got shape %s", rank, s, dims, shapeText(d))
 		return
 	}
-	if d.Rank < 0 || d.Rank > 4 && rank == 0 {
-		c.invalidf(name, "%d dimensions; at most 4 are described", d.Rank)
+	if d.Rank < 0 || d.Rank > TensorDims && rank == 0 {
+		c.invalidf(name, "%d dimensions; at most %d are described", d.Rank, TensorDims)
 		return
 	}
 	for _, dt := range dtypes {
@@ -159,17 +178,17 @@ func (c *argCheck) tensor(name string, d *TensorDesc, rank int64, dims string, s
 		if DType(d.DType).Valid() {
 			return
 		}
-		c.fail(wrongType(tensorsOp, name, "must be torch.float16 or torch.bfloat16, got "+got))
+		c.typef(name, "must be torch.float16 or torch.bfloat16, got %s", got)
 	case sameAs != "" && len(dtypes) > 1:
 		others := make([]string, len(dtypes)-1)
 		for i, dt := range dtypes[1:] {
 			others[i] = dtypeText(int64(dt))
 		}
-		c.fail(wrongType(tensorsOp, name, fmt.Sprintf("must have %s's dtype %s or be %s, got %s", sameAs, dtypeText(int64(dtypes[0])), strings.Join(others, " or "), got)))
+		c.typef(name, "must have %s's dtype %s or be %s, got %s", sameAs, dtypeText(int64(dtypes[0])), strings.Join(others, " or "), got)
 	case sameAs != "":
-		c.fail(wrongType(tensorsOp, name, fmt.Sprintf("must have %s's dtype %s, got %s", sameAs, dtypeText(int64(dtypes[0])), got)))
+		c.typef(name, "must have %s's dtype %s, got %s", sameAs, dtypeText(int64(dtypes[0])), got)
 	default:
-		c.fail(wrongType(tensorsOp, name, fmt.Sprintf("must be a %s tensor, got %s", dtypeText(int64(dtypes[0])), got)))
+		c.typef(name, "must be a %s tensor, got %s", dtypeText(int64(dtypes[0])), got)
 	}
 }
 
@@ -198,8 +217,8 @@ func (c *argCheck) index(name string, d *TensorDesc, batch int64, table bool) {
 }
 
 // contiguous returns the strides of a contiguous tensor of shape.
-func contiguous(shape ...int64) [4]int64 {
-	var s [4]int64
+func contiguous(shape ...int64) [TensorDims]int64 {
+	var s [TensorDims]int64
 	step := int64(1)
 	for i := len(shape) - 1; i >= 0; i-- {
 		s[i] = step
@@ -211,6 +230,9 @@ func contiguous(shape ...int64) [4]int64 {
 // rowsOf returns the 4-D strides of a (rows, heads, head_dim) tensor
 // flattened as ragged lengths take it: batch stride 0.
 func rowsOf(d *TensorDesc) [4]int64 { return [4]int64{0, d.Strides[0], d.Strides[1], d.Strides[2]} }
+
+// strides4 returns the 4-D strides of a (batch, rows, heads, head_dim) tensor.
+func strides4(d *TensorDesc) [4]int64 { return [4]int64(d.Strides[:4]) }
 
 // Layout checks what the Layout cannot say about t (each tensor's rank,
 // dtype and shape against q's and the caches', the pairs given together,
@@ -257,14 +279,14 @@ func (t *Tensors) layout(c *argCheck) Layout {
 	c.tensor("k_cache", kc, 4, dims, "q", qd, Float8E4M3, Float8E5M2)
 	c.tensor("v_cache", vc, 4, dims, "q", qd, Float8E4M3, Float8E5M2)
 	if c.err == nil && vc.DType != kc.DType {
-		c.fail(wrongType(tensorsOp, "v_cache", fmt.Sprintf("must have k_cache's dtype %s (the caches are q's dtype or both one fp8 format), got %s", dtypeText(kc.DType), dtypeText(vc.DType))))
+		c.typef("v_cache", "must have k_cache's dtype %s (the caches are q's dtype or both one fp8 format), got %s", dtypeText(kc.DType), dtypeText(vc.DType))
 	}
 	if c.err != nil {
 		return Layout{}
 	}
 	rows, seqlenCache, headsKV := kc.Shape[0], kc.Shape[1], kc.Shape[2]
 	var batch, seqlenQ, headsQ, headDim int64
-	qStrides := func(d *TensorDesc) [4]int64 { return d.Strides }
+	qStrides := strides4
 	if ragged {
 		batch, seqlenQ = t.ragged(c)
 		if c.err != nil {
@@ -293,11 +315,11 @@ func (t *Tensors) layout(c *argCheck) Layout {
 	} else if ragged {
 		out = rowsOf(&TensorDesc{Strides: contiguous(q.Shape[:3]...)})
 	} else {
-		out = contiguous(q.Shape[:]...)
+		out = strides4(&TensorDesc{Strides: contiguous(q.Shape[:4]...)})
 	}
 	l := Layout{DType: q.DType, Batch: batch, SeqlenQ: seqlenQ, HeadsQ: headsQ, HeadsKV: headsKV, HeadDim: headDim,
 		SeqlenCache: seqlenCache, NumSplits: t.NumSplits, DeviceLengths: t.CacheSeqlens.Given, Causal: t.Causal,
-		Scale: t.Scale, Q: qStrides(q), KCache: kc.Strides, VCache: vc.Strides, Out: out,
+		Scale: t.Scale, Q: qStrides(q), KCache: strides4(kc), VCache: strides4(vc), Out: out,
 		WindowLeft: t.WindowLeft, WindowRight: t.WindowRight, Softcap: t.Softcap, BatchInvariant: t.BatchInvariant}
 	if kd := DType(kc.DType); kd.FP8() {
 		l.KVDType = kc.DType
@@ -411,7 +433,7 @@ func (t *Tensors) descales(c *argCheck, l *Layout) {
 			return
 		}
 		numel := int64(1)
-		for i := range min(x.d.Rank, 4) {
+		for i := range min(x.d.Rank, TensorDims) {
 			numel *= x.d.Shape[i]
 		}
 		switch {

@@ -36,8 +36,8 @@ func servingTensors() Tensors {
 func TestTensorsFieldsFollowTheStruct(t *testing.T) {
 	checkFields(t, TensorsFields(), TensorsBytes)
 	text := TensorsFieldsText()
-	for _, want := range []string{"q.given:q,q.dtype:q,q.device:q,q.rank:q,q.shape[0]:q,", ",q.strides[3]:q,k_cache.given:q,",
-		",cu_seqlens_q.strides[3]:q,softmax_scale:d,causal:q,", ",softcap:d,", ",k_descale_value:d,v_descale_value:d"} {
+	for _, want := range []string{"q.given:q,q.dtype:q,q.device:q,q.rank:q,q.shape[0]:q,", ",q.strides[7]:q,k_cache.given:q,",
+		",cu_seqlens_q.strides[7]:q,softmax_scale:d,causal:q,", ",softcap:d,", ",k_descale_value:d,v_descale_value:d"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("TensorsFieldsText() = %q lacks %q", text, want)
 		}
@@ -105,7 +105,7 @@ func TestTensorsLayout(t *testing.T) {
 func TestTensorsSizeOneStrides(t *testing.T) {
 	ts := denseTensors()
 	ts.Q = desc(Float16, 1, 1, 64, 128)
-	ts.Q.Strides = [4]int64{1, 1, 128, 1}
+	ts.Q.Strides = [TensorDims]int64{1, 1, 128, 1}
 	ts.KCache, ts.VCache = desc(Float16, 1, 4096, 8, 128), desc(Float16, 1, 4096, 8, 128)
 	l, err := ts.Layout()
 	if err != nil {
@@ -128,7 +128,7 @@ func TestTensorsErrors(t *testing.T) {
 		{"q given 2", func(t *Tensors) { t.Q.Given = 2 }, "q", ErrInvalid, "given=2"},
 		{"q rank 3", func(t *Tensors) { t.Q = desc(Float16, 2, 32, 128) }, "q", ErrInvalid, "must have 4 dimensions (batch, seqlen_q, nheads_q, headdim), got shape (2, 32, 128)"},
 		{"q float32", func(t *Tensors) { t.Q.DType = int64(Float32) }, "q", ErrType, "must be torch.float16 or torch.bfloat16, got torch.float32"},
-		{"k_cache rank 5", func(t *Tensors) { t.KCache.Rank = 5 }, "k_cache", ErrInvalid, "got shape (2, 4096, 8, 128, ...)"},
+		{"k_cache rank 9", func(t *Tensors) { t.KCache.Rank = 9 }, "k_cache", ErrInvalid, "got shape (2, 4096, 8, 128, 0, 0, 0, 0, ...)"},
 		{"k_cache bf16", func(t *Tensors) { t.KCache.DType = int64(BFloat16) }, "k_cache", ErrType, "must have q's dtype torch.float16 or be torch.float8_e4m3fn or torch.float8_e5m2, got torch.bfloat16"},
 		{"v_cache other fp8", func(t *Tensors) {
 			t.KCache.DType, t.VCache.DType = int64(Float8E4M3), int64(Float8E5M2)

@@ -72,8 +72,7 @@ def parts(q, k, v, sdpa, device):
     table = {"plain, out given": lambda: fd(q, k, v, out=out),
              "torch.empty_like(q)": lambda: torch.empty_like(q)}
     for name, splits in (("binding Run alone", 0), ("binding Run, one split", 1)):
-        run, h = _api._prepare(None, q, k, v, None, None, None, None, None, None, None, None, None, False,
-                               (-1, -1), 0.0, True, None, splits, out)[:2]
+        run, h = _api._prepare(None, q, None, k_cache=k, v_cache=v, num_splits=splits, out=out)[:2]
         table[name] = lambda h=h, run=run: run(h, -1, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, stream(0))
     if device != "cpu":

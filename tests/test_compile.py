@@ -315,9 +315,9 @@ def test_merge_states_compiles_to_its_op(cpu_merge):
 
 
 @pytest.mark.parametrize("outs, lses, pattern", [
-    (torch.zeros(3, 4, 64, dtype=torch.int32), torch.zeros(3, 4), "outs must be torch.float16"),
-    (torch.zeros(3, 4, 64), torch.zeros(3, 4, dtype=torch.float16), "lses must be torch.float32"),
-    (torch.zeros(3, 4, 64), torch.zeros(2, 4), "lses must hold num_states=3"),
+    (torch.zeros(3, 4, 64, dtype=torch.int32), torch.zeros(3, 4), "outs: wrong type: must be torch.float16"),
+    (torch.zeros(3, 4, 64), torch.zeros(3, 4, dtype=torch.float16), "lses: wrong type: must be torch.float32"),
+    (torch.zeros(3, 4, 64), torch.zeros(2, 4), "lses: invalid argument: must hold num_states=3"),
 ], ids=["outs int32", "lses fp16", "counts differ"])
 def test_compiled_merge_checks_arguments_at_trace_time(cpu_merge, outs, lses, pattern):
     compiled = torch.compile(flash_decode.merge_states, backend="aot_eager", fullgraph=True)

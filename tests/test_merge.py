@@ -10,13 +10,14 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flash_decode
-from conftest import LSE_TOL, OUT_TOL, assert_names, reference
+from conftest import LSE_TOL, OUT_TOL, assert_names, has_extension, reference
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 DTYPE_IDS = ["fp16", "bf16", "fp32"]
 # The fp32 merge against fp32 SDPA: both round only in float32.
 TOL = {**OUT_TOL, torch.float32: dict(atol=1e-5, rtol=1e-4)}
 MERGED_LSE_TOL = dict(atol=1e-4, rtol=1e-5)  # the LSEs are float32 throughout
+CORE = "^flashdecode: merge_states: "  # the Go core's messages
 
 
 # ---- argument errors ----------------------------------------------------------------
@@ -107,6 +108,7 @@ def check_raises(device, mutate, stack, exc, name):
     assert_names(info.value, exc, name)
 
 
+@pytest.mark.skipif(not has_extension(), reason="needs the built extension")
 @pytest.mark.parametrize("case_id, mutate, stack, exc, name, cpu_ok", CASES, ids=IDS)
 def test_bad_input_cpu(case_id, mutate, stack, exc, name, cpu_ok):
     if not cpu_ok:  # on CPU tensors the first device error is outs'
@@ -114,8 +116,9 @@ def test_bad_input_cpu(case_id, mutate, stack, exc, name, cpu_ok):
     check_raises("cpu", mutate, stack, exc, name)
 
 
-def test_cpu_tensors_rejected_before_native_code():
-    with pytest.raises(ValueError, match=r"^outs must be on a CUDA device"):
+@pytest.mark.skipif(not has_extension(), reason="needs the built extension")
+def test_cpu_tensors_rejected_without_a_gpu():
+    with pytest.raises(ValueError, match=CORE + "outs: invalid argument: must be on a CUDA device"):
         flash_decode.merge_states(**stacked(valid("cpu")))
     if not torch.cuda.is_available():
         assert not torch.cuda.is_initialized()
@@ -132,13 +135,15 @@ MERGE_STATE_CASES = [
 ]
 
 
+@pytest.mark.skipif(not has_extension(), reason="needs the built extension")
 @pytest.mark.parametrize("case_id, index, fn, exc, name", MERGE_STATE_CASES, ids=[c[0] for c in MERGE_STATE_CASES])
 def test_merge_state_names_its_arguments(case_id, index, fn, exc, name):
     a = valid("cpu", n=2)
     args = [a["outs"][0], a["lses"][0], a["outs"][1], a["lses"][1]]
     args[index] = fn(args[index])
-    with pytest.raises(exc, match=rf"^{name}\b"):
+    with pytest.raises(exc) as info:
         flash_decode.merge_state(*args)
+    assert_names(info.value, exc, name)
 
 
 @pytest.mark.cuda
@@ -159,7 +164,7 @@ def test_bad_input_cuda(case_id, mutate, stack, exc, name, cpu_ok):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_lses_on_another_gpu():
     a = valid("cuda:0")
-    with pytest.raises(ValueError, match=r"^lses\[0\] must be on the device of outs\[0\]"):
+    with pytest.raises(ValueError, match=CORE + r"lses\[0\]: invalid argument: must be on the device of outs\[0\]"):
         flash_decode.merge_states(a["outs"], [t.to("cuda:1") for t in a["lses"]])
 
 
@@ -346,7 +351,7 @@ def test_strided_rows_that_do_not_join():
     out, lse = flash_decode.merge_states(outs, lses)
     check(out, lse, *merge_reference(outs, lses), torch.bfloat16)
     outs4 = torch.randn(2, 4, 6, 8, 10, 8, device="cuda")[:, ::2, ::2, ::2, ::2]  # 4 row dims, none joined
-    with pytest.raises(NotImplementedError, match="^outs and lses: the strides of the 4 row dimensions"):
+    with pytest.raises(NotImplementedError, match=CORE + "outs: not supported: with lses: the strides of the 4 row dim"):
         flash_decode.merge_states(outs4, torch.randn(2, 2, 3, 4, 5, device="cuda"))
 
 

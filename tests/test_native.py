@@ -85,7 +85,7 @@ def test_no_gpu_raises_runtime_error():
 
 
 def test_plan_checks_arguments_first():
-    with pytest.raises(TypeError, match="^dtype"):
+    with pytest.raises(TypeError, match="^flashdecode: plan: dtype: wrong type"):
         flash_decode.plan(1, 1, 32, 8, 128, 1024, dtype=torch.float32)
     with pytest.raises(TypeError, match="^headdim"):
         flash_decode.plan(1, 1, 32, 8, 128.0, 1024)

@@ -215,6 +215,40 @@ done:
     free(outs), free(lses), free(got), free(got_lse);
 }
 
+// ---- fd_merge_tensors: the states as a framework holds them -----------------------------
+
+// tensor: a contiguous tensor of shape on device 0 at data.
+static fd_merge_tensor tensor(int64_t dtype, uint64_t data, int rank, const int64_t *shape) {
+    fd_merge_tensor t;
+    memset(&t, 0, sizeof t);
+    t.desc.given = 1, t.desc.dtype = dtype, t.desc.rank = rank, t.data = data;
+    int64_t step = 1;
+    for (int i = rank - 1; i >= 0; i--) t.desc.shape[i] = shape[i], t.desc.strides[i] = step, step *= shape[i];
+    return t;
+}
+
+static void test_tensors(void) {
+    CHECK(sizeof(fd_merge_tensor) == 8 * (4 + 2 * 8 + 1), "sizeof(fd_merge_tensor) = %zu", sizeof(fd_merge_tensor));
+    // Two float16 states (2, 3, 64) stacked, lses a list of two (2, 3), out and lse.
+    const int64_t outs[] = {2, 2, 3, 64}, rows[] = {2, 3};
+    fd_merge_tensor t[5] = {tensor(FD_FLOAT16, 0x100000u, 4, outs), tensor(FD_FLOAT32, 0x200000u, 2, rows),
+                            tensor(FD_FLOAT32, 0x300000u, 2, rows), tensor(FD_FLOAT16, 0x400000u, 3, outs + 1),
+                            tensor(FD_FLOAT32, 0x500000u, 2, rows)};
+    int rc = fd_merge_tensors(t, sizeof t, 1, 2, FD_MERGE_OUTS_STACKED, NULL);
+    CHECK(rc != FD_OK && strstr(fd_last_error(), "device"), "good merge on a missing device: %d \"%s\"", rc,
+          fd_last_error());
+    t[2].desc.dtype = FD_FLOAT16;
+    rc = fd_merge_tensors(t, sizeof t, 1, 2, FD_MERGE_OUTS_STACKED, NULL);
+    CHECK(rc == FD_ERR_TYPE && strstr(fd_last_error(), "lses[1]: "), "lses[1] float16: %d \"%s\"", rc, fd_last_error());
+    t[2].desc.dtype = FD_FLOAT32, t[4].desc.shape[1] = 4;
+    rc = fd_merge_tensors(t, sizeof t, 1, 2, FD_MERGE_OUTS_STACKED, NULL);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), "lse: "), "lse (2, 4): %d \"%s\"", rc, fd_last_error());
+    rc = fd_merge_tensors(t, sizeof t - 8, 1, 2, FD_MERGE_OUTS_STACKED, NULL);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), "tensors_size"), "short: %d \"%s\"", rc, fd_last_error());
+    rc = fd_merge_tensors(NULL, 0, 1, 2, 0, NULL);
+    CHECK(rc == FD_ERR_INVALID && strstr(fd_last_error(), "tensors"), "NULL: %d \"%s\"", rc, fd_last_error());
+}
+
 static void test_gpu(void) {
     CUdevice dev;
     CUcontext ctx = NULL;
@@ -233,6 +267,7 @@ done:
 
 int main(void) {
     test_errors();
+    test_tensors();
     int devices = 0;
     if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&devices) != CUDA_SUCCESS) devices = 0;
     if (devices > 0) {

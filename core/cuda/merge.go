@@ -70,6 +70,17 @@ func MergeStates(p *core.MergeProblem, device int, stream uintptr) (err error) {
 	return nil
 }
 
+// MergeTensors merges the states m describes (see core.MergeTensors) on
+// their device, launching on stream as MergeStates does, and returns the
+// number of rows merged; a merge of no row launches nothing.
+func MergeTensors(m *core.MergeTensors, stream uintptr) (int, error) {
+	p, device, err := m.Problem()
+	if err != nil || p.NumRows() == 0 {
+		return 0, err
+	}
+	return p.NumRows(), MergeStates(&p, device, stream)
+}
+
 // checkMergeAddresses refuses a merge's nonzero addresses below minAddress
 // (see checkAddresses).
 func checkMergeAddresses(p *core.MergeProblem) error {

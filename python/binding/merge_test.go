@@ -3,79 +3,85 @@ package binding
 import (
 	"strings"
 	"testing"
+	"unsafe"
 
+	"github.com/flash-decode/flash-decode/core"
 	"gorgonia.org/cu"
 )
 
-// mergeArgs are MergeStates' arguments for 3 fp16 states, a pointer each, of
-// (2, 3, 4) rows of head dim 64, at made-up aligned addresses, out and lse
-// contiguous: each test case changes one.
-type mergeArgs struct {
-	dtype, states, r0, r1, r2, d int
-	o                            [8]uintptr
-	oPtrs                        int
-	oState, oS0, oS1, oS2        int64
-	l                            [8]uintptr
-	lPtrs                        int
-	lState, lS0, lS1, lS2        int64
-	out                          uintptr
-	outS0, outS1, outS2          int64
-	lse                          uintptr
-	lseS0, lseS1, lseS2          int64
-	device                       int
+// mergeRecords are 3 float16 states (2, 3, 4, 64) as a list, then out and
+// lse, contiguous at made-up aligned addresses on device 0.
+func mergeRecords() []core.MergeTensor {
+	tensor := func(dtype core.DType, data int64, shape ...int64) core.MergeTensor {
+		t := core.MergeTensor{Desc: core.TensorDesc{Given: 1, DType: int64(dtype), Rank: int64(len(shape))}, Data: data}
+		step := int64(1)
+		for i := len(shape) - 1; i >= 0; i-- {
+			t.Desc.Shape[i], t.Desc.Strides[i] = shape[i], step
+			step *= shape[i]
+		}
+		return t
+	}
+	var r []core.MergeTensor
+	for s := range int64(3) {
+		r = append(r, tensor(core.Float16, (1+s)<<20, 2, 3, 4, 64))
+	}
+	for s := range int64(3) {
+		r = append(r, tensor(core.Float32, (4+s)<<20, 2, 3, 4))
+	}
+	return append(r, tensor(core.Float16, 7<<20, 2, 3, 4, 64), tensor(core.Float32, 8<<20, 2, 3, 4))
 }
 
-func validMergeArgs() mergeArgs {
-	return mergeArgs{dtype: 1, states: 3, r0: 2, r1: 3, r2: 4, d: 64,
-		o: [8]uintptr{1 << 20, 2 << 20, 3 << 20}, oPtrs: 3, oS0: 768, oS1: 256, oS2: 64,
-		l: [8]uintptr{4 << 20, 5 << 20, 6 << 20}, lPtrs: 3, lS0: 12, lS1: 4, lS2: 1,
-		out: 7 << 20, outS0: 768, outS1: 256, outS2: 64, lse: 8 << 20, lseS0: 12, lseS1: 4, lseS2: 1}
+func mergeCall(r []core.MergeTensor, numOuts, flags int) (int, int) {
+	addr, size := uintptr(unsafe.Pointer(&r[0])), len(r)*core.MergeTensorBytes
+	return MergeTensors(addr, size, numOuts, len(r)-2-numOuts, flags, 0), MergeStacks(addr, size, numOuts, len(r)-2-numOuts, flags)
 }
 
-func (a mergeArgs) call() int {
-	return MergeStates(a.dtype, a.states, a.r0, a.r1, a.r2, a.d,
-		a.o[0], a.o[1], a.o[2], a.o[3], a.o[4], a.o[5], a.o[6], a.o[7], a.oPtrs, a.oState, a.oS0, a.oS1, a.oS2,
-		a.l[0], a.l[1], a.l[2], a.l[3], a.l[4], a.l[5], a.l[6], a.l[7], a.lPtrs, a.lState, a.lS0, a.lS1, a.lS2,
-		a.out, a.outS0, a.outS1, a.outS2, a.lse, a.lseS0, a.lseS1, a.lseS2, a.device, 0)
-}
-
-// Each argument reaches the field the core checks: a bad value in it is
-// refused naming that argument.
-func TestMergeStatesArguments(t *testing.T) {
+// The records reach the core's checks: a bad one is refused naming its
+// argument, by MergeTensors and by MergeStacks but for the device.
+func TestMergeTensorsArguments(t *testing.T) {
 	tests := []struct {
 		name   string
-		mutate func(a *mergeArgs)
-		arg    string // the argument the error names
-		text   string // and a part of its message
+		mutate func(r []core.MergeTensor)
+		arg    string
+		text   string
+		stacks bool // MergeStacks takes it
 	}{
-		{"dtype", func(a *mergeArgs) { a.dtype = 4 }, "dtype", "4"},
-		{"states", func(a *mergeArgs) { a.states, a.oPtrs, a.lPtrs = 0, 1, 1 }, "num_states", "0"},
-		{"rows", func(a *mergeArgs) { a.r2 = 0 }, "rows", "[2 3 0]"},
-		{"headdim", func(a *mergeArgs) { a.d = 66 }, "headdim", "66"},
-		{"third output", func(a *mergeArgs) { a.o[2] += 2 }, "outs", "state 2"},
-		{"output pointers", func(a *mergeArgs) { a.oPtrs = 2 }, "outs", "2 pointers"},
-		{"output state stride", func(a *mergeArgs) { a.oPtrs, a.oState = 1, 2 }, "outs", "stride 2"},
-		{"output row stride", func(a *mergeArgs) { a.oS1 = -4 }, "outs", "negative stride -4"},
-		{"second lse", func(a *mergeArgs) { a.l[1] = 0 }, "lses", "state 1"},
-		{"lse state stride", func(a *mergeArgs) { a.lPtrs, a.lState = 1, -3 }, "lses", "negative stride -3"},
-		{"lse row stride", func(a *mergeArgs) { a.lS2 = -5 }, "lses", "negative stride -5"},
-		{"out", func(a *mergeArgs) { a.out = 0 }, "out", "null"},
-		{"out strides", func(a *mergeArgs) { a.outS2 = 8 }, "out", "overlap"},
-		{"lse", func(a *mergeArgs) { a.lse = 2 }, "lse", "aligned"},
-		{"lse strides", func(a *mergeArgs) { a.lseS1 = 1 }, "lse", "overlap"},
-		{"device", func(a *mergeArgs) { a.device = -2 }, "device", "-2"},
+		{"item shape", func(r []core.MergeTensor) { r[1].Desc.Shape[0] = 1 }, "outs[1]", "outs[0]'s shape", false},
+		{"lse dtype", func(r []core.MergeTensor) { r[5].Desc.DType = int64(core.Float16) }, "lses[2]", "torch.float32", false},
+		{"host", func(r []core.MergeTensor) {
+			for i := range r {
+				r[i].Desc.Device = -1
+			}
+		}, "outs[0]", "CUDA device", true},
+		{"headdim", func(r []core.MergeTensor) {
+			for _, i := range []int{0, 1, 2, 6} {
+				r[i].Desc.Shape[3] = 66
+			}
+		}, "headdim", "66", true},
+		{"misaligned", func(r []core.MergeTensor) { r[2].Data += 2 }, "outs", "state 2", true},
 	}
 	for _, tc := range tests {
-		a := validMergeArgs()
-		tc.mutate(&a)
-		id := a.call()
+		r := mergeRecords()
+		tc.mutate(r)
+		id, stacks := mergeCall(r, 3, 0)
 		if msg := ErrorMessage(id); id >= 0 || !strings.Contains(msg, ": "+tc.arg+": ") || !strings.Contains(msg, tc.text) {
 			t.Errorf("%s: %d %q; want an error naming %s with %q", tc.name, id, msg, tc.arg, tc.text)
 		}
+		if (stacks == 0) != tc.stacks {
+			t.Errorf("%s: MergeStacks %d %q", tc.name, stacks, ErrorMessage(stacks))
+		}
+	}
+	r := mergeRecords()
+	r[1].Desc.Strides[0] = 1024 // a second layout: stacked first
+	if _, stacks := mergeCall(r, 3, 0); stacks != 1 {
+		t.Errorf("outs of two layouts: MergeStacks %d %q", stacks, ErrorMessage(stacks))
+	}
+	if id := MergeTensors(uintptr(unsafe.Pointer(&r[0])), core.MergeTensorBytes, 3, 3, 0, 0); !strings.Contains(ErrorMessage(id), "tensors_size") {
+		t.Errorf("short records: %d %q", id, ErrorMessage(id))
 	}
 	if n, err := cu.NumDevices(); err == nil && n == 0 {
 		// The stand-in driver: the good call gets as far as the missing device.
-		if id := validMergeArgs().call(); id >= 0 || !strings.Contains(ErrorMessage(id), "device") {
+		if id, _ := mergeCall(mergeRecords(), 3, 0); id >= 0 || !strings.Contains(ErrorMessage(id), "device") {
 			t.Errorf("good merge without a device: %d %q", id, ErrorMessage(id))
 		}
 	}

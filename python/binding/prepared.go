@@ -172,3 +172,35 @@ func Run(handle, seqlen int, q, k, v, out, lse, cacheSeqlens, blockTable, cacheB
 	}
 	return pl.NumSplits
 }
+
+// ShapesFields returns the fields of plan()'s shapes record (core.Shapes)
+// as LayoutFields does.
+func ShapesFields() (fields string) {
+	defer recoverText(&fields)
+	return core.ShapesFieldsText()
+}
+
+// DescribeShapes sets the descriptors of the tensors record of tsize bytes
+// at host address tensors to contiguous tensors of the shapes record of
+// size bytes at shapes (core.Shapes.Describe): 0, or a negative error id.
+func DescribeShapes(shapes uintptr, size int, tensors uintptr, tsize int) (ret int) {
+	defer recoverError(&ret)
+	b, err := record("shapes", shapes, size, core.ShapesBytes)
+	if err != nil {
+		return fail(err)
+	}
+	s, err := core.ReadShapes(b)
+	if err != nil {
+		return fail(err)
+	}
+	ts, err := readTensors(tensors, tsize)
+	if err != nil {
+		return fail(err)
+	}
+	if err := s.Describe(&ts); err != nil {
+		return fail(err)
+	}
+	dst, _ := record("tensors", tensors, tsize, core.TensorsBytes)
+	copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(&ts)), core.TensorsBytes))
+	return 0
+}

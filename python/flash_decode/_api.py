@@ -5,12 +5,10 @@ checks the tensors and every value, names the argument at fault and plans."""
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import math
 import operator
 import os
-import struct
 from typing import Any
 
 import torch
@@ -19,10 +17,6 @@ from . import _native
 
 _is_compiling = torch.compiler.is_compiling  # bound once: the hot path asks every call
 _current_stream = _native.current_stream
-_DTYPES = (torch.float16, torch.bfloat16)  # q's
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # the caches' other dtypes
-_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float8_e4m3fn: 4, torch.float8_e5m2: 5,
-          torch.int32: 6, torch.int64: 7, torch.float64: 8}  # core.DType (0: another)
 _INT64 = 1 << 63
 
 # The one cache: call signature -> [Run, handle, workspace bytes (the largest needed so far), device,
@@ -114,10 +108,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         (torch.Size([2, 1, 32, 128]), torch.Size([2, 32, 1]))
     """
     if _is_compiling():
-        return _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                       cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                       alibi_slopes, num_splits, return_softmax_lse, out, max_seqlen_k, batch_invariant, k_descale,
-                       v_descale, sinks, cu_seqlens_q, max_seqlen_q)
+        return _traced(**locals())
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
              and window_size == (-1, -1) and k_descale is None and v_descale is None
@@ -148,10 +139,7 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     except (AttributeError, TypeError):  # not tensors, or unhashable: _prepare's checks say which
         sig = entry = None
     if entry is None:
-        entry = _prepare(sig, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                         cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                         rotary_interleaved, alibi_slopes, num_splits, out, batch_invariant, k_descale, v_descale,
-                         sinks, cu_seqlens_q, max_seqlen_q)
+        entry = _prepare(**locals())
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -220,14 +208,14 @@ def _scale_sig(x):
     return _sig(x) if isinstance(x, torch.Tensor) else (type(x), x)
 
 
-def _prepare(sig, *call):
-    """Have the core check a call and prepare its layout, and keep what later calls need under sig."""
-    native, record = _call(*call)
-    if _device(call[0]) >= 0:  # a CUDA q's call runs: RuntimeError where the driver serves no GPU
+def _prepare(sig, q, cache_seqlens, **call):
+    """Have the core check a call (flash_decode's arguments) and prepare its layout, and keep what later calls
+    need under sig."""
+    native, record = _call(q, cache_seqlens=cache_seqlens, **call)
+    if _device(q) >= 0:  # a CUDA q's call runs: RuntimeError where the driver serves no GPU
         native = _native.binding()
     if (handle := native.PrepareTensors(ctypes.addressof(record), ctypes.sizeof(record))) < 0:
         raise _native.error(native, handle)
-    q, cache_seqlens = call[0], call[7]
     lse_shape = (q.shape[1], q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
     entry = [_native.function(native, "Run"), handle, 0, _device(q), lse_shape, q.is_contiguous(),
              type(cache_seqlens) is int, native]
@@ -261,7 +249,7 @@ def _call(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
     if stage == "trace":
         return None
     native = _native.binding(planner_only=True)
-    return native, _record(native, tensors, options)
+    return native, _native.record(native, "Tensors", tensors, options)
 
 
 def _descriptors(tensors, device=None):
@@ -273,22 +261,13 @@ def _descriptors(tensors, device=None):
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        fields.update(_desc(name, t.dtype, t.shape, t.stride(), _device(t) if device is None else device))
+        fields.update(_native.desc(name, t.dtype, t.shape, t.stride(), _device(t) if device is None else device))
     return fields
 
 
 def _device(t):
     """t's CUDA device index; -1 off CUDA."""
     return t.device.index if t.device.type == "cuda" else -1
-
-
-def _desc(name, dtype, shape, strides, device):
-    """The record's fields of tensor argument name."""
-    fields = {f"{name}.given": 1, f"{name}.dtype": _CODES.get(dtype, 0), f"{name}.device": device,
-              f"{name}.rank": len(shape)}
-    for i, (size, stride) in enumerate(zip(shape[:4], strides[:4])):
-        fields[f"{name}.shape[{i}]"], fields[f"{name}.strides[{i}]"] = size, stride
-    return fields
 
 
 def _options(cache_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
@@ -315,25 +294,6 @@ def _options(cache_seqlens, softmax_scale, causal, window_size, softcap, rotary_
     return fields
 
 
-@functools.lru_cache(maxsize=None)
-def _format(native):
-    """The binding's core.Tensors record: its fields' places by name, and its struct."""
-    fields = [f.split(":") for f in native.TensorsFields().split(",")]
-    return {name: i for i, (name, _) in enumerate(fields)}, struct.Struct("=" + "".join(k for _, k in fields))
-
-
-def _record(native, *fields):
-    """The core.Tensors record of fields (dicts by the binding's field names; 0 where not given)."""
-    places, record = _format(native)
-    values = [0] * len(places)
-    for f in fields:
-        for name, value in f.items():
-            if name not in places:
-                raise RuntimeError(f"flash_decode's native extension has no call field {name}: reinstall it")
-            values[places[name]] = value
-    return ctypes.create_string_buffer(record.pack(*values), record.size)
-
-
 def _layout(native, record):
     """The core.Layout record of a core.Tensors record, which the core checks (but q's device)."""
     layout = ctypes.create_string_buffer(len(native.LayoutFields().split(",")) * 8)
@@ -357,17 +317,14 @@ def _checked(*args, **kwargs):
         _layout(*call)
 
 
-def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            return_softmax_lse, out, max_seqlen_k, batch_invariant=False, k_descale=None, v_descale=None,
-            sinks=None, cu_seqlens_q=None, max_seqlen_q=None):
+def _traced(q, k_cache, v_cache, k, v, *, rotary_cos, rotary_sin, cache_seqlens, window_size, rotary_interleaved,
+            return_softmax_lse, out, max_seqlen_k, k_descale, v_descale, **options):
     """flash_decode while torch.compile traces: the checks only Python makes (the ops' schemas would turn
     True into 1; the fake kernels have the core check the tensors), out= (a copy here, which would cast
     or broadcast) against q, then an op. A descale goes in as a tensor or as a value (the schemas have
     no union)."""
-    _call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-          block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, out,
-          batch_invariant, k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q, stage="trace")
+    _call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, window_size=window_size, out=out,
+          rotary_interleaved=rotary_interleaved, k_descale=k_descale, v_descale=v_descale, stage="trace", **options)
     _check_lengths(cache_seqlens, max_seqlen_k)
     for what, want, got in () if out is None else (("dtype", q.dtype, out.dtype), ("shape", q.shape, out.shape),
                                                     ("device", q.device, out.device)):
@@ -375,18 +332,13 @@ def _traced(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
             raise (TypeError if what == "dtype" else ValueError)(f"out must have q's {what} {want}, got {got}")
     seqlens, seqlen = (None, cache_seqlens) if type(cache_seqlens) is int else (cache_seqlens, None)
     left, right = window_size
-    scales = [(x, None) if isinstance(x, torch.Tensor) else (None, x) for x in (k_descale, v_descale)]
-    descales = (scales[0][0], scales[1][0], scales[0][1], scales[1][1])
-    if k is None and rotary_cos is None:
-        result, lse = torch.ops.flash_decode.decode(
-            q, k_cache, v_cache, seqlens, seqlen, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-            left, right, softcap, alibi_slopes, num_splits, max_seqlen_k, batch_invariant, *descales, sinks,
-            cu_seqlens_q, max_seqlen_q)
-    else:
-        result, lse = torch.ops.flash_decode.decode_append(
-            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, seqlen, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, left, right, softcap, rotary_interleaved, alibi_slopes, num_splits,
-            max_seqlen_k, batch_invariant, *descales, sinks, cu_seqlens_q, max_seqlen_q)
+    descales = {name + ("" if isinstance(x, torch.Tensor) else "_value"): x
+                for name, x in (("k_descale", k_descale), ("v_descale", v_descale))}
+    appended = {} if k is None and rotary_cos is None else dict(
+        k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved)
+    result, lse = (torch.ops.flash_decode.decode_append if appended else torch.ops.flash_decode.decode)(
+        q, k_cache, v_cache, cache_seqlens=seqlens, seqlen=seqlen, window_left=left, window_right=right,
+        max_seqlen_k=max_seqlen_k, **descales, **appended, **options)
     if out is not None:
         result = out.copy_(result)
     return (result, lse) if return_softmax_lse else result
@@ -432,48 +384,33 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
         >>> p["num_splits"], p["grid"], p["cluster"], p["workspace_bytes"], p["combine"]  # doctest: +SKIP
         (16, [16, 8, 1], 1, 264192, 'fd_combine_f16')
     """
-    if dtype not in _DTYPES:
-        raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
-    if kv_dtype not in (None, dtype, *_FP8):
-        raise TypeError(f"kv_dtype must be None (dtype's), {dtype} or {' or '.join(map(str, _FP8))}, got {kv_dtype}")
-    batch, seqlen_q, heads_q, heads_kv, head_dim, seqlen_cache, num_splits, seqlen_new, page_size = (
-        _check_int(name, value) for name, value in (
-            ("batch", batch), ("seqlen_q", seqlen_q), ("nheads_q", nheads_q), ("nheads_kv", nheads_kv),
-            ("headdim", headdim), ("seqlen_cache", seqlen_cache), ("num_splits", num_splits),
-            ("seqlen_new", seqlen_new), ("page_size", page_size)))
+    sizes = {name: _check_int(name, value) for name, value in (
+        ("batch", batch), ("seqlen_q", seqlen_q), ("nheads_q", nheads_q), ("nheads_kv", nheads_kv),
+        ("headdim", headdim), ("seqlen_cache", seqlen_cache), ("seqlen_new", seqlen_new), ("page_size", page_size))}
     if seqlen is not None and _check_int("seqlen", seqlen) < 0:  # to the core, -1 is the whole cache
         raise ValueError(f"seqlen={seqlen} must not be negative (None: the whole cache)")
     for name, flag in (("serving", serving), ("rotary", rotary), ("lengths", lengths)):
         _check_bool(name, flag)
-    # The call of these shapes, of contiguous tensors (of a tensor argument, its shape and strides).
-    ragged, pages = cu_seqlens_q is not None, -(-seqlen_cache // page_size) if page_size > 0 else 0
-    rows = (batch * seqlen_q,) if ragged else (batch, seqlen_q)
-    cache = (kv_dtype or dtype, ((batch * pages, page_size) if pages else (batch, seqlen_cache)) + (heads_kv, head_dim))
-    shapes = dict(q=(dtype, (*rows, heads_q, head_dim)), k_cache=cache, v_cache=cache)
-    if lengths:
-        shapes.update(cache_seqlens=(torch.int32, (batch,)))
-    if pages:
-        shapes.update(block_table=(torch.int32, (batch, pages)))
-    if seqlen_new:
-        new = (dtype, (*rows, heads_kv, head_dim) if ragged else (batch, seqlen_new, heads_kv, head_dim))
-        shapes.update(k=new, v=new)
-    if rotary:  # tables for a rotary_dim of a multiple of 16, as the kernels take
-        table = (dtype, (seqlen_cache + seqlen_new, max(16, head_dim // 16 * 16) // 2))
-        shapes.update(rotary_cos=table, rotary_sin=table)
-    if serving and not (seqlen_new or page_size or rotary or _window(window_size) != [-1, -1]):
-        shapes.update(cache_batch_idx=(torch.int32, (batch,)))  # a serving argument that leaves the plan alone
+    index = _device_index(device)
+    native = _native.binding(planner_only=index is None or index < 0)  # device -1 plans without a GPU or driver
+    # The call of contiguous tensors of these shapes (of a tensor argument, its shape and strides), from the core.
     tensors = _descriptors(dict(cu_seqlens_q=cu_seqlens_q, **{
         name: x for name, x in (("k_descale", k_descale), ("v_descale", v_descale)) if isinstance(x, torch.Tensor)}),
         device=-1)
-    for name, (dt, shape) in shapes.items():
-        tensors.update(_desc(name, dt, shape, [math.prod(shape[i + 1:]) for i in range(len(shape))], -1))
-    device = _device_index(device)
-    native = _native.binding(planner_only=device < 0)  # device -1 plans without a GPU or driver
-    record = _record(native, tensors, _options(
+    record = _native.record(native, "Tensors", tensors, _options(
         None, None, False, window_size, 0.0, True, num_splits, batch_invariant, k_descale, v_descale,
-        seqlen_q if ragged else None, rotary))
-    handle = _prepare_on(native, record, device)
+        seqlen_q if cu_seqlens_q is not None else None, rotary))
+    shapes = _native.record(native, "Shapes", sizes, dict(dtype=_native.code(dtype), kv_dtype=_native.code(kv_dtype),
+                                                          rotary=rotary, lengths=lengths, serving=serving))
+    if (status := native.DescribeShapes(ctypes.addressof(shapes), ctypes.sizeof(shapes), ctypes.addressof(record),
+                                        ctypes.sizeof(record))) < 0:
+        raise _native.error(native, status)
+    if index is None:  # torch's own error would not name the way out
+        raise RuntimeError(f"plan(device={device!r}) plans for the current CUDA device, and torch sees none; "
+                           "device=-1 plans for a default H200-like device (132 SMs) without a GPU")
+    handle = _prepare_on(native, record, index)
     if seqlen is None:  # the whole cache: with an int length and new tokens, the cache they fill
+        pages = -(-seqlen_cache // page_size) if page_size > 0 else 0
         seqlen = -1 if lengths or not seqlen_new else max(0, (pages * page_size or seqlen_cache) - seqlen_new)
     try:
         if (status := native.Workspace(handle, seqlen)) < 0:
@@ -486,7 +423,8 @@ def plan(batch: int, seqlen_q: int, nheads_q: int, nheads_kv: int, headdim: int,
 
 
 def _device_index(device):
-    """plan()'s device as an index (-1: the default H200-like device)."""
+    """plan()'s device as an index (-1: the default H200-like device; None: the current one, which torch
+    does not see)."""
     if device is not None and (isinstance(device, bool) or not isinstance(device, (int, str, torch.device))):
         raise TypeError(f"device must be an int, a str or a torch.device, got {type(device).__name__}")
     if isinstance(device, int) and device < -1:
@@ -494,10 +432,7 @@ def _device_index(device):
     if isinstance(device, (str, torch.device)) and (device := torch.device(device)).type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
     index = device if isinstance(device, int) else getattr(device, "index", None)
-    if index is None and not torch.cuda.is_available():  # torch's own error would not name the way out
-        raise RuntimeError(f"plan(device={device!r}) plans for the current CUDA device, and torch sees none; "
-                           "device=-1 plans for a default H200-like device (132 SMs) without a GPU")
-    return torch.cuda.current_device() if index is None else index
+    return torch.cuda.current_device() if index is None and torch.cuda.is_available() else index
 
 
 # ---- checks only Python can make ----

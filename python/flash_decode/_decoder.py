@@ -63,9 +63,10 @@ class Decoder:
         if lse is not None and not return_softmax_lse:
             raise ValueError("lse is given but return_softmax_lse is False")
         run, handle, _, device, lse_shape, _, _, native = _api._prepare(
-            None, q, k_cache, v_cache, None, None, None, None, cache_seqlens, None, None, block_table,
-            softmax_scale, causal, window_size, softcap, True, alibi_slopes, num_splits, out, batch_invariant,
-            k_descale, v_descale, sinks, cu_seqlens_q, max_seqlen_q)
+            None, q, cache_seqlens, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+            alibi_slopes=alibi_slopes, num_splits=num_splits, out=out, batch_invariant=batch_invariant,
+            k_descale=k_descale, v_descale=v_descale, sinks=sinks, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
         self._run, self._handle, self._device, self._native = run, handle, device, native
         self._seqlen = -1 if max_seqlen_k is None else max_seqlen_k  # -1: the whole cache
         if (needed := native.Workspace(handle, self._seqlen)) < 0:

@@ -1,15 +1,15 @@
-"""merge_states and merge_state: attention computed in parts merged by LSE. Python
-checks types, shapes and devices and fits the states to the binding; the Go core checks the values."""
+"""merge_states and merge_state: attention computed in parts merged by LSE. Python turns the
+states into the core's records (core.MergeTensor) and allocates the results; the Go core checks
+the tensors, names the argument at fault and launches."""
 
 from __future__ import annotations
+
+import ctypes
+import functools
 
 import torch
 
 from . import _native
-
-_DTYPES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # core.DType
-_POINTERS = 8  # the binding's pointers per input (core.MergePointers): more states are stacked
-_ROW_DIMS = 3  # the binding's row dimensions (core.MergeRowDims)
 
 
 def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...],
@@ -41,7 +41,7 @@ def merge_states(outs: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, .
         >>> torch.allclose(lse, torch.logsumexp(lses, 0), atol=1e-5)
         True
     """
-    return _merge(outs, lses, None, None)
+    return _merge(outs, lses, False)
 
 
 def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
@@ -56,111 +56,72 @@ def merge_state(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
         >>> lse_a, lse_b = (torch.randn(4, 32, device="cuda") for _ in "ab")
         >>> out, lse = flash_decode.merge_state(out_a, lse_a, out_b, lse_b)
     """
-    return _merge((out_a, out_b), (lse_a, lse_b), ("out_a", "out_b"), ("lse_a", "lse_b"))
+    return _merge((out_a, out_b), (lse_a, lse_b), True)
 
 
-def _merge(outs, lses, out_names, lse_names):
-    """merge_states, naming list items out_names, lse_names (None: outs[i], lses[i]); while
-    torch.compile traces, the checks that need no device, then the op."""
-    o = _States("outs", outs, out_names, None)
-    lse_in = _States("lses", lses, lse_names, o)
+def _merge(outs, lses, pair):
+    """merge_states (pair: merge_state's, naming its arguments); while torch.compile traces, the op of
+    the stacked states, whose fake kernel has the core check them."""
+    o, ls = _tensors("outs", outs, pair and ("out_a", "out_b")), _tensors("lses", lses, pair and ("lse_a", "lse_b"))
     if torch.compiler.is_compiling():
-        return torch.ops.flash_decode.merge_states(o.stack(), lse_in.stack())
-    device, rows = o.tensors[0].device, o.rows
-    if device.type != "cuda":
-        raise ValueError(f"{o.name} must be on a CUDA device, got {device}")
-    if lse_in.tensors[0].device != device:
-        raise ValueError(f"{lse_in.name} must be on the device of {o.name}, {device}, got {lse_in.tensors[0].device}")
-    out = torch.empty(rows + (o.headdim,), dtype=o.dtype, device=device)
-    lse = torch.empty(rows, dtype=torch.float32, device=device)
-    if out.numel() == 0:
-        return out, lse
-    for x in (o, lse_in):  # the binding takes a pointer each of at most 8 tensors of one layout
-        if not x.stacked and (len(x.tensors) > _POINTERS or len({t.stride() for t in x.tensors}) > 1):
-            x.tensors, x.stacked = [x.stack()], True
-    # Row dimensions every tensor steps through as one, joined (the inputs decide); the binding takes three.
-    sizes, strides = _join(rows, o.row_strides(), lse_in.row_strides(), out.stride()[:-1], lse.stride())
-    if len(sizes) > _ROW_DIMS:
-        raise NotImplementedError(f"{o.name} and {lse_in.name}: the strides of the {len(rows)} row dimensions "
-                                  f"{rows} do not join into {_ROW_DIMS}; pass contiguous tensors")
-    pad = (1,) * (_ROW_DIMS - len(sizes))  # unused dimensions of size 1
-    o_st, l_st, out_st, lse_st = (pad + st for st in strides)
-    native = _native.binding()
-    status = native.MergeStates(_DTYPES[o.dtype], o.count, *(pad + sizes), o.headdim, *o.pointers(), *o_st,
-                                *lse_in.pointers(), *l_st, out.data_ptr(), *out_st, lse.data_ptr(), *lse_st,
-                                device.index, _native.current_stream(device.index))
-    if status < 0:
-        raise _native.error(native, status)
-    return out, lse
+        return torch.ops.flash_decode.merge_states(*(x if isinstance(x, torch.Tensor) else torch.stack(x)
+                                                     for x in (outs, lses)))
+    flags = isinstance(outs, torch.Tensor) | isinstance(lses, torch.Tensor) << 1 | pair << 2  # core.MergeOutsStacked...
+    out = lse = None
+    if o:  # the results, before the core checks (a refused call writes nothing)
+        out = torch.empty(o[0].shape[flags & 1:], dtype=o[0].dtype, device=o[0].device)
+        lse = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+    cuda = out is not None and out.device.type == "cuda"
+    native, stream = _native.binding(planner_only=not cuda), _native.current_stream(out.device.index) if cuda else 0
+    while True:
+        record = _records(native, o + ls + [out, lse])
+        if (rows := native.MergeTensors(ctypes.addressof(record), ctypes.sizeof(record), len(o), len(ls), flags,
+                                        stream)) >= 0:
+            return out, lse
+        # A list past the kernel's pointers, or of several layouts, is stacked once the core has checked it.
+        if (stacks := native.MergeStacks(ctypes.addressof(record), ctypes.sizeof(record), len(o), len(ls), flags)) <= 0:
+            raise _native.error(native, rows)
+        o, ls = ([torch.stack(x)] if stacks & bit else x for x, bit in ((o, 1), (ls, 2)))
+        flags |= stacks
 
 
-class _States:
-    """One input of every state, checked but for the device they share: a stacked tensor or a list
-    or tuple of tensors of one shape (names: the items'; None: name[i]). Outputs (of None): a dtype
-    the kernel takes, a contiguous last dimension; LSEs (of: the outputs): float32, their rows and count."""
-
-    def __init__(self, name, x, names, of):
-        layout = "(num_states, *rows)" if of else "(num_states, *rows, headdim)"
-        self.stacked = isinstance(x, torch.Tensor)
-        if not self.stacked and not isinstance(x, (list, tuple)):
-            raise TypeError(f"{name} must be a torch.Tensor {layout} or a list or tuple of tensors, "
-                            f"got {type(x).__name__}")
-        if self.stacked and (x.dim() < (1 if of else 2) or x.shape[0] < 1) or not self.stacked and not x:
-            raise ValueError(f"{name} must hold at least one state {layout}, got "
-                             + (f"shape {tuple(x.shape)}" if self.stacked else f"an empty {type(x).__name__}"))
-        names = [name] if self.stacked else names or [f"{name}[{i}]" for i in range(len(x))]
-        self.tensors, self.name = [x] if self.stacked else list(x), names[0]
-        for item, t in zip(names, self.tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{item} must be a torch.Tensor, got {type(t).__name__}")
-        first = self.tensors[0]
-        self.dtype, self.count = first.dtype, first.shape[0] if self.stacked else len(self.tensors)
-        if of is None and first.dim() < 1:
-            raise ValueError(f"{names[0]} must have at least 1 dimension (*rows, headdim), got a 0-d tensor")
-        if of is None and self.dtype not in _DTYPES:
-            raise TypeError(f"{names[0]} must be torch.float16, torch.bfloat16 or torch.float32, got {self.dtype}")
-        shape = tuple(first.shape[self.stacked:])  # one state's
-        self.rows, self.headdim = (shape, None) if of else (shape[:-1], shape[-1])
-        for item, t in zip(names, self.tensors):
-            if of is None and t.shape != first.shape:
-                raise ValueError(f"{item} must have {names[0]}'s shape {tuple(first.shape)}, got {tuple(t.shape)}")
-            if of is None and t.dtype != first.dtype:
-                raise TypeError(f"{item} must have {names[0]}'s dtype {first.dtype}, got {t.dtype}")
-            if of is None and t.shape[-1] > 1 and t.stride(-1) != 1:
-                raise ValueError(f"{item} must be contiguous in its last dimension (headdim), got strides {t.stride()}")
-            if of is not None and tuple(t.shape[self.stacked:]) != of.rows:
-                want = (t.shape[0],) + of.rows if self.stacked else of.rows
-                raise ValueError(f"{item} must have shape {want} to match {of.name}, got {tuple(t.shape)}")
-            if of is not None and t.dtype != torch.float32:
-                raise TypeError(f"{item} must be torch.float32, got {t.dtype}")
-            if t.device != first.device:
-                raise ValueError(f"{item} must be on the device of {names[0]}, {first.device}, got {t.device}")
-        if of is not None and self.count != of.count:
-            raise ValueError(f"lses must hold num_states={of.count} states to match outs, got {self.count}")
-
-    def stack(self):
-        return self.tensors[0] if self.stacked else torch.stack(self.tensors)
-
-    def row_strides(self):
-        """The strides of one state's row dimensions."""
-        first = int(self.stacked)
-        return self.tensors[0].stride()[first:first + len(self.rows)]
-
-    def pointers(self):
-        """The binding's arguments: 8 pointers, how many are used, the state stride."""
-        ptrs = [t.data_ptr() for t in self.tensors]
-        return *ptrs, *[0] * (_POINTERS - len(ptrs)), len(ptrs), self.tensors[0].stride(0) if self.stacked else 0
+def _checked(outs, lses):
+    """The core's checks of the op's stacked states but for their device (its fake kernel's)."""
+    if all(type(n) is int for t in (outs, lses) for n in (*t.shape, *t.stride())):  # not symbolic
+        native = _native.binding(planner_only=True)
+        record = _records(native, [outs, lses, None, None], data=False)
+        if (status := native.MergeStacks(ctypes.addressof(record), ctypes.sizeof(record), 1, 1, 3)) < 0:
+            raise _native.error(native, status)
 
 
-def _join(sizes, *strides):
-    """The sizes and stride sets without dimensions of size 1, neighbours every set steps through as one joined."""
-    dims = []  # (size, [stride per set])
-    for i, n in enumerate(sizes):
-        if n == 1:
-            continue
-        st = [s[i] for s in strides]
-        if dims and all(outer == inner * n for outer, inner in zip(dims[-1][1], st)):
-            dims[-1] = (dims[-1][0] * n, st)
-        else:
-            dims.append((n, st))
-    return tuple(n for n, _ in dims), tuple(tuple(st[k] for _, st in dims) for k in range(len(strides)))
+def _tensors(name, x, names):
+    """x's tensors: a stacked one, or a list's (names: merge_state's); Python refuses what is not a tensor."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"{name} must be a torch.Tensor or a list or tuple of tensors, got {type(x).__name__}")
+    for i, t in enumerate(x):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{names[i] if names else f'{name}[{i}]'} must be a torch.Tensor, got {type(t).__name__}")
+    return list(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _record(native):
+    """The binding's core.MergeTensor record: its struct and the padding of a descriptor's dimensions,
+    checked against the order _records packs."""
+    places, record = _native.record_format(native, "MergeTensor")
+    dims = [f"desc.{a}[{i}]" for a in ("shape", "strides") for i in range(sum("desc.shape[" in f for f in places))]
+    if list(places) != ["desc.given", "desc.dtype", "desc.device", "desc.rank", *dims, "data"]:
+        raise RuntimeError("flash_decode's native extension has another merge record: reinstall it")
+    return record, (0,) * (len(dims) // 2)
+
+
+def _records(native, tensors, data=True):
+    """The core's records (core.MergeTensor) of tensors (None: not given), one after another."""
+    record, pad = _record(native)
+    n = len(pad)
+    packed = b"".join(bytes(record.size) if t is None else record.pack(
+        1, _native.DTYPE_CODES.get(t.dtype, 0), t.get_device(), t.dim(), *(tuple(t.shape) + pad)[:n],
+        *(t.stride() + pad)[:n], t.data_ptr() if data else 0) for t in tensors)
+    return ctypes.create_string_buffer(packed, len(packed))

@@ -5,9 +5,11 @@ Each outcome is kept; a child forked after loading refuses every call (Go's runt
 survive fork without exec)."""
 
 import ctypes
+import functools
 import gc
 import importlib
 import os
+import struct
 import threading
 
 import torch
@@ -22,6 +24,8 @@ _FORKED = ("flash_decode was loaded in the parent of this forked process, and it
            "(multiprocessing.get_context('spawn'), or torch.multiprocessing.set_start_method('spawn'))")
 _NO_DEVICE = 100  # cuInit's CUDA_ERROR_NO_DEVICE: every GPU hidden (CUDA_VISIBLE_DEVICES="")
 _ERRORS = {1: ValueError, 2: NotImplementedError, 8: TypeError}  # the binding's error kinds (capi's fd_status)
+DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float8_e4m3fn: 4,
+               torch.float8_e5m2: 5, torch.int32: 6, torch.int64: 7, torch.float64: 8}  # core.DType (0: another)
 
 _lock = threading.Lock()
 _module = None
@@ -54,6 +58,47 @@ def function(native, name):
 def error(native, status):
     """The exception of a negative result of the binding, by its kind, with the core's message."""
     return _ERRORS.get(native.ErrorKind(status), RuntimeError)(native.ErrorMessage(status))
+
+
+@functools.lru_cache(maxsize=None)
+def record_format(native, name):
+    """The binding's record name (its fields from name + "Fields"): their places by name, and its struct."""
+    fields = [f.split(":") for f in getattr(native, name + "Fields")().split(",")]
+    return {field: i for i, (field, _) in enumerate(fields)}, struct.Struct("=" + "".join(k for _, k in fields))
+
+
+def pack(native, name, *fields):
+    """The bytes of the binding's record name of fields (dicts by field name; 0 where not given). Dimensions
+    past those a descriptor holds are left out: its rank tells the core."""
+    places, record = record_format(native, name)
+    values = [0] * len(places)
+    for f in fields:
+        for field, value in f.items():
+            if field in places:
+                values[places[field]] = value
+            elif "[" not in field:
+                raise RuntimeError(f"flash_decode's native extension has no {name} field {field}: reinstall it")
+    return record.pack(*values)
+
+
+def record(native, name, *fields):
+    """pack's record in a buffer the binding reads."""
+    data = pack(native, name, *fields)
+    return ctypes.create_string_buffer(data, len(data))
+
+
+def code(dtype):
+    """A dtype argument's core.DType code: 0 for None, -1 for what has none."""
+    return 0 if dtype is None else DTYPE_CODES.get(dtype, -1)
+
+
+def desc(name, dtype, shape, strides, device):
+    """The record's fields of tensor argument name (core.TensorDesc)."""
+    fields = {f"{name}.given": 1, f"{name}.dtype": DTYPE_CODES.get(dtype, 0), f"{name}.device": device,
+              f"{name}.rank": len(shape)}
+    for i, (size, stride) in enumerate(zip(shape, strides)):
+        fields[f"{name}.shape[{i}]"], fields[f"{name}.strides[{i}]"] = size, stride
+    return fields
 
 
 def _load(planner_only):

@@ -83,5 +83,7 @@ def _results(q, *_):
 
 decode.register_fake(_fake(_decode))
 decode_append.register_fake(_fake(_decode_append))
-merge_states.register_fake(lambda outs, lses: (outs.new_empty(outs.shape[1:]),
-                                               outs.new_empty(outs.shape[1:-1], dtype=torch.float32)))
+@merge_states.register_fake
+def _(outs, lses):
+    _merge._checked(outs, lses)
+    return outs.new_empty(outs.shape[1:]), outs.new_empty(outs.shape[1:-1], dtype=torch.float32)
