@@ -107,8 +107,14 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         >>> out.shape, lse.shape
         (torch.Size([2, 1, 32, 128]), torch.Size([2, 32, 1]))
     """
-    if _is_compiling():
-        return _traced(**locals())
+    if _is_compiling():  # named one by one: dynamo of torch 2.9 cannot trace locals()
+        return _traced(q, k_cache, v_cache, k, v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                       cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                       block_table=block_table, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                       softcap=softcap, rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes,
+                       num_splits=num_splits, return_softmax_lse=return_softmax_lse, out=out,
+                       max_seqlen_k=max_seqlen_k, batch_invariant=batch_invariant, k_descale=k_descale,
+                       v_descale=v_descale, sinks=sinks, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
     plain = (k is None and v is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
              and cache_leftpad is None and block_table is None and alibi_slopes is None and softcap == 0.0
              and window_size == (-1, -1) and k_descale is None and v_descale is None
