@@ -5,6 +5,7 @@ checks the tensors and every value, names the argument at fault and plans."""
 from __future__ import annotations
 
 import ctypes
+import inspect
 import json
 import math
 import operator
@@ -144,8 +145,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             _last = (_prepared, sig, entry)
     except (AttributeError, TypeError):  # not tensors, or unhashable: _prepare's checks say which
         sig = entry = None
-    if entry is None:
-        entry = _prepare(**locals())
+    if entry is None:  # the call's arguments only: no local of this function leaks into the record
+        args = locals()
+        entry = _prepare(sig, **{name: args[name] for name in _PARAMETERS})
     run, handle, workspace_bytes, device, lse_shape, q_contiguous, int_length, _ = entry
     seqlen, seqlens = -1, 0  # -1: the whole cache
     if int_length:
@@ -192,6 +194,9 @@ def flash_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         if status >= 0:
             return (out, lse) if return_softmax_lse else out
         workspace_bytes = _grown(entry, status, seqlen, workspace_bytes)
+
+
+_PARAMETERS = tuple(inspect.signature(flash_decode).parameters)  # what a cache miss hands to _prepare
 
 
 def _grown(entry, status, seqlen, given):
